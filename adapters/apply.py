@@ -1,0 +1,378 @@
+"""apply / transform: realise a rewritten snapshot on the live program, transactionally.
+
+Everything that can fail happens first (materialising constants, resolving ops,
+building a complete new graph, fake values); only then is the program touched,
+and a failure while committing rolls every change back.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, final
+
+import torch
+from returns.result import Failure, Result, Success
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
+
+import fxpure
+from adapters.capture import Captured, Program, capture_program
+from adapters.materialize import materialize
+from adapters.torchnames import dtype_of, resolve_target
+from fxpure.plan import RewritePlan, RewriteReport, Rule
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
+from fxpure.weights import WeightExpr
+
+V = TypeVar("V")
+
+# meta a new node inherits from the node it was planned from
+INHERITED_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "torch_fn", "from_node", "seq_nr")
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransformError:
+    """Why a transform did not happen; the program is unchanged."""
+
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransformOutcome:
+    """What a transform did (or, with ``dry_run``, would do)."""
+
+    report: RewriteReport
+    changed: bool
+    added: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    constant_bytes_before: int = 0
+    constant_bytes_after: int = 0
+
+
+class _ApplyError(Exception):
+    """Internal: a reason to abort before anything is committed."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fake_mode(gm: torch.fx.GraphModule) -> Any:
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        mode = getattr(val, "fake_mode", None)
+        if mode is not None:
+            return mode
+    return None
+
+
+def _symbols(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """Symbolic sizes of the graph by their printed name, to rebuild symbolic shapes."""
+    table: dict[str, Any] = {}
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        for v in val if isinstance(val, (list, tuple)) else (val,):
+            if isinstance(v, torch.Tensor):
+                table.update({str(d): d for d in v.shape if isinstance(d, torch.SymInt)})
+    return table
+
+
+@dataclass
+class _Builder:
+    """Builds the new fx.Graph from the rewritten snapshot (no program mutation)."""
+
+    cap: Captured
+    after: GraphSnapshot
+    tensors: dict[str, torch.Tensor]
+    graph: torch.fx.Graph = field(init=False)
+    env: dict[str, torch.fx.Node] = field(default_factory=dict)
+    old: dict[str, torch.fx.Node] = field(default_factory=dict)
+    fake: Any = None
+    symbols: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        g = self.cap.gm.graph
+        # no owning module until commit: new get_attr targets do not exist yet
+        self.graph = torch.fx.Graph(tracer_cls=g._tracer_cls, tracer_extras=g._tracer_extras)
+        self.graph._codegen = copy.deepcopy(g._codegen)
+        self.graph._co_fields = dict(g._co_fields)
+        self.old = {n.name: n for n in g.nodes}
+        self.fake = _fake_mode(self.cap.gm)
+
+    def to_fx(self, arg: Arg) -> Any:
+        if isinstance(arg, NodeRef):
+            return self.env[arg.name]
+        if isinstance(arg, tuple):
+            return [self.to_fx(a) for a in arg]
+        if isinstance(arg, DTypeArg):
+            return dtype_of(arg.name)
+        if isinstance(arg, Opaque):
+            raise _ApplyError("unsupported-argument", f"cannot rebuild literal {arg.text}")
+        return arg
+
+    def rebuild(self, old: Any, arg: Arg) -> Any:
+        """Old argument values with node references re-pointed as the snapshot says."""
+        if isinstance(arg, NodeRef):
+            return self.env[arg.name]
+        if isinstance(old, (list, tuple)) and isinstance(arg, tuple) and len(old) == len(arg):
+            return type(old)(self.rebuild(o, a) for o, a in zip(old, arg, strict=True))
+        if isinstance(old, torch.fx.Node):
+            raise _ApplyError("apply-failed", f"argument {old.name} has no counterpart in the plan")
+        return old
+
+    def fake_value(self, spec: TensorSpec) -> Any:
+        if self.fake is None:
+            return None
+        if self.symbols is None:
+            self.symbols = _symbols(self.cap.gm)
+        shape = [d if isinstance(d, int) else self.symbols[d] for d in spec.shape]
+        with self.fake:
+            return torch.empty(shape, dtype=dtype_of(spec.dtype))
+
+    def add(self, rec: NodeSnapshot) -> None:
+        before = self.cap.snap
+        old = self.old.get(rec.name)
+        if old is not None and before.node(rec.name) is rec:
+            self.env[rec.name] = self.graph.node_copy(old, lambda n: self.env[n.name])
+        elif old is not None:
+            args = tuple(self.rebuild(o, a) for o, a in zip(old.args, rec.args, strict=True))
+            kwargs = {k: self.rebuild(old.kwargs[k], a) for k, a in rec.kwargs.items()}
+            node = self.graph.create_node(old.op, old.target, args, kwargs, name=old.name, type_expr=old.type)
+            node.meta = copy.copy(old.meta)
+            self.env[rec.name] = node
+        elif rec.name in self.tensors:
+            self.env[rec.name] = self._constant(rec)
+        else:
+            self.env[rec.name] = self._new(rec)
+
+    def _constant(self, rec: NodeSnapshot) -> torch.fx.Node:
+        node = self.graph.placeholder(rec.name) if self.after.lifted else self.graph.get_attr(rec.name)
+        if self.fake is not None:
+            node.meta["val"] = self.fake.from_tensor(self.tensors[rec.name], static_shapes=True)
+        return node
+
+    def _new(self, rec: NodeSnapshot) -> torch.fx.Node:
+        try:
+            target = resolve_target(rec.target, self.after.dialect)
+        except ValueError as e:
+            raise _ApplyError("unknown-op", str(e)) from e
+        args = tuple(self.to_fx(a) for a in rec.args)
+        kwargs = {k: self.to_fx(v) for k, v in rec.kwargs.items()}
+        node = self.graph.create_node("call_function", target, args, kwargs, name=rec.name)
+        source = self.old.get(rec.provenance) if rec.provenance else None
+        if source is not None:
+            node.meta.update({k: source.meta[k] for k in INHERITED_META if k in source.meta})
+        spec = rec.spec
+        if isinstance(spec, TensorSpec):
+            node.meta["val"] = self.fake_value(spec)
+        elif isinstance(spec, tuple):
+            node.meta["val"] = tuple(self.fake_value(s) if s is not None else None for s in spec)
+        if node.name != rec.name:
+            raise _ApplyError("apply-failed", f"node name {rec.name} is taken")
+        return node
+
+
+def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Tensor]:
+    memo: dict[WeightExpr, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, info in after.constants.items():
+        if info.source is None:
+            continue
+        try:
+            t = materialize(info.source, cap.tensors, memo)
+        except Exception as e:  # a torch error while computing a constant: abort cleanly
+            raise _ApplyError("materialize-failed", f"{name}: {e}") from e
+        got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        if got != (info.spec.shape, info.spec.dtype):
+            raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
+        out[name] = torch.nn.Parameter(t, requires_grad=False)
+    return out
+
+
+@dataclass
+class _Commit:
+    """The mutations of one apply, each with its undo, run in order."""
+
+    undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def set_item(self, d: dict[str, V], key: str, value: V) -> None:
+        self.del_item(d, key)
+        d[key] = value
+        self.undo.append(lambda: d.__delitem__(key))
+
+    def del_item(self, d: dict[str, V], key: str) -> None:
+        if key not in d:
+            return
+        old = d.pop(key)
+        self.undo.append(lambda: d.__setitem__(key, old))
+
+    def set_list(self, lst: list[Any], items: list[Any]) -> None:
+        old = list(lst)
+        lst[:] = items
+        self.undo.append(lambda: lst.__setitem__(slice(None), old))
+
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        had, old = hasattr(obj, name), getattr(obj, name, None)
+        if value is None:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, value)
+        self.undo.append(lambda: setattr(obj, name, old) if had else delattr(obj, name))
+
+    def rollback(self) -> None:
+        for fn in reversed(self.undo):
+            fn()
+
+
+def _owner(gm: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str]:
+    prefix, _, leaf = path.rpartition(".")
+    return (gm.get_submodule(prefix) if prefix else gm), leaf
+
+
+def _commit_ep(
+    c: _Commit, cap: Captured, ep: ExportedProgram, graph: torch.fx.Graph, new: Mapping[str, torch.Tensor]
+) -> None:
+    sig = ep.graph_signature
+    specs: list[InputSpec] = []
+    for n in graph.nodes:
+        if n.op != "placeholder":
+            continue
+        old = cap.specs.get(n.name)
+        specs.append(old if old is not None else InputSpec(InputKind.PARAMETER, TensorArgument(name=n.name), n.name))
+    live = {s.target for s in specs}
+    for old_spec in cap.specs.values():
+        if old_spec.target is not None and old_spec.target not in live:
+            c.del_item(ep.state_dict, old_spec.target)
+            c.del_item(ep.constants, old_spec.target)
+    for name, t in new.items():
+        c.set_item(ep.state_dict, name, t)
+    outputs = list(_output_nodes(graph))
+    out_specs = [
+        OutputSpec(s.kind, TensorArgument(name=o.name), s.target) if isinstance(s.arg, TensorArgument) else s
+        for s, o in zip(sig.output_specs, outputs, strict=True)
+    ]
+    c.set_list(sig.input_specs, specs)
+    c.set_list(sig.output_specs, out_specs)
+
+
+def _output_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    result = graph.output_node().args[0]
+    items = result if isinstance(result, (list, tuple)) else (result,)
+    return [o for o in items if isinstance(o, torch.fx.Node)]
+
+
+def _commit_gm(c: _Commit, cap: Captured, graph: torch.fx.Graph, new: Mapping[str, torch.Tensor]) -> None:
+    live = {n.target for n in graph.nodes if n.op == "get_attr"}
+    for name in cap.snap.constants:
+        path = str(cap.snap.node(name).target)
+        if cap.snap.node(name).op == "get_attr" and path not in live and _attr_exists(cap.gm, path):
+            owner, leaf = _owner(cap.gm, path)
+            c.set_attr(owner, leaf, None)
+    for name, t in new.items():
+        c.set_attr(cap.gm, name, t)
+
+
+def _attr_exists(gm: torch.nn.Module, path: str) -> bool:
+    try:
+        owner, leaf = _owner(gm, path)
+    except AttributeError:
+        return False
+    return hasattr(owner, leaf)
+
+
+def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors.values():
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def realize(cap: Captured, after: GraphSnapshot) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
+    """Make the live program match ``after``; raises _ApplyError with nothing changed."""
+    new = _materialize_new(cap, after)
+    b = _Builder(cap=cap, after=after, tensors=new)
+    try:
+        for rec in after.nodes:
+            b.add(rec)
+        b.graph.lint()
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:  # building the new graph failed: nothing was touched
+        raise _ApplyError("apply-failed", f"{type(e).__name__}: {e}") from e
+    c = _Commit()
+    try:
+        if isinstance(cap.program, ExportedProgram):
+            _commit_ep(c, cap, cap.program, b.graph, new)
+        else:
+            _commit_gm(c, cap, b.graph, new)
+        old_graph = cap.gm.graph
+        c.undo.append(lambda: setattr(cap.gm, "graph", old_graph))
+        cap.gm.graph = b.graph
+    except Exception as e:
+        c.rollback()
+        raise _ApplyError("apply-failed", f"commit failed and was rolled back: {type(e).__name__}: {e}") from e
+    kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
+    added = tuple(n.name for n in after.nodes if n.name in new)
+    dropped = tuple(n.name for n in cap.snap.nodes if n.name in cap.snap.constants and n.name not in after.constants)
+    return added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
+
+
+def _run(cap: Captured, report: RewriteReport) -> Result[TransformOutcome, TransformError]:
+    if not report.plans:
+        size = _bytes(cap.tensors)
+        return Success(
+            TransformOutcome(report=report, changed=False, constant_bytes_before=size, constant_bytes_after=size)
+        )
+    try:
+        added, dropped, before, after = realize(cap, report.after)
+    except _ApplyError as e:
+        return Failure(TransformError(code=e.code, message=str(e)))
+    return Success(
+        TransformOutcome(
+            report=report,
+            changed=True,
+            added=added,
+            dropped=dropped,
+            constant_bytes_before=before,
+            constant_bytes_after=after,
+        )
+    )
+
+
+def _captured(program: Program) -> Result[Captured, TransformError]:
+    try:
+        return Success(capture_program(program))
+    except TypeError as e:
+        return Failure(TransformError(code="unsupported-program", message=str(e)))
+
+
+def transform(
+    program: Program, rules: Sequence[Rule], *, dry_run: bool = False
+) -> Result[TransformOutcome, TransformError]:
+    """Plan ``rules`` on ``program`` and apply them in place, all or nothing."""
+
+    def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
+        report = fxpure.plan(cap.snap, rules)
+        if dry_run:
+            return Success(TransformOutcome(report=report, changed=False))
+        return _run(cap, report)
+
+    return _captured(program).bind(go)
+
+
+def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOutcome, TransformError]:
+    """Apply plans made on ``capture(program)``: ``capture(apply(g, p)) == rewrite(capture(g), p)``."""
+
+    def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
+        after = fxpure.rewrite(cap.snap, plans)
+        if isinstance(after, Failure):
+            return Failure(TransformError(code="plan-conflict", message=str(after.failure())))
+        report = RewriteReport(plans=tuple(plans), rejections=(), before=cap.snap, after=after.unwrap())
+        return _run(cap, report)
+
+    return _captured(program).bind(go)

@@ -1,0 +1,68 @@
+"""Translation between torch objects and the core's canonical names."""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+from executorch.exir.dialects._ops import ops as exir_ops
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """``"float32"`` -> ``torch.float32``."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+_TARGET_NAMES: dict[Any, str] = {operator.getitem: "getitem"}
+
+
+def target_name(target: Any) -> str:
+    """Canonical name of an FX call_function target (``"aten.convolution.default"``)."""
+    try:
+        return _TARGET_NAMES[target]
+    except (KeyError, TypeError):
+        pass
+    op = target._op if isinstance(target, EdgeOpOverload) else target
+    if isinstance(op, torch._ops.OpOverload):
+        ns, _, base = op._schema.name.partition("::")
+        name = f"{ns}.{base}.{op._overloadname}"
+    else:
+        name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    with contextlib.suppress(TypeError):
+        _TARGET_NAMES[target] = name
+    return name
+
+
+def is_edge(target: Any) -> bool:
+    """True for an edge-dialect op."""
+    return isinstance(target, EdgeOpOverload)
+
+
+@cache
+def resolve_target(name: str, dialect: str) -> Callable[..., Any]:
+    """The callable for a canonical name in a dialect; raises ValueError if unknown."""
+    if name == "getitem":
+        return operator.getitem
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise ValueError(f"cannot resolve op {name!r}")
+    ns, op, overload = parts
+    root: Any = exir_ops.edge if dialect == "edge" else torch.ops
+    try:
+        target: Callable[..., Any] = getattr(getattr(getattr(root, ns), op), overload)
+    except AttributeError as e:
+        raise ValueError(f"cannot resolve op {name!r} in dialect {dialect}") from e
+    return target

@@ -1,0 +1,316 @@
+"""Plans as data, the pure ``rewrite`` that applies them to a snapshot, and ``plan``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, final
+
+from pyrsistent import pmap
+from pyrsistent.typing import PMap
+from returns.result import Failure, Result, Success
+
+from fxpure.reasons import PlanConflict, Reason
+from fxpure.snapshot import (
+    Arg,
+    ConstantInfo,
+    ConstantKind,
+    GraphSnapshot,
+    NodeRef,
+    NodeSnapshot,
+    Spec,
+    node_refs,
+    snapshot,
+    verify,
+)
+from fxpure.weights import Source, WeightExpr, infer_spec
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewConstant:
+    """A derived constant the plan adds, as an unmaterialised expression."""
+
+    name: str
+    expr: WeightExpr
+    kind: ConstantKind = "parameter"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewNode:
+    """A ``call_function`` node the plan adds; meta is inherited from ``provenance``."""
+
+    name: str
+    target: str
+    args: tuple[Arg, ...]
+    kwargs: PMap[str, Arg] = field(default_factory=lambda: pmap())
+    spec: Spec = None
+    provenance: str | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewritePlan:
+    """What one rule does at one anchor: add constants and nodes, redirect, erase.
+
+    Names in ``constants`` and ``nodes`` are local: ``rewrite`` makes them unique.
+    New nodes go, in order, just before the earliest node whose uses they take.
+    Constants left without users by the rewrite are dropped.
+    """
+
+    rule: str
+    anchor: str
+    constants: tuple[NewConstant, ...] = ()
+    nodes: tuple[NewNode, ...] = ()
+    replace: tuple[tuple[str, str], ...] = ()
+    erase: tuple[str, ...] = ()
+
+    @property
+    def claims(self) -> frozenset[str]:
+        """Existing nodes this plan consumes; two plans must not share one."""
+        return frozenset({self.anchor, *self.erase, *(old for old, _ in self.replace)})
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    """A candidate anchor a rule declined, with the typed reason."""
+
+    rule: str
+    node: str
+    reason: Reason
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewriteReport:
+    """Every candidate as a plan or a rejection, plus the rewritten snapshot."""
+
+    plans: tuple[RewritePlan, ...]
+    rejections: tuple[Rejection, ...]
+    before: GraphSnapshot
+    after: GraphSnapshot
+    stages: tuple[tuple[RewritePlan, ...], ...] = ()
+
+
+class Rule(Protocol):
+    """A rewrite rule: candidate anchors, and a pure planner per anchor."""
+
+    @property
+    def name(self) -> str:
+        """Stable kebab-case rule name."""
+        ...
+
+    def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
+        """Every node this rule considers; each ends as a plan or a rejection."""
+        ...
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        """The plan at ``node``, or why there is none."""
+        ...
+
+
+def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
+    """The expression for the constant behind node ``name``, or None if it is not one."""
+    info = snap.constants.get(name)
+    if info is None:
+        return None
+    return info.source if info.source is not None else Source(key=name, spec=info.spec)
+
+
+def _fresh(name: str, used: set[str]) -> str:
+    candidate, i = name, 0
+    while candidate in used:
+        i += 1
+        candidate = f"{name}_{i}"
+    used.add(candidate)
+    return candidate
+
+
+def _rename(arg: Arg, names: Mapping[str, str]) -> Arg:
+    if isinstance(arg, NodeRef):
+        return NodeRef(names.get(arg.name, arg.name))
+    if isinstance(arg, tuple):
+        return tuple(_rename(a, names) for a in arg)
+    return arg
+
+
+def _renamed(node: NodeSnapshot, names: Mapping[str, str]) -> NodeSnapshot:
+    if not any(r in names for r in node_refs(node)):
+        return node
+    return replace(
+        node,
+        args=tuple(_rename(a, names) for a in node.args),
+        kwargs=pmap({k: _rename(v, names) for k, v in node.kwargs.items()}),
+    )
+
+
+def _conflict(node: str, detail: str) -> Result[GraphSnapshot, PlanConflict]:
+    return Failure(PlanConflict(node=node, detail=detail))
+
+
+@final
+@dataclass(slots=True)
+class _Batch:
+    """Working state of one ``rewrite`` call (local, never escapes)."""
+
+    snap: GraphSnapshot
+    used: set[str]
+    redirect: dict[str, str] = field(default_factory=dict)
+    before: dict[int, list[NodeSnapshot]] = field(default_factory=dict)
+    new_constants: list[NodeSnapshot] = field(default_factory=list)
+    infos: dict[str, ConstantInfo] = field(default_factory=dict)
+    by_expr: dict[WeightExpr, str] = field(default_factory=dict)
+    erase: set[str] = field(default_factory=set)
+
+    def add(self, p: RewritePlan) -> PlanConflict | None:
+        snap, local = self.snap, {}
+        for c in p.constants:
+            spec = infer_spec(c.expr)
+            if isinstance(spec, Failure):
+                return PlanConflict(node=p.anchor, detail=f"constant {c.name}: {spec.failure().message}")
+            if c.expr in self.by_expr:
+                local[c.name] = self.by_expr[c.expr]
+                continue
+            name = local[c.name] = self.by_expr[c.expr] = _fresh(c.name, self.used)
+            self.infos[name] = ConstantInfo(kind=c.kind, key=name, spec=spec.unwrap(), source=c.expr)
+            op = "placeholder" if snap.lifted else "get_attr"
+            self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
+        for n in p.nodes:
+            local[n.name] = _fresh(n.name, self.used)
+        sources = [old for old, _ in p.replace] or [p.anchor]
+        if not all(s in snap.index for s in sources + list(p.erase)):
+            return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
+        at = min(snap.index[s] for s in sources)
+        slot = self.before.setdefault(at, [])
+        for n in p.nodes:
+            slot.append(
+                NodeSnapshot(
+                    name=local[n.name],
+                    op="call_function",
+                    target=n.target,
+                    args=tuple(_rename(a, local) for a in n.args),
+                    kwargs=pmap({k: _rename(v, local) for k, v in n.kwargs.items()}),
+                    spec=n.spec,
+                    provenance=n.provenance,
+                )
+            )
+        for old, new in p.replace:
+            self.redirect[old] = local.get(new, new)
+        self.erase.update(p.erase)
+        return None
+
+
+def _resolve(redirect: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for old in redirect:
+        seen, cur = {old}, redirect[old]
+        while cur in redirect and cur not in seen:
+            seen.add(cur)
+            cur = redirect[cur]
+        out[old] = cur
+    return out
+
+
+def _constants_slot(snap: GraphSnapshot) -> int:
+    """Where new constants go: after the lifted constant placeholders, else before any compute."""
+    if snap.lifted:
+        return 1 + max((snap.index[k] for k in snap.constants), default=-1)
+    return next((i for i, n in enumerate(snap.nodes) if n.op not in ("placeholder", "get_attr")), 0)
+
+
+def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSnapshot, PlanConflict]:
+    """Apply non-overlapping plans to a snapshot in one pass; pure.
+
+    Derived constants stay expressions. A rewrite that changes anything also
+    drops every constant left without users.
+
+    >>> rewrite(snapshot([], {}), []).unwrap() == snapshot([], {})
+    True
+    """
+    if not plans:
+        return Success(snap)
+    claimed: dict[str, str] = {}
+    for p in plans:
+        for c in p.claims:
+            if c in claimed:
+                return _conflict(c, f"claimed by plans at {claimed[c]} and {p.anchor}")
+            claimed[c] = p.anchor
+    batch = _Batch(snap=snap, used=set(snap.index))
+    batch.by_expr = {info.source: name for name, info in snap.constants.items() if info.source is not None}
+    for p in plans:
+        err = batch.add(p)
+        if err is not None:
+            return Failure(err)
+    names = _resolve(batch.redirect)
+    out: list[NodeSnapshot] = []
+    at = _constants_slot(snap)
+    for i, n in enumerate(snap.nodes):
+        if i == at:
+            out.extend(batch.new_constants)
+        out.extend(_renamed(m, names) for m in batch.before.get(i, ()))
+        if n.name not in batch.erase:
+            out.append(_renamed(n, names))
+    return _finish(snap, out, {**snap.constants, **batch.infos}, batch.erase)
+
+
+def _finish(
+    snap: GraphSnapshot,
+    nodes: list[NodeSnapshot],
+    constants: dict[str, ConstantInfo],
+    erased: set[str],
+) -> Result[GraphSnapshot, PlanConflict]:
+    draft = snapshot(nodes, {}, dialect=snap.dialect, lifted=snap.lifted)
+    for name in erased:
+        if draft.users.get(name):
+            return _conflict(name, f"erased but still read by {draft.users[name][0]}")
+    live = [n for n in nodes if n.name not in constants or draft.users.get(n.name)]
+    kept = {k: v for k, v in constants.items() if k in draft.index and draft.users.get(k)}
+    result = snapshot(live, kept, dialect=snap.dialect, lifted=snap.lifted)
+    return verify(result).alt(lambda e: PlanConflict(node=e.node, detail=e.detail))
+
+
+def plan(snap: GraphSnapshot, rules: Sequence[Rule]) -> RewriteReport:
+    """Run rules in order; each stage plans on the previous stage's rewritten snapshot.
+
+    Every candidate ends as a plan or a rejection; overlapping plans: the first
+    in topological order wins.
+
+    >>> report = plan(snapshot([], {}), [])
+    >>> report.plans, report.rejections
+    ((), ())
+    """
+    current, stages, rejections = snap, [], []
+    for rule in rules:
+        accepted: list[RewritePlan] = []
+        claimed: dict[str, str] = {}
+        for node in rule.anchors(current):
+            result = rule.plan_at(current, node)
+            if isinstance(result, Failure):
+                rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
+                continue
+            p = result.unwrap()
+            overlap = sorted(c for c in p.claims if c in claimed)
+            if overlap:
+                reason = PlanConflict(
+                    node=node.name, detail=f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
+                )
+                rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
+                continue
+            claimed.update((c, p.anchor) for c in p.claims)
+            accepted.append(p)
+        step = rewrite(current, accepted)
+        if isinstance(step, Failure):
+            rejections.extend(Rejection(rule=rule.name, node=p.anchor, reason=step.failure()) for p in accepted)
+            accepted = []
+        else:
+            current = step.unwrap()
+        stages.append(tuple(accepted))
+    return RewriteReport(
+        plans=tuple(p for s in stages for p in s),
+        rejections=tuple(rejections),
+        before=snap,
+        after=current,
+        stages=tuple(stages),
+    )

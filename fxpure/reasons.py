@@ -1,0 +1,190 @@
+"""Typed reasons: why a rule declined a candidate, or why a rewrite failed.
+
+Every reason is a frozen record with a stable kebab-case ``code`` and a human
+``message``. The set is closed: rules only ever return these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, final
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reason:
+    """Base of every reason record; ``code`` is stable, ``message`` is for people."""
+
+    code: ClassVar[str] = "reason"
+    node: str
+
+    @property
+    def message(self) -> str:
+        """Human-readable explanation.
+
+        >>> NotConstant(node="conv", role="weight", source="x").message
+        "weight of conv is not a constant (it is computed by 'x')"
+        """
+        return self.code
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Malformed(Reason):
+    """A node's arguments do not fit its op's schema."""
+
+    code: ClassVar[str] = "malformed-node"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: {self.detail}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NotAConv(Reason):
+    """The batch norm's input is not produced by a convolution."""
+
+    code: ClassVar[str] = "producer-not-conv"
+    producer: str
+    target: str
+
+    @property
+    def message(self) -> str:
+        return f"input of {self.node} comes from {self.producer} ({self.target}), not a convolution"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingMode(Reason):
+    """A batch norm that updates or uses batch statistics cannot be folded."""
+
+    code: ClassVar[str] = "bn-training-mode"
+
+    @property
+    def message(self) -> str:
+        return f"{self.node} runs in training mode (batch statistics)"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputShared(Reason):
+    """The conv output is read by other nodes too, so it must stay unfused."""
+
+    code: ClassVar[str] = "conv-output-shared"
+    users: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return f"output of {self.node} is also used by {', '.join(self.users)}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatsUsed(Reason):
+    """A user reads the batch norm's saved mean/invstd, not just its output."""
+
+    code: ClassVar[str] = "bn-stats-used"
+    user: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.user} reads more than output 0 of {self.node}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NotConstant(Reason):
+    """An operand the rule must fold is computed at run time."""
+
+    code: ClassVar[str] = "not-constant"
+    role: str
+    source: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.role} of {self.node} is not a constant (it is computed by {self.source!r})"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SymbolicShape(Reason):
+    """A dimension the rule needs is symbolic."""
+
+    code: ClassVar[str] = "symbolic-shape"
+    role: str
+    shape: tuple[int | str, ...]
+
+    @property
+    def message(self) -> str:
+        return f"{self.role} of {self.node} has symbolic shape {self.shape}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnsupportedDtype(Reason):
+    """The rule only handles some dtypes."""
+
+    code: ClassVar[str] = "unsupported-dtype"
+    role: str
+    dtype: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.role} of {self.node} has dtype {self.dtype}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelMismatch(Reason):
+    """Channel counts of the fused operands disagree."""
+
+    code: ClassVar[str] = "channel-mismatch"
+    expected: int
+    found: int
+
+    @property
+    def message(self) -> str:
+        return f"{self.node} has {self.found} channels, the conv produces {self.expected}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConflict(Reason):
+    """Two plans claim the same node, or a plan does not fit the graph."""
+
+    code: ClassVar[str] = "plan-conflict"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: {self.detail}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BadExpr(Reason):
+    """A weight expression is ill-typed (shape or dtype)."""
+
+    code: ClassVar[str] = "bad-weight-expr"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return self.detail
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InvalidSnapshot(Reason):
+    """A snapshot breaks an invariant (order, users, constants)."""
+
+    code: ClassVar[str] = "invalid-snapshot"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: {self.detail}"

@@ -1,0 +1,196 @@
+"""fuse_conv_bn: conv -> eval batch_norm  =>  conv with the batch norm folded into W, b."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import final
+
+from pyrsistent import pmap
+from returns.result import Failure, Result, Success
+
+from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_expr
+from fxpure.reasons import (
+    ChannelMismatch,
+    NotAConv,
+    NotConstant,
+    OutputShared,
+    Reason,
+    StatsUsed,
+    SymbolicShape,
+    TrainingMode,
+    UnsupportedDtype,
+)
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
+from fxpure.views import BATCH_NORM_SCHEMAS, BatchNormView, ConvView, batch_norm_view, conv_view
+from fxpure.weights import FLOAT_DTYPES, FoldBatchNorm, WeightExpr, out_channels
+
+NAME = "fuse-conv-bn"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Match:
+    bn: BatchNormView
+    conv: ConvView
+    conv_node: NodeSnapshot
+    uses: tuple[str, ...]  # nodes whose uses move to the fused conv (bn, or its getitem(0)s)
+    w: WeightExpr
+    b: WeightExpr | None
+    mean: WeightExpr
+    var: WeightExpr
+    gamma: WeightExpr | None
+    beta: WeightExpr | None
+
+
+def _operand(snap: GraphSnapshot, node: str, role: str, ref: NodeRef | None) -> Result[WeightExpr | None, Reason]:
+    """The constant expression behind an optional operand."""
+    if ref is None:
+        return Success(None)
+    expr = constant_expr(snap, ref.name)
+    if expr is None:
+        return Failure(NotConstant(node=node, role=role, source=ref.name))
+    return Success(expr)
+
+
+def _required(snap: GraphSnapshot, node: str, role: str, ref: NodeRef | None) -> Result[WeightExpr, Reason]:
+    if ref is None:
+        return Failure(NotConstant(node=node, role=role, source="None"))
+    return _operand(snap, node, role, ref).bind(
+        lambda e: Success(e) if e is not None else Failure(NotConstant(node=node, role=role, source=ref.name))
+    )
+
+
+def _uses(snap: GraphSnapshot, bn: BatchNormView) -> Result[tuple[str, ...], Reason]:
+    """Nodes whose uses the fused conv takes: bn itself, or every getitem(bn, 0)."""
+    if not bn.tuple_output:
+        return Success((bn.node,))
+    users = snap.users_of(bn.node)
+    for u in users:
+        if u.target != "getitem" or u.args[1:2] != (0,):
+            return Failure(StatsUsed(node=bn.node, user=u.name))
+    return Success(tuple(u.name for u in users))
+
+
+def _match(snap: GraphSnapshot, node: NodeSnapshot) -> Result[_Match, Reason]:
+    # guard clauses: eval BN <- single-use conv with constant operands
+    view = batch_norm_view(snap, node)
+    if isinstance(view, Failure):
+        return Failure(view.failure())
+    bn = view.unwrap()
+    if bn.training:
+        return Failure(TrainingMode(node=bn.node))
+    producer = snap.node(bn.x.name)
+    conv = conv_view(snap, producer)
+    if isinstance(conv, Failure):
+        return Failure(NotAConv(node=bn.node, producer=producer.name, target=producer.target))
+    others = tuple(u for u in snap.users.get(producer.name, ()) if u != bn.node)
+    if others:
+        return Failure(OutputShared(node=producer.name, users=others))
+    c = conv.unwrap()
+    uses = _uses(snap, bn)
+    parts = (
+        _required(snap, c.node, "weight", c.w),
+        _operand(snap, c.node, "bias", c.b),
+        _required(snap, bn.node, "running_mean", bn.mean),
+        _required(snap, bn.node, "running_var", bn.var),
+        _operand(snap, bn.node, "weight", bn.weight),
+        _operand(snap, bn.node, "bias", bn.bias),
+    )
+    for r in (uses, *parts):
+        if isinstance(r, Failure):
+            return Failure(r.failure())
+    w, b, mean, var, gamma, beta = (r.unwrap() for r in parts)
+    if w is None or mean is None or var is None:  # _required never yields None
+        return Failure(NotConstant(node=bn.node, role="operand", source="None"))
+    return Success(
+        _Match(
+            bn=bn, conv=c, conv_node=producer, uses=uses.unwrap(), w=w, b=b, mean=mean, var=var, gamma=gamma, beta=beta
+        )
+    )
+
+
+def _check_shapes(snap: GraphSnapshot, m: _Match) -> Result[_Match, Reason]:
+    w = snap.constants[m.conv.w.name].spec
+    if not w.is_static:
+        return Failure(SymbolicShape(node=m.conv.node, role="weight", shape=w.shape))
+    if w.dtype not in FLOAT_DTYPES:
+        return Failure(UnsupportedDtype(node=m.conv.node, role="weight", dtype=w.dtype))
+    oc = out_channels(w, transposed=m.conv.transposed, groups=m.conv.groups)
+    mean = snap.constants[m.bn.mean.name].spec if m.bn.mean is not None else None
+    channels = mean.shape[0] if mean is not None and len(mean.shape) == 1 else -1
+    if not isinstance(oc, int) or channels != oc or w.shape[0] % m.conv.groups:
+        found = channels if isinstance(channels, int) else -1
+        return Failure(ChannelMismatch(node=m.bn.node, expected=oc if isinstance(oc, int) else -1, found=found))
+    return Success(m)
+
+
+def _with_operands(node: NodeSnapshot, w: str, b: str) -> tuple[tuple[Arg, ...], dict[str, Arg]]:
+    """The conv's own arguments with weight and bias swapped for the fused ones."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    args[1] = NodeRef(w)
+    if len(args) > 2:
+        args[2] = NodeRef(b)
+    elif "bias" in kwargs:
+        kwargs["bias"] = NodeRef(b)
+    else:
+        args.append(NodeRef(b))
+    return tuple(args), kwargs
+
+
+def _plan(snap: GraphSnapshot, m: _Match) -> RewritePlan:
+    conv = m.conv_node
+    fold = FoldBatchNorm(
+        part="weight",
+        weight=m.w,
+        bias=m.b,
+        mean=m.mean,
+        var=m.var,
+        gamma=m.gamma,
+        beta=m.beta,
+        eps=m.bn.eps,
+        transposed=m.conv.transposed,
+        groups=m.conv.groups,
+    )
+    w_name, b_name, c_name = f"{conv.name}_bn_weight", f"{conv.name}_bn_bias", f"{conv.name}_bn"
+    args, kwargs = _with_operands(conv, w_name, b_name)
+    return RewritePlan(
+        rule=NAME,
+        anchor=m.bn.node,
+        constants=(
+            NewConstant(name=w_name, expr=fold),
+            NewConstant(name=b_name, expr=replace(fold, part="bias")),
+        ),
+        nodes=(
+            NewNode(
+                name=c_name, target=conv.target, args=args, kwargs=pmap(kwargs), spec=conv.spec, provenance=conv.name
+            ),
+        ),
+        replace=tuple((u, c_name) for u in m.uses),
+        erase=(conv.name, m.bn.node, *(u for u in m.uses if u != m.bn.node)),
+    )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FuseConvBn:
+    """Fold every eval-mode batch norm into the convolution that feeds it."""
+
+    name: str = NAME
+
+    def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
+        """Every batch norm node, in any spelling."""
+        return (n for n in snap.nodes if n.op == "call_function" and n.target in BATCH_NORM_SCHEMAS)
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        """The fusion plan at a batch norm, or the reason it cannot be fused."""
+        return _match(snap, node).bind(lambda m: _check_shapes(snap, m)).map(lambda m: _plan(snap, m))
+
+
+def fuse_conv_bn() -> FuseConvBn:
+    """The conv + batch-norm fusion rule.
+
+    >>> fuse_conv_bn().name
+    'fuse-conv-bn'
+    """
+    return FuseConvBn()

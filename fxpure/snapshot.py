@@ -1,0 +1,246 @@
+"""Immutable snapshot records of an FX graph, and their invariants."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, TypeAlias, final
+
+from pyrsistent import pmap, pvector
+from pyrsistent.typing import PMap, PVector
+from returns.result import Failure, Result, Success
+
+from fxpure.reasons import InvalidSnapshot
+
+if TYPE_CHECKING:
+    from fxpure.weights import WeightExpr
+
+Dim: TypeAlias = int | str
+"""A dimension: an int, or the name of a symbolic size such as ``"s0"``."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorSpec:
+    """Shape and dtype of a tensor, as ``meta["val"]`` says, without data.
+
+    >>> TensorSpec(shape=(8, 3, 3, 3), dtype="float32").is_static
+    True
+    """
+
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    @property
+    def is_static(self) -> bool:
+        """True when no dimension is symbolic."""
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (symbolic dims count as 1).
+
+        >>> TensorSpec(shape=(2, 3), dtype="int8").numel
+        6
+        """
+        n = 1
+        for d in self.shape:
+            n *= d if isinstance(d, int) else 1
+        return n
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """A reference to another node of the same graph, by name."""
+
+    name: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DTypeArg:
+    """A ``torch.dtype`` literal in an argument list, by canonical name."""
+
+    name: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Opaque:
+    """A literal the core does not interpret (device, layout, ...), by repr."""
+
+    text: str
+
+
+Arg: TypeAlias = int | float | bool | str | NodeRef | DTypeArg | Opaque | tuple["Arg", ...] | None
+"""An immutable argument tree; FX lists and tuples both become tuples."""
+
+Spec: TypeAlias = TensorSpec | tuple[TensorSpec | None, ...] | None
+"""What a node produces: one tensor, a tuple of them, or nothing known."""
+
+ConstantKind: TypeAlias = Literal["parameter", "buffer", "constant"]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSnapshot:
+    """One FX node: op kind, canonical target, arguments, output spec."""
+
+    name: str
+    op: str
+    target: str
+    args: tuple[Arg, ...] = ()
+    kwargs: PMap[str, Arg] = field(default_factory=lambda: pmap())
+    spec: Spec = None
+    provenance: str | None = None
+
+    def arg(self, index: int, keyword: str) -> Arg:
+        """Argument by position, else by keyword, else None.
+
+        >>> NodeSnapshot(name="n", op="call_function", target="t", args=(1,)).arg(0, "a")
+        1
+        """
+        if index < len(self.args):
+            return self.args[index]
+        return self.kwargs.get(keyword)
+
+    @property
+    def tensor_spec(self) -> TensorSpec | None:
+        """The spec when the node produces exactly one tensor."""
+        return self.spec if isinstance(self.spec, TensorSpec) else None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConstantInfo:
+    """A parameter / buffer / lifted constant / get_attr tensor behind a node.
+
+    ``storage`` identifies the backing tensor so aliases are visible; ``source``
+    is None for an existing tensor, or the expression of a derived one.
+    """
+
+    kind: ConstantKind
+    key: str
+    spec: TensorSpec
+    storage: str | None = None
+    source: WeightExpr | None = None
+
+
+def refs(arg: Arg) -> Iterator[str]:
+    """Names of the nodes an argument tree refers to.
+
+    >>> list(refs((NodeRef("a"), 1, (NodeRef("b"), None))))
+    ['a', 'b']
+    """
+    if isinstance(arg, NodeRef):
+        yield arg.name
+    elif isinstance(arg, tuple):
+        for a in arg:
+            yield from refs(a)
+
+
+def node_refs(node: NodeSnapshot) -> Iterator[str]:
+    """Names of the nodes a node reads, in argument order."""
+    for a in node.args:
+        yield from refs(a)
+    for a in node.kwargs.values():
+        yield from refs(a)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphSnapshot:
+    """A whole graph: nodes in topological order, users, constants, dialect.
+
+    ``lifted`` says whether constants are placeholders (ExportedProgram) or
+    ``get_attr`` nodes (GraphModule). Build one with :func:`snapshot`.
+    """
+
+    nodes: PVector[NodeSnapshot]
+    constants: PMap[str, ConstantInfo]
+    dialect: str
+    lifted: bool
+    users: PMap[str, tuple[str, ...]]
+    index: PMap[str, int]
+
+    def node(self, name: str) -> NodeSnapshot:
+        """The node called ``name`` (KeyError if there is none)."""
+        return self.nodes[self.index[name]]
+
+    def users_of(self, name: str) -> tuple[NodeSnapshot, ...]:
+        """Nodes that read ``name``, in topological order, each once."""
+        return tuple(self.node(u) for u in self.users.get(name, ()))
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """User inputs: placeholders that are not constants."""
+        return tuple(n.name for n in self.nodes if n.op == "placeholder" and n.name not in self.constants)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Names the output node returns."""
+        return tuple(r for n in self.nodes if n.op == "output" for r in node_refs(n))
+
+
+def snapshot(
+    nodes: Iterable[NodeSnapshot],
+    constants: Mapping[str, ConstantInfo],
+    *,
+    dialect: str = "aten",
+    lifted: bool = True,
+) -> GraphSnapshot:
+    """Build a snapshot, deriving users and the name index in one pass.
+
+    >>> g = snapshot([NodeSnapshot(name="x", op="placeholder", target="x"),
+    ...               NodeSnapshot(name="out", op="output", target="output",
+    ...                            args=((NodeRef("x"),),))], {})
+    >>> g.users["x"], g.outputs
+    (('out',), ('x',))
+    """
+    vec = pvector(nodes)
+    users: dict[str, list[str]] = {n.name: [] for n in vec}
+    for n in vec:
+        for r in dict.fromkeys(node_refs(n)):
+            users.setdefault(r, []).append(n.name)
+    return GraphSnapshot(
+        nodes=vec,
+        constants=pmap(constants),
+        dialect=dialect,
+        lifted=lifted,
+        users=pmap({k: tuple(v) for k, v in users.items()}),
+        index=pmap({n.name: i for i, n in enumerate(vec)}),
+    )
+
+
+def _check(ok: bool, node: str, detail: str) -> Result[None, InvalidSnapshot]:
+    return Success(None) if ok else Failure(InvalidSnapshot(node=node, detail=detail))
+
+
+def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
+    """Check invariants: unique names, topological order, users, constants.
+
+    >>> from returns.pipeline import is_successful
+    >>> bad = snapshot([NodeSnapshot(name="y", op="call_function", target="t",
+    ...                              args=(NodeRef("x"),))], {})
+    >>> verify(bad).failure().code
+    'invalid-snapshot'
+    """
+    seen: set[str] = set()
+    for n in snap.nodes:
+        if n.name in seen:
+            return Failure(InvalidSnapshot(node=n.name, detail="duplicate node name"))
+        for r in node_refs(n):
+            if r not in seen:
+                return Failure(InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined"))
+        seen.add(n.name)
+    fresh = snapshot(snap.nodes, snap.constants, dialect=snap.dialect, lifted=snap.lifted)
+    checks = [
+        _check(fresh.users == snap.users, "<graph>", "users disagree with arguments"),
+        _check(fresh.index == snap.index, "<graph>", "name index disagrees with node order"),
+        *(_check(k in seen, k, "constant without a node") for k in snap.constants),
+    ]
+    for c in checks:
+        if isinstance(c, Failure):
+            return Failure(c.failure())
+    return Success(snap)

@@ -1,0 +1,7 @@
+from typing import Any
+
+class _Ops:
+    edge: Any
+    backend: Any
+
+ops: _Ops

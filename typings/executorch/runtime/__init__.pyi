@@ -1,0 +1,13 @@
+from collections.abc import Sequence
+from typing import Any
+
+class Method:
+    def execute(self, inputs: Sequence[Any]) -> Sequence[Any]: ...
+
+class Program:
+    def load_method(self, name: str) -> Method | None: ...
+
+class Runtime:
+    @staticmethod
+    def get() -> Runtime: ...
+    def load_program(self, data: bytes, verification: Any = ...) -> Program: ...
