@@ -140,17 +140,19 @@ class _Builder:
         before = self.cap.snap
         old = self.old.get(rec.name)
         if old is not None and before.node(rec.name) is rec:
-            self.env[rec.name] = self.graph.node_copy(old, lambda n: self.env[n.name])
+            node = self.graph.node_copy(old, lambda n: self.env[n.name])
         elif old is not None:
             args = tuple(self.rebuild(o, a) for o, a in zip(old.args, rec.args, strict=True))
             kwargs = {k: self.rebuild(old.kwargs[k], a) for k, a in rec.kwargs.items()}
             node = self.graph.create_node(old.op, old.target, args, kwargs, name=old.name, type_expr=old.type)
             node.meta = copy.copy(old.meta)
-            self.env[rec.name] = node
         elif rec.name in self.tensors:
-            self.env[rec.name] = self._constant(rec)
+            node = self._constant(rec)
         else:
-            self.env[rec.name] = self._new(rec)
+            node = self._new(rec)
+        # FX renames candidates that shadow builtins (e.g. "input"); the snapshot's names are unique, keep them
+        node.name = rec.name
+        self.env[rec.name] = node
 
     def _constant(self, rec: NodeSnapshot) -> torch.fx.Node:
         node = self.graph.placeholder(rec.name) if self.after.lifted else self.graph.get_attr(rec.name)
@@ -174,8 +176,6 @@ class _Builder:
             node.meta["val"] = self.fake_value(spec)
         elif isinstance(spec, tuple):
             node.meta["val"] = tuple(self.fake_value(s) if s is not None else None for s in spec)
-        if node.name != rec.name:
-            raise _ApplyError("apply-failed", f"node name {rec.name} is taken")
         return node
 
 

@@ -1,0 +1,8 @@
+"""Shared helpers: build a model in each of the three program forms."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+warnings.filterwarnings("ignore")

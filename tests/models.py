@@ -1,0 +1,141 @@
+"""Test models: ResNet / MobileNet / decoder style blocks with batch norms in every spot."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every batch norm non-trivial statistics and affine parameters; eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            assert m.running_mean is not None and m.running_var is not None
+            m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+            if m.affine:
+                m.weight.data.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.data.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
+    return model.eval()
+
+
+class ResBlock(nn.Module):
+    """ResNet basic block: conv-bn-relu-conv-bn + identity."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+
+
+class ResNetish(nn.Module):
+    def __init__(self, c: int = 8, blocks: int = 2) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, c, 3, stride=2, padding=1), nn.BatchNorm2d(c)
+        self.blocks = nn.Sequential(*(ResBlock(c) for _ in range(blocks)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(torch.relu(self.bn(self.stem(x))))
+
+
+class MobileBlock(nn.Module):
+    """Depthwise 3x3 + BN + ReLU6, pointwise 1x1 + BN (MobileNet v1/v2 style)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.dw, self.b1 = nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), nn.BatchNorm2d(cin)
+        self.pw, self.b2 = nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b2(self.pw(nn.functional.relu6(self.b1(self.dw(x)))))
+
+
+class MobileNetish(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(MobileBlock(3, 8, 2), MobileBlock(8, 16), MobileBlock(16, 16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class Decoder(nn.Module):
+    """Transposed convs, grouped and not, with and without bias, into BN (upstream crashes here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t1, self.b1 = nn.ConvTranspose2d(8, 12, 3, stride=2, padding=1, output_padding=1), nn.BatchNorm2d(12)
+        self.t2 = nn.ConvTranspose2d(12, 8, 3, stride=1, padding=1, groups=4, bias=False)
+        self.b2 = nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b2(self.t2(torch.relu(self.b1(self.t1(x)))))
+
+
+class Conv1dStack(nn.Module):
+    """Audio-style conv1d stack with a non-affine BN and a dilated conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv1d(4, 8, 5, padding=2), nn.BatchNorm1d(8, affine=False)
+        self.c2, self.b2 = nn.Conv1d(8, 8, 3, dilation=2, groups=2, bias=False), nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+
+
+class Conv3dNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.b = nn.Conv3d(2, 6, 3, stride=(1, 2, 2), padding=1), nn.BatchNorm3d(6)
+        self.t, self.bt = nn.ConvTranspose3d(6, 4, 2, stride=2, groups=2), nn.BatchNorm3d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bt(self.t(self.b(self.c(x))))
+
+
+class Declines(nn.Module):
+    """Every batch norm here must be declined, for a different reason each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)  # conv output also used
+        self.lin, self.b2 = nn.Linear(4, 4), nn.BatchNorm1d(4)  # BN after a linear layer
+        self.c3, self.b3 = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)  # fused normally
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.c1(x)
+        z = self.b1(y) + y
+        v = self.b2(self.lin(z.mean(dim=(2, 3))))
+        return self.b3(self.c3(z)), v
+
+
+class SharedWeight(nn.Module):
+    """One conv weight used twice: once into a BN (fused), once plain (must keep original numbers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.b = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.c(x)) + nn.functional.conv2d(x, self.c.weight, None, padding=1)
+
+
+def example(model: nn.Module) -> tuple[torch.Tensor, ...]:
+    """A deterministic example input for each test model."""
+    g = torch.Generator().manual_seed(1)
+    shapes: dict[type, tuple[int, ...]] = {
+        Decoder: (2, 8, 5, 5), Conv1dStack: (2, 4, 32), Conv3dNet: (1, 2, 4, 8, 8), Declines: (2, 3, 6, 6),
+        SharedWeight: (1, 4, 6, 6),
+    }
+    return (torch.randn(shapes.get(type(model), (2, 3, 16, 16)), generator=g),)
+
+
+ALL_MODELS: dict[str, type[nn.Module]] = {
+    "resnet": ResNetish, "mobilenet": MobileNetish, "decoder": Decoder, "conv1d": Conv1dStack,
+    "conv3d": Conv3dNet, "declines": Declines, "shared": SharedWeight,
+}

@@ -1,0 +1,136 @@
+"""fuse_conv_bn end to end on real exported programs, in all three forms."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from executorch.exir import to_edge
+from returns.pipeline import is_successful
+from torch.export import ExportedProgram
+
+import adapters
+from adapters.passes import FuseConvBatchNormPass
+from fxpure.rules import fuse_conv_bn
+from tests.models import ALL_MODELS, Declines, SharedWeight, example, randomize_bn
+from tests.programs import FORMS, assert_close, build, count, dead_constants, run, run_pte
+
+FUSABLE = {"resnet": 5, "mobilenet": 6, "decoder": 2, "conv1d": 2, "conv3d": 2, "declines": 1, "shared": 1}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_fuses_and_keeps_numerics(name: str, form: str) -> None:
+    model = randomize_bn(ALL_MODELS[name]())
+    x = example(model)
+    want = run(build(model, x, "aten"), x)
+    program = build(model, x, form)
+    bns = count(program, "batch_norm")
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert len(outcome.report.plans) == FUSABLE[name]
+    assert count(program, "batch_norm") == bns - FUSABLE[name]
+    assert len(outcome.report.rejections) == bns - FUSABLE[name]
+    assert_close(run(program, x), want)
+    assert dead_constants(program) == []
+    if isinstance(program, ExportedProgram):
+        program.validate()
+    else:
+        program.graph.lint()
+
+
+def test_declines_with_typed_reasons() -> None:
+    model = randomize_bn(Declines())
+    program = build(model, example(model), "aten")
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    codes = sorted(r.reason.code for r in outcome.report.rejections)
+    assert codes == ["conv-output-shared", "producer-not-conv"]
+
+
+def test_training_mode_bn_is_declined() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    program = torch.export.export(model, (torch.randn(2, 3, 8, 8),))
+    before = str(program.graph)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["bn-training-mode"]
+    assert not outcome.changed and str(program.graph) == before
+
+
+def test_shared_weight_keeps_original_numbers() -> None:
+    model = randomize_bn(SharedWeight())
+    x = example(model)
+    program = build(model, x, "aten")
+    assert isinstance(program, ExportedProgram)
+    original = program.state_dict["c.weight"].clone()
+    adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert torch.equal(program.state_dict["c.weight"], original)
+    assert_close(run(program, x), run(build(model, x, "aten"), x))
+
+
+def test_user_input_weight_is_not_constant() -> None:
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return self.bn(torch.nn.functional.conv2d(x, w))
+
+    program = torch.export.export(M().eval(), (torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)))
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    (rejection,) = outcome.report.rejections
+    assert rejection.reason.code == "not-constant"
+    assert "weight" in rejection.reason.message
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_folds_in_float32(dtype: torch.dtype) -> None:
+    model = randomize_bn(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))).to(dtype)
+    x = (torch.randn(2, 3, 8, 8).to(dtype),)
+    program = build(model, x, "aten")
+    want = run(build(model, x, "aten"), x)
+    adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert isinstance(program, ExportedProgram)
+    assert all(t.dtype == dtype for t in program.state_dict.values())
+    assert_close(run(program, x), want, rel=2e-2)
+
+
+@pytest.mark.parametrize("name", ["resnet", "decoder", "conv1d", "mobilenet"])
+def test_edge_pass_lowers_and_runs_in_runtime(name: str) -> None:
+    model = randomize_bn(ALL_MODELS[name]())
+    x = example(model)
+    edge = to_edge(torch.export.export(copy.deepcopy(model), x))
+    fused = edge.transform([FuseConvBatchNormPass(edge.exported_program())])
+    assert count(fused.exported_program(), "batch_norm") == 0
+    pte = fused.to_executorch().buffer
+    assert_close(run_pte(pte, x), [model(*x).detach()])
+    ideal = sum(t.numel() * t.element_size() for t in fused.exported_program().state_dict.values())
+    assert ideal < len(pte)
+
+
+def test_pass_on_unlifted_graph_module_in_pass_manager() -> None:
+    from torch.fx.passes.infra.pass_manager import PassManager
+
+    model = randomize_bn(ALL_MODELS["resnet"]())
+    x = example(model)
+    gm = build(model, x, "gm")
+    assert isinstance(gm, torch.fx.GraphModule)
+    result = PassManager([FuseConvBatchNormPass()])(gm)
+    assert result.modified
+    assert count(result.graph_module, "batch_norm") == 0
+    assert_close(run(result.graph_module, x), [model(*x).detach()])
+
+
+def test_dry_run_changes_nothing() -> None:
+    model = randomize_bn(ALL_MODELS["resnet"]())
+    program = build(model, example(model), "edge")
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap()
+    assert len(outcome.report.plans) == 5 and not outcome.changed
+    assert adapters.capture(program) == before
+
+
+def test_not_a_program_is_a_clean_error() -> None:
+    result = adapters.transform(torch.nn.Linear(2, 2), [fuse_conv_bn()])  # type: ignore[arg-type]
+    assert not is_successful(result)
+    assert result.failure().code == "unsupported-program"
