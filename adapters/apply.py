@@ -7,6 +7,7 @@ and a failure while committing rolls every change back.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,17 +219,40 @@ class _Commit:
         lst[:] = items
         self.undo.append(lambda: lst.__setitem__(slice(None), old))
 
-    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+    def set_attr(self, obj: torch.nn.Module, name: str, value: torch.Tensor | None) -> None:
+        """Set (or, with None, delete) a module tensor; undo restores it as parameter or buffer."""
+        table = next((t for t in (obj._parameters, obj._buffers) if name in t), None)
         had, old = hasattr(obj, name), getattr(obj, name, None)
         if value is None:
             delattr(obj, name)
         else:
             setattr(obj, name, value)
-        self.undo.append(lambda: setattr(obj, name, old) if had else delattr(obj, name))
+
+        def undo() -> None:
+            if hasattr(obj, name):
+                delattr(obj, name)
+            if table is not None:
+                table[name] = old
+            elif had:
+                setattr(obj, name, old)
+
+        self.undo.append(undo)
 
     def rollback(self) -> None:
         for fn in reversed(self.undo):
             fn()
+
+
+def _restore_graph(gm: torch.fx.GraphModule) -> Callable[[], None]:
+    old = gm.graph
+
+    def undo() -> None:
+        gm._graph = old  # no setter: it would recompile, which may be what failed
+        old.owning_module = gm
+        with contextlib.suppress(Exception):
+            gm.recompile()
+
+    return undo
 
 
 def _owner(gm: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str]:
@@ -310,8 +334,7 @@ def realize(cap: Captured, after: GraphSnapshot) -> tuple[tuple[str, ...], tuple
             _commit_ep(c, cap, cap.program, b.graph, new)
         else:
             _commit_gm(c, cap, b.graph, new)
-        old_graph = cap.gm.graph
-        c.undo.append(lambda: setattr(cap.gm, "graph", old_graph))
+        c.undo.append(_restore_graph(cap.gm))
         cap.gm.graph = b.graph
     except Exception as e:
         c.rollback()

@@ -51,7 +51,11 @@ CONV_SCHEMAS: Mapping[str, _Schema] = {
         for r in (1, 2, 3)
         for ov in ("default", "padding")
     },
-    **{f"aten.conv_transpose{r}d.input": _Schema(_CONV_T, _CONV_DEFAULTS, {"transposed": True}) for r in (1, 2, 3)},
+    **{
+        f"aten.conv_transpose{r}d.{ov}": _Schema(_CONV_T, _CONV_DEFAULTS, {"transposed": True})
+        for r in (1, 2, 3)
+        for ov in ("default", "input")
+    },
     "aten.convolution.default": _Schema(_CONVOLUTION, _CONV_DEFAULTS, {}),
 }
 

@@ -1,0 +1,170 @@
+"""fuse_conv_bn on hand-built snapshots: every plan shape and every rejection reason."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from pyrsistent import pmap
+from returns.pipeline import is_successful
+
+import fxpure
+from fxpure import NodeRef, NodeSnapshot, plan, rewrite, verify
+from fxpure.rules import fuse_conv_bn
+from fxpure.weights import FoldBatchNorm, Source
+from tests.core.build import BN_ARGS, CONV_TARGETS, conv_bn, spec
+
+
+@pytest.mark.parametrize("lifted", [True, False])
+@pytest.mark.parametrize("bn_target", sorted(BN_ARGS))
+@pytest.mark.parametrize("conv_target", CONV_TARGETS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_plans_every_spelling(conv_target: str, bn_target: str, bias: bool, lifted: bool) -> None:
+    g = conv_bn(conv_target=conv_target, bn_target=bn_target, bias=bias, lifted=lifted, groups=2)
+    report = plan(g, [fuse_conv_bn()])
+    assert report.rejections == ()
+    (p,) = report.plans
+    assert p.anchor == "bn" and p.rule == "fuse-conv-bn"
+    after = report.after
+    assert verify(after).unwrap() == after
+    assert [n.target for n in after.nodes if n.op == "call_function"] == [conv_target]
+    (conv,) = (n for n in after.nodes if n.op == "call_function")
+    assert conv.args[1] == NodeRef("conv_bn_weight") and conv.args[2] == NodeRef("conv_bn_bias")
+    assert after.outputs == ("conv_bn",)
+    # every old constant is dead and gone; the two folded ones are expressions
+    assert sorted(after.constants) == ["conv_bn_bias", "conv_bn_weight"]
+    w = after.constants["conv_bn_weight"].source
+    assert isinstance(w, FoldBatchNorm) and w.transposed == (conv_target == "aten.conv_transpose2d.input")
+    assert w.groups == 2 and (w.bias is None) == (not bias)
+    assert after.constants["conv_bn_bias"].spec == spec(8)
+    assert after.node("conv_bn_weight").op == ("placeholder" if lifted else "get_attr")
+
+
+def test_non_affine_bn_folds_with_unit_scale() -> None:
+    report = plan(conv_bn(affine=False), [fuse_conv_bn()])
+    (p,) = report.plans
+    fold = p.constants[0].expr
+    assert isinstance(fold, FoldBatchNorm) and fold.gamma is None and fold.beta is None
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code"),
+    [
+        ({"training": True}, "bn-training-mode"),
+        ({"conv_extra_user": True}, "conv-output-shared"),
+        ({"bn_target": "aten.native_batch_norm.default", "stats_used": True}, "bn-stats-used"),
+        ({"weight_is_input": True}, "not-constant"),
+        ({"weight_dtype": "int8"}, "unsupported-dtype"),
+        ({"bn_channels": 6}, "channel-mismatch"),
+        ({"channels": "s0"}, "symbolic-shape"),
+    ],
+)
+def test_each_rejection_reason(knobs: dict[str, object], code: str) -> None:
+    g = conv_bn(**knobs)  # type: ignore[arg-type]
+    report = plan(g, [fuse_conv_bn()])
+    assert report.plans == ()
+    (rejection,) = report.rejections
+    assert rejection.reason.code == code and rejection.rule == "fuse-conv-bn"
+    assert rejection.reason.message and code in str(rejection.reason)
+    assert report.after == g
+
+
+def test_producer_not_conv() -> None:
+    g = conv_bn()
+    nodes = [replace(n, target="aten.relu.default", args=(NodeRef("x"),)) if n.name == "conv" else n for n in g.nodes]
+    g2 = fxpure.snapshot(nodes, g.constants)
+    (rejection,) = plan(g2, [fuse_conv_bn()]).rejections
+    assert rejection.reason.code == "producer-not-conv"
+    assert "aten.relu.default" in rejection.reason.message
+
+
+def test_malformed_bn_is_a_value_not_an_exception() -> None:
+    g = conv_bn()
+    nodes = [replace(n, args=n.args[:2]) if n.name == "bn" else n for n in g.nodes]
+    (rejection,) = plan(fxpure.snapshot(nodes, g.constants), [fuse_conv_bn()]).rejections
+    assert rejection.reason.code == "malformed-node"
+
+
+def test_rewrite_is_pure_and_second_run_finds_nothing() -> None:
+    g = conv_bn()
+    copy_before = fxpure.snapshot(g.nodes, g.constants)
+    first = plan(g, [fuse_conv_bn()])
+    assert g == copy_before
+    again = plan(first.after, [fuse_conv_bn()])
+    assert again.plans == () and again.rejections == ()
+
+
+def test_overlapping_plans_conflict() -> None:
+    g = conv_bn()
+    (p,) = plan(g, [fuse_conv_bn()]).plans
+    result = rewrite(g, [p, replace(p, anchor="other")])
+    assert not is_successful(result)
+    assert result.failure().code == "plan-conflict"
+
+
+def test_erasing_a_live_node_is_a_conflict() -> None:
+    g = conv_bn()
+    (p,) = plan(g, [fuse_conv_bn()]).plans
+    bad = replace(p, replace=())
+    result = rewrite(g, [bad])
+    assert result.failure().code == "plan-conflict"
+    assert "still read" in result.failure().message
+
+
+def test_identical_derived_constants_are_one_constant() -> None:
+    g = conv_bn()
+    (p,) = plan(g, [fuse_conv_bn()]).plans
+    after = rewrite(g, [p]).unwrap()
+    # a second plan deriving the same expression reuses the existing constant
+    w_expr = after.constants["conv_bn_weight"].source
+    assert w_expr is not None
+    extra = fxpure.RewritePlan(
+        rule="t", anchor="conv_bn",
+        constants=(fxpure.NewConstant(name="again", expr=w_expr),),
+        nodes=(fxpure.NewNode(name="c2", target="aten.conv2d.default",
+                              args=(NodeRef("x"), NodeRef("again"), NodeRef("conv_bn_bias")), spec=spec(1, 8, 6, 6)),),
+        replace=(("conv_bn", "c2"),), erase=("conv_bn",),
+    )
+    final = rewrite(after, [extra]).unwrap()
+    assert "again" not in final.constants
+    assert final.node("c2").args[1] == NodeRef("conv_bn_weight")
+
+
+def test_new_names_never_collide() -> None:
+    g = conv_bn()
+    nodes = list(g.nodes)
+    nodes.insert(0, NodeSnapshot(name="conv_bn_weight", op="placeholder", target="conv_bn_weight", spec=spec(1)))
+    taken = fxpure.snapshot(nodes, {**g.constants})
+    after = plan(taken, [fuse_conv_bn()]).after
+    assert "conv_bn_weight_1" in after.constants
+
+
+def test_plans_and_reasons_serialise_to_json() -> None:
+    from fxpure.serial import to_data
+
+    report = plan(conv_bn(), [fuse_conv_bn()])
+    text = json.dumps(to_data(report.plans[0]))
+    assert '"FoldBatchNorm"' in text and '"conv_bn_weight"' in text
+    rejected = plan(conv_bn(training=True), [fuse_conv_bn()])
+    data = to_data(rejected.rejections[0])
+    assert isinstance(data, dict) and data["reason"]["code"] == "bn-training-mode"  # type: ignore[index]
+
+
+def test_snapshot_is_hashable_and_structural() -> None:
+    a, b = conv_bn(), conv_bn()
+    assert a == b and hash(a) == hash(b)
+    assert a != conv_bn(bias=False)
+
+
+def test_verify_detects_broken_invariants() -> None:
+    g = conv_bn()
+    swapped = [g.nodes[-1], *g.nodes[:-1]]
+    assert verify(fxpure.snapshot(swapped, g.constants)).failure().code == "invalid-snapshot"
+    dup = [*g.nodes, g.nodes[0]]
+    assert "duplicate" in verify(fxpure.snapshot(dup, g.constants)).failure().message
+    lying = replace(g, users=pmap({**g.users, "x": ()}))
+    assert "users" in verify(lying).failure().message
+    src = Source(key="zz", spec=spec(1))
+    orphan = fxpure.snapshot(g.nodes, {**g.constants, "zz": fxpure.ConstantInfo(kind="buffer", key="zz", spec=src.spec)})
+    assert verify(orphan).failure().node == "zz"

@@ -1,0 +1,85 @@
+"""hypothesis: random conv + BN configurations through the commuting square and numerics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import adapters
+import fxpure
+from fxpure.rules import fuse_conv_bn
+from fxpure.snapshot import GraphSnapshot
+from tests.models import randomize_bn
+from tests.programs import assert_close, build, count, run
+
+CONV = {
+    (1, False): torch.nn.Conv1d, (2, False): torch.nn.Conv2d, (3, False): torch.nn.Conv3d,
+    (1, True): torch.nn.ConvTranspose1d, (2, True): torch.nn.ConvTranspose2d, (3, True): torch.nn.ConvTranspose3d,
+}
+BN = {1: torch.nn.BatchNorm1d, 2: torch.nn.BatchNorm2d, 3: torch.nn.BatchNorm3d}
+
+
+@dataclass(frozen=True)
+class Config:
+    rank: int
+    transposed: bool
+    groups: int
+    cin: int
+    cout: int
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+    bias: bool
+    affine: bool
+    dtype: torch.dtype
+    form: str
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    rank = draw(st.integers(1, 3))
+    groups = draw(st.sampled_from([1, 2, 3]))
+    return Config(
+        rank=rank, transposed=draw(st.booleans()), groups=groups,
+        cin=groups * draw(st.integers(1, 3)), cout=groups * draw(st.integers(1, 3)),
+        kernel=draw(st.integers(1, 3)), stride=draw(st.integers(1, 2)), padding=draw(st.integers(0, 1)),
+        dilation=draw(st.integers(1, 2)), bias=draw(st.booleans()), affine=draw(st.booleans()),
+        dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])
+                   if rank < 3 else st.just(torch.float32)),
+        form=draw(st.sampled_from(["gm", "aten", "edge"])),
+    )
+
+
+def model_for(c: Config) -> torch.nn.Module:
+    conv = CONV[(c.rank, c.transposed)](
+        c.cin, c.cout, c.kernel, stride=c.stride, padding=c.padding, dilation=c.dilation, groups=c.groups, bias=c.bias
+    )
+    return randomize_bn(torch.nn.Sequential(conv, BN[c.rank](c.cout, affine=c.affine))).to(c.dtype)
+
+
+def normal(s: GraphSnapshot) -> tuple[Any, ...]:
+    """A snapshot without what differs only by materialisation (storage, expression, provenance)."""
+    nodes = tuple((n.name, n.op, n.target, n.args, dict(n.kwargs), n.spec) for n in s.nodes)
+    consts = {k: (v.kind, v.key, v.spec) for k, v in s.constants.items()}
+    return nodes, consts, s.dialect, s.lifted
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs())
+def test_commuting_square_and_numerics(c: Config) -> None:
+    model = model_for(c)
+    x = (torch.randn(2, c.cin, *(6,) * c.rank).to(c.dtype),)
+    want = run(build(model, x, "aten"), x)
+    program = build(model, x, c.form)
+    g = adapters.capture(program)
+    report = fxpure.plan(g, [fuse_conv_bn()])
+    assert len(report.plans) == 1, report.rejections
+    adapters.apply(program, report.plans).unwrap()
+    assert normal(adapters.capture(program)) == normal(fxpure.rewrite(g, report.plans).unwrap())
+    assert count(program, "batch_norm") == 0
+    assert_close(run(program, x), want, rel=1e-5 if c.dtype == torch.float32 else 5e-2)

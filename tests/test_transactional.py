@@ -1,0 +1,99 @@
+"""A failure in the middle of apply leaves the program exactly as it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.export import ExportedProgram
+
+import adapters
+import importlib
+from fxpure.rules import fuse_conv_bn
+from fxpure.weights import FoldBatchNorm
+from tests.models import ResNetish, example, randomize_bn
+from tests.programs import build
+
+
+class FailingDict(dict[str, Any]):
+    """A state dict whose second insertion fails (a crash half-way through commit)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.inserts = 0
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.inserts += 1
+        if self.inserts == 2:
+            raise RuntimeError("disk full")
+        super().__setitem__(key, value)
+
+
+def state(program: ExportedProgram) -> tuple[str, list[str], dict[str, torch.Tensor], str]:
+    return (
+        str(program.graph),
+        [str(s) for s in program.graph_signature.input_specs + program.graph_signature.output_specs],
+        {k: v.clone() for k, v in program.state_dict.items()},
+        program.graph_module.code,
+    )
+
+
+def assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    assert a[0] == b[0] and a[1] == b[1] and a[3] == b[3]
+    assert a[2].keys() == b[2].keys()
+    assert all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_failure_during_commit_rolls_back(form: str) -> None:
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), form)
+    assert isinstance(program, ExportedProgram)
+    program._state_dict = FailingDict(program.state_dict)
+    before = state(program)
+    result = adapters.transform(program, [fuse_conv_bn()])
+    assert result.failure().code == "apply-failed"
+    assert "rolled back" in result.failure().message
+    assert_same(state(program), before)
+    program.validate()
+
+
+def test_failure_while_materialising_touches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "aten")
+    assert isinstance(program, ExportedProgram)
+    calls = {"n": 0}
+    mat = importlib.import_module("adapters.materialize")
+    real = mat._RULES[FoldBatchNorm]
+
+    def flaky(e: Any, ev: Any) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("out of memory")
+        return real(e, ev)
+
+    monkeypatch.setitem(mat._RULES, FoldBatchNorm, flaky)  # type: ignore[arg-type]
+    before = state(program)
+    result = adapters.transform(program, [fuse_conv_bn()])
+    assert result.failure().code == "materialize-failed"
+    assert_same(state(program), before)
+
+
+def test_graph_module_commit_failure_rolls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = randomize_bn(ResNetish())
+    gm = build(model, example(model), "gm")
+    assert isinstance(gm, torch.fx.GraphModule)
+    code, params = gm.code, {k: v.clone() for k, v in gm.state_dict().items()}
+
+    def broken_recompile(self: torch.fx.GraphModule) -> Any:
+        raise RuntimeError("codegen failed")
+
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", broken_recompile)
+    result = adapters.transform(gm, [fuse_conv_bn()])
+    monkeypatch.undo()
+    assert result.failure().code == "apply-failed"
+    gm.recompile()
+    assert gm.code == code
+    after = gm.state_dict()
+    assert after.keys() == params.keys() and all(torch.equal(after[k], params[k]) for k in params)
