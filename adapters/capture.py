@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from pyrsistent import pmap
+from pyrsistent.typing import PMap
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
@@ -37,10 +38,10 @@ _KINDS: dict[InputKind, ConstantKind] = {
 def _arg(value: Any) -> Arg:
     if isinstance(value, torch.fx.Node):
         return NodeRef(value.name)
-    if isinstance(value, (list, tuple)):
-        return tuple(_arg(v) for v in value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_arg(v) for v in value)
     if isinstance(value, torch.dtype):
         return DTypeArg(dtype_name(value))
     return Opaque(repr(value))
@@ -50,11 +51,22 @@ def _dim(d: Any) -> int | str:
     return int(d) if isinstance(d, int) else str(d)
 
 
+_SPECS: dict[tuple[torch.Size, torch.dtype], TensorSpec] = {}
+
+
 def tensor_spec(value: Any) -> TensorSpec | None:
     """Spec of a (fake) tensor, or None for anything else."""
     if not isinstance(value, torch.Tensor):
         return None
-    return TensorSpec(shape=tuple(_dim(d) for d in value.shape), dtype=dtype_name(value.dtype))
+    try:
+        return _SPECS[(value.shape, value.dtype)]
+    except TypeError:  # symbolic sizes do not hash
+        return TensorSpec(shape=tuple(_dim(d) for d in value.shape), dtype=dtype_name(value.dtype))
+    except KeyError:
+        spec = _SPECS[(value.shape, value.dtype)] = TensorSpec(
+            shape=tuple(int(d) for d in value.shape), dtype=dtype_name(value.dtype)
+        )
+        return spec
 
 
 def _spec(value: Any) -> Spec:
@@ -95,6 +107,24 @@ def _attr(gm: torch.nn.Module, path: str) -> Any:
     return obj
 
 
+def _constant(
+    ep: ExportedProgram | None, gm: torch.fx.GraphModule, n: torch.fx.Node, specs: dict[str, InputSpec]
+) -> tuple[torch.Tensor, ConstantKind, str] | None:
+    """The tensor behind a lifted placeholder or a get_attr node, with its kind and key."""
+    if n.op == "placeholder" and ep is not None and n.name in specs and specs[n.name].kind in _KINDS:
+        spec = specs[n.name]
+        t = _tensor_of(ep, spec)
+        return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None else None
+    if n.op == "get_attr":
+        value = _attr(gm, str(n.target))
+        if isinstance(value, torch.Tensor):
+            return value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer", str(n.target)
+    return None
+
+
+_EMPTY: PMap[str, Arg] = pmap()
+
+
 def capture_program(program: Program) -> Captured:
     """Snapshot a program and keep the live tensors and input specs beside it."""
     ep = program if isinstance(program, ExportedProgram) else None
@@ -107,32 +137,25 @@ def capture_program(program: Program) -> Captured:
     tensors: dict[str, torch.Tensor] = {}
     edge = False
     for n in gm.graph.nodes:
-        tensor: torch.Tensor | None = None
-        kind: ConstantKind = "parameter"
-        key = str(n.target)
         if n.op == "call_function":
             edge = edge or is_edge(n.target)
             target = target_name(n.target)
         else:
-            target = key
-        if n.op == "placeholder" and n.name in specs and specs[n.name].kind in _KINDS and ep is not None:
-            tensor, kind, key = _tensor_of(ep, specs[n.name]), _KINDS[specs[n.name].kind], specs[n.name].target or key
-        elif n.op == "get_attr":
-            value = _attr(gm, key)
-            if isinstance(value, torch.Tensor):
-                tensor, kind = value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
-        if tensor is not None:
-            spec = tensor_spec(tensor)
-            assert spec is not None
-            constants[n.name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(tensor))
-            tensors[n.name] = tensor
+            target = str(n.target)
+            found = _constant(ep, gm, n, specs) if n.op in ("placeholder", "get_attr") else None
+            if found is not None:
+                t, kind, key = found
+                spec = tensor_spec(t)
+                assert spec is not None
+                constants[n.name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t))
+                tensors[n.name] = t
         nodes.append(
             NodeSnapshot(
                 name=n.name,
                 op=n.op,
                 target=target,
                 args=tuple(_arg(a) for a in n.args),
-                kwargs=pmap({k: _arg(v) for k, v in n.kwargs.items()}),
+                kwargs=pmap({k: _arg(v) for k, v in n.kwargs.items()}) if n.kwargs else _EMPTY,
                 spec=_spec(n.meta.get("val")),
             )
         )

@@ -23,21 +23,24 @@ from fxpure.weights import (
 )
 
 Eval = Callable[[WeightExpr], torch.Tensor]
+Memo = dict[object, torch.Tensor]
 
 
-def _fold_bn(e: FoldBatchNorm, ev: Eval) -> torch.Tensor:
+def _fold_bn(e: FoldBatchNorm, ev: Eval, memo: dict[object, torch.Tensor]) -> torch.Tensor:
     w = ev(e.weight)
     f32 = torch.float32
-
-    def opt(x: WeightExpr | None, fill: float, n: int) -> torch.Tensor:
-        return ev(x).to(f32) if x is not None else torch.full((n,), fill, dtype=f32)
-
     var = ev(e.var).to(f32)
     oc = var.shape[0]
-    scale = opt(e.gamma, 1.0, oc) * torch.rsqrt(var + e.eps)
+    key = ("scale", e.var, e.gamma, e.eps)
+    scale = memo.get(key)
+    if scale is None:
+        scale = memo[key] = (
+            torch.rsqrt(var + e.eps) if e.gamma is None else ev(e.gamma).to(f32) * torch.rsqrt(var + e.eps)
+        )
     if e.part == "bias":
-        bias = (opt(e.bias, 0.0, oc) - ev(e.mean).to(f32)) * scale + opt(e.beta, 0.0, oc)
-        return bias.to(w.dtype)
+        bias = -ev(e.mean).to(f32) if e.bias is None else ev(e.bias).to(f32) - ev(e.mean).to(f32)
+        bias = bias * scale
+        return (bias if e.beta is None else bias + ev(e.beta).to(f32)).to(w.dtype)
     k = (1,) * (w.dim() - 2)
     w32 = w.to(f32)
     if not e.transposed:
@@ -63,36 +66,35 @@ def _sum_over(e: SumOver, ev: Eval) -> torch.Tensor:
     return ev(e.x).to(dtype).sum(dim=e.dims, dtype=dtype)
 
 
-_RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
-    Permute: lambda e, ev: ev(e.x).permute(e.dims),
-    Reshape: lambda e, ev: ev(e.x).reshape(e.shape),
-    Slice: lambda e, ev: ev(e.x).narrow(e.dim, e.start, e.stop - e.start),
-    PadTo: _pad_to,
-    SumOver: _sum_over,
-    Cast: lambda e, ev: ev(e.x).to(dtype_of(e.dtype)),
-    Concat: lambda e, ev: torch.cat([ev(x) for x in e.xs], dim=e.dim),
+_RULES: Mapping[type, Callable[[Any, Eval, Memo], torch.Tensor]] = {
+    Permute: lambda e, ev, _: ev(e.x).permute(e.dims),
+    Reshape: lambda e, ev, _: ev(e.x).reshape(e.shape),
+    Slice: lambda e, ev, _: ev(e.x).narrow(e.dim, e.start, e.stop - e.start),
+    PadTo: lambda e, ev, _: _pad_to(e, ev),
+    SumOver: lambda e, ev, _: _sum_over(e, ev),
+    Cast: lambda e, ev, _: ev(e.x).to(dtype_of(e.dtype)),
+    Concat: lambda e, ev, _: torch.cat([ev(x) for x in e.xs], dim=e.dim),
     FoldBatchNorm: _fold_bn,
 }
 
 
-def materialize(
-    expr: WeightExpr,
-    tensors: Mapping[str, torch.Tensor],
-    memo: dict[WeightExpr, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage."""
-    cache: dict[WeightExpr, torch.Tensor] = {} if memo is None else memo
+def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Memo | None = None) -> torch.Tensor:
+    """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage.
+
+    Pass one ``memo`` to several calls to compute shared sub-expressions once.
+    """
+    cache: Memo = {} if memo is None else memo
 
     def ev(e: WeightExpr) -> torch.Tensor:
-        if e in cache:
-            return cache[e]
-        with torch.no_grad():
-            value = tensors[e.key].detach() if isinstance(e, Source) else _RULES[type(e)](e, ev)
-        cache[e] = value
+        if isinstance(e, Source):
+            return tensors[e.key].detach()
+        value = cache.get(e)
+        if value is None:
+            value = cache[e] = _RULES[type(e)](e, ev, cache)
         return value
 
-    result = ev(expr)
-    owned = result.contiguous()
+    with torch.no_grad():
+        owned = ev(expr).contiguous()
     ptrs = {tensors[k].untyped_storage().data_ptr() for k in sources(expr)}
     if owned.untyped_storage().data_ptr() in ptrs:
         owned = owned.clone()

@@ -9,7 +9,7 @@ from returns.result import Failure
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from adapters.apply import TransformOutcome, transform
+from adapters.realize import TransformOutcome, transform
 from fxpure.plan import Rule
 from fxpure.rules import fuse_conv_bn
 

@@ -20,8 +20,8 @@ from fxpure.snapshot import (
     NodeSnapshot,
     Spec,
     node_refs,
+    ordered,
     snapshot,
-    verify,
 )
 from fxpure.weights import Source, WeightExpr, infer_spec
 
@@ -265,10 +265,11 @@ def _finish(
     for name in erased:
         if draft.users.get(name):
             return _conflict(name, f"erased but still read by {draft.users[name][0]}")
-    live = [n for n in nodes if n.name not in constants or draft.users.get(n.name)]
-    kept = {k: v for k, v in constants.items() if k in draft.index and draft.users.get(k)}
+    dead = {k for k in constants if k in draft.index and not draft.users.get(k)}
+    live = [n for n in nodes if n.name not in dead] if dead else nodes
+    kept = {k: v for k, v in constants.items() if k in draft.index and k not in dead}
     result = snapshot(live, kept, dialect=snap.dialect, lifted=snap.lifted)
-    return verify(result).alt(lambda e: PlanConflict(node=e.node, detail=e.detail))
+    return ordered(result).alt(lambda e: PlanConflict(node=e.node, detail=e.detail))
 
 
 def plan(snap: GraphSnapshot, rules: Sequence[Rule]) -> RewriteReport:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, TypeAlias, final
 
+import pyrsistent
 from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap, PVector
 from returns.result import Failure, Result, Success
@@ -143,9 +145,13 @@ def refs(arg: Arg) -> Iterator[str]:
 def node_refs(node: NodeSnapshot) -> Iterator[str]:
     """Names of the nodes a node reads, in argument order."""
     for a in node.args:
-        yield from refs(a)
-    for a in node.kwargs.values():
-        yield from refs(a)
+        if isinstance(a, NodeRef):
+            yield a.name
+        elif isinstance(a, tuple):
+            yield from refs(a)
+    if node.kwargs:
+        for a in node.kwargs.values():
+            yield from refs(a)
 
 
 @final
@@ -161,8 +167,9 @@ class GraphSnapshot:
     constants: PMap[str, ConstantInfo]
     dialect: str
     lifted: bool
-    users: PMap[str, tuple[str, ...]]
-    index: PMap[str, int]
+    # derived from ``nodes`` (so left out of equality and hashing); read-only views
+    users: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False)
+    index: Mapping[str, int] = field(compare=False, hash=False)
 
     def node(self, name: str) -> NodeSnapshot:
         """The node called ``name`` (KeyError if there is none)."""
@@ -205,26 +212,21 @@ def snapshot(
             users.setdefault(r, []).append(n.name)
     return GraphSnapshot(
         nodes=vec,
-        constants=pmap(constants),
+        constants=constants if isinstance(constants, pyrsistent.PMap) else pmap(constants),
         dialect=dialect,
         lifted=lifted,
-        users=pmap({k: tuple(v) for k, v in users.items()}),
-        index=pmap({n.name: i for i, n in enumerate(vec)}),
+        users=MappingProxyType({k: tuple(v) for k, v in users.items()}),
+        index=MappingProxyType({n.name: i for i, n in enumerate(vec)}),
     )
 
 
-def _check(ok: bool, node: str, detail: str) -> Result[None, InvalidSnapshot]:
-    return Success(None) if ok else Failure(InvalidSnapshot(node=node, detail=detail))
+def ordered(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
+    """Check names are unique and every node reads only nodes defined before it.
 
-
-def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
-    """Check invariants: unique names, topological order, users, constants.
-
-    >>> from returns.pipeline import is_successful
     >>> bad = snapshot([NodeSnapshot(name="y", op="call_function", target="t",
     ...                              args=(NodeRef("x"),))], {})
-    >>> verify(bad).failure().code
-    'invalid-snapshot'
+    >>> ordered(bad).failure().message
+    "y: reads 'x' before it is defined"
     """
     seen: set[str] = set()
     for n in snap.nodes:
@@ -234,13 +236,27 @@ def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
             if r not in seen:
                 return Failure(InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined"))
         seen.add(n.name)
-    fresh = snapshot(snap.nodes, snap.constants, dialect=snap.dialect, lifted=snap.lifted)
-    checks = [
-        _check(fresh.users == snap.users, "<graph>", "users disagree with arguments"),
-        _check(fresh.index == snap.index, "<graph>", "name index disagrees with node order"),
-        *(_check(k in seen, k, "constant without a node") for k in snap.constants),
-    ]
-    for c in checks:
-        if isinstance(c, Failure):
-            return Failure(c.failure())
+    missing = [k for k in snap.constants if k not in snap.index]
+    if missing:
+        return Failure(InvalidSnapshot(node=missing[0], detail="constant without a node"))
     return Success(snap)
+
+
+def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
+    """Check every invariant: unique names, topological order, users, constants.
+
+    >>> bad = snapshot([NodeSnapshot(name="y", op="call_function", target="t",
+    ...                              args=(NodeRef("x"),))], {})
+    >>> verify(bad).failure().code
+    'invalid-snapshot'
+    """
+
+    def derived(s: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
+        fresh = snapshot(s.nodes, s.constants, dialect=s.dialect, lifted=s.lifted)
+        if dict(fresh.users) != dict(s.users):
+            return Failure(InvalidSnapshot(node="<graph>", detail="users disagree with arguments"))
+        if dict(fresh.index) != dict(s.index):
+            return Failure(InvalidSnapshot(node="<graph>", detail="name index disagrees with node order"))
+        return Success(s)
+
+    return ordered(snap).bind(derived)

@@ -3,6 +3,5 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 warnings.filterwarnings("ignore")

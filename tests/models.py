@@ -29,7 +29,8 @@ class ResBlock(nn.Module):
         self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+        out: torch.Tensor = torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+        return out
 
 
 class ResNetish(nn.Module):
@@ -39,7 +40,8 @@ class ResNetish(nn.Module):
         self.blocks = nn.Sequential(*(ResBlock(c) for _ in range(blocks)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(torch.relu(self.bn(self.stem(x))))
+        out: torch.Tensor = self.blocks(torch.relu(self.bn(self.stem(x))))
+        return out
 
 
 class MobileBlock(nn.Module):
@@ -51,7 +53,8 @@ class MobileBlock(nn.Module):
         self.pw, self.b2 = nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b2(self.pw(nn.functional.relu6(self.b1(self.dw(x)))))
+        out: torch.Tensor = self.b2(self.pw(nn.functional.relu6(self.b1(self.dw(x)))))
+        return out
 
 
 class MobileNetish(nn.Module):
@@ -60,7 +63,8 @@ class MobileNetish(nn.Module):
         self.blocks = nn.Sequential(MobileBlock(3, 8, 2), MobileBlock(8, 16), MobileBlock(16, 16, 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(x)
+        out: torch.Tensor = self.blocks(x)
+        return out
 
 
 class Decoder(nn.Module):
@@ -73,7 +77,8 @@ class Decoder(nn.Module):
         self.b2 = nn.BatchNorm2d(8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b2(self.t2(torch.relu(self.b1(self.t1(x)))))
+        out: torch.Tensor = self.b2(self.t2(torch.relu(self.b1(self.t1(x)))))
+        return out
 
 
 class Conv1dStack(nn.Module):
@@ -85,7 +90,8 @@ class Conv1dStack(nn.Module):
         self.c2, self.b2 = nn.Conv1d(8, 8, 3, dilation=2, groups=2, bias=False), nn.BatchNorm1d(8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+        out: torch.Tensor = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+        return out
 
 
 class Conv3dNet(nn.Module):
@@ -95,7 +101,8 @@ class Conv3dNet(nn.Module):
         self.t, self.bt = nn.ConvTranspose3d(6, 4, 2, stride=2, groups=2), nn.BatchNorm3d(4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bt(self.t(self.b(self.c(x))))
+        out: torch.Tensor = self.bt(self.t(self.b(self.c(x))))
+        return out
 
 
 class Declines(nn.Module):
@@ -111,7 +118,8 @@ class Declines(nn.Module):
         y = self.c1(x)
         z = self.b1(y) + y
         v = self.b2(self.lin(z.mean(dim=(2, 3))))
-        return self.b3(self.c3(z)), v
+        out: torch.Tensor = self.b3(self.c3(z))
+        return out, v
 
 
 class SharedWeight(nn.Module):
@@ -122,20 +130,29 @@ class SharedWeight(nn.Module):
         self.c, self.b = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(self.c(x)) + nn.functional.conv2d(x, self.c.weight, None, padding=1)
+        out: torch.Tensor = self.b(self.c(x)) + nn.functional.conv2d(x, self.c.weight, None, padding=1)
+        return out
 
 
 def example(model: nn.Module) -> tuple[torch.Tensor, ...]:
     """A deterministic example input for each test model."""
     g = torch.Generator().manual_seed(1)
     shapes: dict[type, tuple[int, ...]] = {
-        Decoder: (2, 8, 5, 5), Conv1dStack: (2, 4, 32), Conv3dNet: (1, 2, 4, 8, 8), Declines: (2, 3, 6, 6),
+        Decoder: (2, 8, 5, 5),
+        Conv1dStack: (2, 4, 32),
+        Conv3dNet: (1, 2, 4, 8, 8),
+        Declines: (2, 3, 6, 6),
         SharedWeight: (1, 4, 6, 6),
     }
     return (torch.randn(shapes.get(type(model), (2, 3, 16, 16)), generator=g),)
 
 
 ALL_MODELS: dict[str, type[nn.Module]] = {
-    "resnet": ResNetish, "mobilenet": MobileNetish, "decoder": Decoder, "conv1d": Conv1dStack,
-    "conv3d": Conv3dNet, "declines": Declines, "shared": SharedWeight,
+    "resnet": ResNetish,
+    "mobilenet": MobileNetish,
+    "decoder": Decoder,
+    "conv1d": Conv1dStack,
+    "conv3d": Conv3dNet,
+    "declines": Declines,
+    "shared": SharedWeight,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from executorch.exir import to_edge
@@ -50,13 +51,19 @@ def dead_constants(program: Program) -> list[str]:
     """Constants present in the program that no node reads."""
     if isinstance(program, ExportedProgram):
         used = {n.name for n in program.graph.nodes if n.op == "placeholder" and n.users}
-        live = {s.target for s in program.graph_signature.input_specs if s.arg.name in used}  # type: ignore[union-attr]
+        live = {s.target for s in program.graph_signature.input_specs if s.arg.name in used}
         stored = set(program.state_dict) | set(program.constants)
         placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder" and not n.users]
         return sorted((stored - live) | set(placeholders))
     read = {n.target for n in program.graph.nodes if n.op == "get_attr" and n.users}
     names = {k for k, _ in program.named_parameters()} | {k for k, _ in program.named_buffers()}
     return sorted(names - read)
+
+
+def validate(program: ExportedProgram) -> None:
+    """``ExportedProgram.validate()`` (untyped upstream)."""
+    check: Callable[[], None] = program.validate
+    check()
 
 
 def run_pte(buffer: bytes, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ import adapters
 from adapters.passes import FuseConvBatchNormPass
 from fxpure.rules import fuse_conv_bn
 from tests.models import ALL_MODELS, Declines, SharedWeight, example, randomize_bn
-from tests.programs import FORMS, assert_close, build, count, dead_constants, run, run_pte
+from tests.programs import FORMS, assert_close, build, count, dead_constants, run, run_pte, validate
 
 FUSABLE = {"resnet": 5, "mobilenet": 6, "decoder": 2, "conv1d": 2, "conv3d": 2, "declines": 1, "shared": 1}
 
@@ -34,7 +34,7 @@ def test_fuses_and_keeps_numerics(name: str, form: str) -> None:
     assert_close(run(program, x), want)
     assert dead_constants(program) == []
     if isinstance(program, ExportedProgram):
-        program.validate()
+        validate(program)
     else:
         program.graph.lint()
 
@@ -74,7 +74,8 @@ def test_user_input_weight_is_not_constant() -> None:
             self.bn = torch.nn.BatchNorm2d(4)
 
         def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            return self.bn(torch.nn.functional.conv2d(x, w))
+            out: torch.Tensor = self.bn(torch.nn.functional.conv2d(x, w))
+            return out
 
     program = torch.export.export(M().eval(), (torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)))
     outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()

@@ -17,8 +17,12 @@ from tests.models import randomize_bn
 from tests.programs import assert_close, build, count, run
 
 CONV = {
-    (1, False): torch.nn.Conv1d, (2, False): torch.nn.Conv2d, (3, False): torch.nn.Conv3d,
-    (1, True): torch.nn.ConvTranspose1d, (2, True): torch.nn.ConvTranspose2d, (3, True): torch.nn.ConvTranspose3d,
+    (1, False): torch.nn.Conv1d,
+    (2, False): torch.nn.Conv2d,
+    (3, False): torch.nn.Conv3d,
+    (1, True): torch.nn.ConvTranspose1d,
+    (2, True): torch.nn.ConvTranspose2d,
+    (3, True): torch.nn.ConvTranspose3d,
 }
 BN = {1: torch.nn.BatchNorm1d, 2: torch.nn.BatchNorm2d, 3: torch.nn.BatchNorm3d}
 
@@ -45,12 +49,22 @@ def configs(draw: st.DrawFn) -> Config:
     rank = draw(st.integers(1, 3))
     groups = draw(st.sampled_from([1, 2, 3]))
     return Config(
-        rank=rank, transposed=draw(st.booleans()), groups=groups,
-        cin=groups * draw(st.integers(1, 3)), cout=groups * draw(st.integers(1, 3)),
-        kernel=draw(st.integers(1, 3)), stride=draw(st.integers(1, 2)), padding=draw(st.integers(0, 1)),
-        dilation=draw(st.integers(1, 2)), bias=draw(st.booleans()), affine=draw(st.booleans()),
-        dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])
-                   if rank < 3 else st.just(torch.float32)),
+        rank=rank,
+        transposed=draw(st.booleans()),
+        groups=groups,
+        cin=groups * draw(st.integers(1, 3)),
+        cout=groups * draw(st.integers(1, 3)),
+        kernel=draw(st.integers(1, 3)),
+        stride=draw(st.integers(1, 2)),
+        padding=draw(st.integers(0, 1)),
+        dilation=draw(st.integers(1, 2)),
+        bias=draw(st.booleans()),
+        affine=draw(st.booleans()),
+        dtype=draw(
+            st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])
+            if rank < 3
+            else st.just(torch.float32)
+        ),
         form=draw(st.sampled_from(["gm", "aten", "edge"])),
     )
 

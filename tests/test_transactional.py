@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -9,11 +10,10 @@ import torch
 from torch.export import ExportedProgram
 
 import adapters
-import importlib
 from fxpure.rules import fuse_conv_bn
 from fxpure.weights import FoldBatchNorm
 from tests.models import ResNetish, example, randomize_bn
-from tests.programs import build
+from tests.programs import build, validate
 
 
 class FailingDict(dict[str, Any]):
@@ -56,7 +56,7 @@ def test_failure_during_commit_rolls_back(form: str) -> None:
     assert result.failure().code == "apply-failed"
     assert "rolled back" in result.failure().message
     assert_same(state(program), before)
-    program.validate()
+    validate(program)
 
 
 def test_failure_while_materialising_touches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,13 +67,14 @@ def test_failure_while_materialising_touches_nothing(monkeypatch: pytest.MonkeyP
     mat = importlib.import_module("adapters.materialize")
     real = mat._RULES[FoldBatchNorm]
 
-    def flaky(e: Any, ev: Any) -> torch.Tensor:
+    def flaky(e: Any, ev: Any, memo: Any) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("out of memory")
-        return real(e, ev)
+        out: torch.Tensor = real(e, ev, memo)
+        return out
 
-    monkeypatch.setitem(mat._RULES, FoldBatchNorm, flaky)  # type: ignore[arg-type]
+    monkeypatch.setitem(mat._RULES, FoldBatchNorm, flaky)
     before = state(program)
     result = adapters.transform(program, [fuse_conv_bn()])
     assert result.failure().code == "materialize-failed"

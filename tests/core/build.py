@@ -76,8 +76,9 @@ def conv_bn(
     tuple_out = bn_target != "aten.batch_norm.default"
     bn_spec = (out, spec(0), spec(0)) if tuple_out else out
     nodes.append(
-        NodeSnapshot(name="bn", op="call_function", target=bn_target, args=BN_ARGS[bn_target](bn_in, training),
-                     spec=bn_spec)
+        NodeSnapshot(
+            name="bn", op="call_function", target=bn_target, args=BN_ARGS[bn_target](bn_in, training), spec=bn_spec
+        )
     )
     result: list[Arg] = [NodeRef("bn")]
     if tuple_out:
@@ -89,7 +90,5 @@ def conv_bn(
     if conv_extra_user:
         result.append(NodeRef("conv"))
     nodes.append(NodeSnapshot(name="output", op="output", target="output", args=(tuple(result),), kwargs=pmap()))
-    constants = {
-        k: ConstantInfo(kind="parameter", key=f"m.{k}", spec=s) for k, s in consts.items()
-    }
+    constants = {k: ConstantInfo(kind="parameter", key=f"m.{k}", spec=s) for k, s in consts.items()}
     return snapshot(nodes, constants, lifted=lifted)

@@ -120,11 +120,19 @@ def test_identical_derived_constants_are_one_constant() -> None:
     w_expr = after.constants["conv_bn_weight"].source
     assert w_expr is not None
     extra = fxpure.RewritePlan(
-        rule="t", anchor="conv_bn",
+        rule="t",
+        anchor="conv_bn",
         constants=(fxpure.NewConstant(name="again", expr=w_expr),),
-        nodes=(fxpure.NewNode(name="c2", target="aten.conv2d.default",
-                              args=(NodeRef("x"), NodeRef("again"), NodeRef("conv_bn_bias")), spec=spec(1, 8, 6, 6)),),
-        replace=(("conv_bn", "c2"),), erase=("conv_bn",),
+        nodes=(
+            fxpure.NewNode(
+                name="c2",
+                target="aten.conv2d.default",
+                args=(NodeRef("x"), NodeRef("again"), NodeRef("conv_bn_bias")),
+                spec=spec(1, 8, 6, 6),
+            ),
+        ),
+        replace=(("conv_bn", "c2"),),
+        erase=("conv_bn",),
     )
     final = rewrite(after, [extra]).unwrap()
     assert "again" not in final.constants
@@ -148,7 +156,9 @@ def test_plans_and_reasons_serialise_to_json() -> None:
     assert '"FoldBatchNorm"' in text and '"conv_bn_weight"' in text
     rejected = plan(conv_bn(training=True), [fuse_conv_bn()])
     data = to_data(rejected.rejections[0])
-    assert isinstance(data, dict) and data["reason"]["code"] == "bn-training-mode"  # type: ignore[index]
+    assert isinstance(data, dict)
+    reason = data["reason"]
+    assert isinstance(reason, dict) and reason["code"] == "bn-training-mode"
 
 
 def test_snapshot_is_hashable_and_structural() -> None:
@@ -166,5 +176,7 @@ def test_verify_detects_broken_invariants() -> None:
     lying = replace(g, users=pmap({**g.users, "x": ()}))
     assert "users" in verify(lying).failure().message
     src = Source(key="zz", spec=spec(1))
-    orphan = fxpure.snapshot(g.nodes, {**g.constants, "zz": fxpure.ConstantInfo(kind="buffer", key="zz", spec=src.spec)})
+    orphan = fxpure.snapshot(
+        g.nodes, {**g.constants, "zz": fxpure.ConstantInfo(kind="buffer", key="zz", spec=src.spec)}
+    )
     assert verify(orphan).failure().node == "zz"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Mapping, Sequence
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, final
 
@@ -19,12 +20,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.capture import Captured, Program, capture_program
+from adapters.capture import Captured, Program, capture_program, tensor_spec
 from adapters.materialize import materialize
 from adapters.torchnames import dtype_of, resolve_target
 from fxpure.plan import RewritePlan, RewriteReport, Rule
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
-from fxpure.weights import WeightExpr
 
 V = TypeVar("V")
 
@@ -85,6 +85,18 @@ def _symbols(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return table
 
 
+def _contiguous_vals(gm: torch.fx.GraphModule) -> dict[TensorSpec, Any]:
+    """Existing contiguous fake values by spec: fake tensors are immutable, so new nodes share them."""
+    vals: dict[TensorSpec, Any] = {}
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and not isinstance(val, torch.nn.Parameter) and val.is_contiguous():
+            spec = tensor_spec(val)
+            if spec is not None and spec.is_static:
+                vals.setdefault(spec, val)
+    return vals
+
+
 @dataclass
 class _Builder:
     """Builds the new fx.Graph from the rewritten snapshot (no program mutation)."""
@@ -97,6 +109,7 @@ class _Builder:
     old: dict[str, torch.fx.Node] = field(default_factory=dict)
     fake: Any = None
     symbols: dict[str, Any] | None = None
+    vals: dict[TensorSpec, Any] | None = None
 
     def __post_init__(self) -> None:
         g = self.cap.gm.graph
@@ -129,13 +142,19 @@ class _Builder:
         return old
 
     def fake_value(self, spec: TensorSpec) -> Any:
+        """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec."""
         if self.fake is None:
             return None
+        if self.vals is None:
+            self.vals = _contiguous_vals(self.cap.gm)
+        if spec in self.vals:
+            return self.vals[spec]
         if self.symbols is None:
             self.symbols = _symbols(self.cap.gm)
         shape = [d if isinstance(d, int) else self.symbols[d] for d in spec.shape]
         with self.fake:
-            return torch.empty(shape, dtype=dtype_of(spec.dtype))
+            val = self.vals[spec] = torch.empty(shape, dtype=dtype_of(spec.dtype))
+        return val
 
     def add(self, rec: NodeSnapshot) -> None:
         before = self.cap.snap
@@ -157,8 +176,8 @@ class _Builder:
 
     def _constant(self, rec: NodeSnapshot) -> torch.fx.Node:
         node = self.graph.placeholder(rec.name) if self.after.lifted else self.graph.get_attr(rec.name)
-        if self.fake is not None:
-            node.meta["val"] = self.fake.from_tensor(self.tensors[rec.name], static_shapes=True)
+        if isinstance(rec.spec, TensorSpec) and self.fake is not None:
+            node.meta["val"] = self.fake_value(rec.spec)
         return node
 
     def _new(self, rec: NodeSnapshot) -> torch.fx.Node:
@@ -181,7 +200,7 @@ class _Builder:
 
 
 def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Tensor]:
-    memo: dict[WeightExpr, torch.Tensor] = {}
+    memo: dict[object, torch.Tensor] = {}
     out: dict[str, torch.Tensor] = {}
     for name, info in after.constants.items():
         if info.source is None:
@@ -374,6 +393,18 @@ def _captured(program: Program) -> Result[Captured, TransformError]:
         return Failure(TransformError(code="unsupported-program", message=str(e)))
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic collector: on a large program its full scans, not our work, dominate."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def transform(
     program: Program, rules: Sequence[Rule], *, dry_run: bool = False
 ) -> Result[TransformOutcome, TransformError]:
@@ -385,7 +416,8 @@ def transform(
             return Success(TransformOutcome(report=report, changed=False))
         return _run(cap, report)
 
-    return _captured(program).bind(go)
+    with _no_cyclic_gc():
+        return _captured(program).bind(go)
 
 
 def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOutcome, TransformError]:
@@ -398,4 +430,5 @@ def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOut
         report = RewriteReport(plans=tuple(plans), rejections=(), before=cap.snap, after=after.unwrap())
         return _run(cap, report)
 
-    return _captured(program).bind(go)
+    with _no_cyclic_gc():
+        return _captured(program).bind(go)
