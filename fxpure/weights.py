@@ -326,5 +326,6 @@ def _undo_shape(expr: Reshape | PadTo, y: WeightExpr, s: TensorSpec) -> Result[W
     if isinstance(expr, Reshape):
         return Success(Reshape(x=y, shape=dims))
     d = _norm_dim(expr.dim, len(dims))
-    assert d is not None
+    if d is None:
+        return Failure(BadExpr(node="<expr>", detail=f"dim {expr.dim} does not fit {dims}"))
     return Success(Slice(x=y, dim=d, start=0, stop=dims[d]))

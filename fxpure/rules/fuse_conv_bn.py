@@ -23,7 +23,7 @@ from fxpure.reasons import (
 )
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.views import BATCH_NORM_SCHEMAS, BatchNormView, ConvView, batch_norm_view, conv_view
-from fxpure.weights import FLOAT_DTYPES, FoldBatchNorm, WeightExpr, out_channels
+from fxpure.weights import FLOAT_DTYPES, FoldBatchNorm, WeightExpr, infer_spec, out_channels
 
 NAME = "fuse-conv-bn"
 
@@ -54,11 +54,11 @@ def _operand(snap: GraphSnapshot, node: str, role: str, ref: NodeRef | None) -> 
 
 
 def _required(snap: GraphSnapshot, node: str, role: str, ref: NodeRef | None) -> Result[WeightExpr, Reason]:
-    if ref is None:
-        return Failure(NotConstant(node=node, role=role, source="None"))
-    return _operand(snap, node, role, ref).bind(
-        lambda e: Success(e) if e is not None else Failure(NotConstant(node=node, role=role, source=ref.name))
-    )
+    """The constant expression behind a mandatory operand."""
+    expr = constant_expr(snap, ref.name) if ref is not None else None
+    if expr is None:
+        return Failure(NotConstant(node=node, role=role, source=ref.name if ref is not None else "None"))
+    return Success(expr)
 
 
 def _uses(snap: GraphSnapshot, bn: BatchNormView) -> Result[tuple[str, ...], Reason]:
@@ -89,39 +89,48 @@ def _match(snap: GraphSnapshot, node: NodeSnapshot) -> Result[_Match, Reason]:
         return Failure(OutputShared(node=producer.name, users=others))
     c = conv.unwrap()
     uses = _uses(snap, bn)
-    parts = (
+    w, mean, var = (
         _required(snap, c.node, "weight", c.w),
-        _operand(snap, c.node, "bias", c.b),
         _required(snap, bn.node, "running_mean", bn.mean),
         _required(snap, bn.node, "running_var", bn.var),
+    )
+    b, gamma, beta = (
+        _operand(snap, c.node, "bias", c.b),
         _operand(snap, bn.node, "weight", bn.weight),
         _operand(snap, bn.node, "bias", bn.bias),
     )
-    for r in (uses, *parts):
+    for r in (uses, w, mean, var, b, gamma, beta):
         if isinstance(r, Failure):
             return Failure(r.failure())
-    w, b, mean, var, gamma, beta = (r.unwrap() for r in parts)
-    if w is None or mean is None or var is None:  # _required never yields None
-        return Failure(NotConstant(node=bn.node, role="operand", source="None"))
     return Success(
         _Match(
-            bn=bn, conv=c, conv_node=producer, uses=uses.unwrap(), w=w, b=b, mean=mean, var=var, gamma=gamma, beta=beta
+            bn=bn,
+            conv=c,
+            conv_node=producer,
+            uses=uses.unwrap(),
+            w=w.unwrap(),
+            b=b.unwrap(),
+            mean=mean.unwrap(),
+            var=var.unwrap(),
+            gamma=gamma.unwrap(),
+            beta=beta.unwrap(),
         )
     )
 
 
-def _check_shapes(snap: GraphSnapshot, m: _Match) -> Result[_Match, Reason]:
-    w = snap.constants[m.conv.w.name].spec
-    if not w.is_static:
-        return Failure(SymbolicShape(node=m.conv.node, role="weight", shape=w.shape))
-    if w.dtype not in FLOAT_DTYPES:
-        return Failure(UnsupportedDtype(node=m.conv.node, role="weight", dtype=w.dtype))
-    oc = out_channels(w, transposed=m.conv.transposed, groups=m.conv.groups)
-    mean = snap.constants[m.bn.mean.name].spec if m.bn.mean is not None else None
-    channels = mean.shape[0] if mean is not None and len(mean.shape) == 1 else -1
-    if not isinstance(oc, int) or channels != oc or w.shape[0] % m.conv.groups:
-        found = channels if isinstance(channels, int) else -1
-        return Failure(ChannelMismatch(node=m.bn.node, expected=oc if isinstance(oc, int) else -1, found=found))
+def _check_shapes(m: _Match) -> Result[_Match, Reason]:
+    w, mean = infer_spec(m.w), infer_spec(m.mean)
+    if isinstance(w, Failure) or isinstance(mean, Failure):
+        return Failure(ChannelMismatch(node=m.bn.node, expected=-1, found=-1))
+    ws, ms = w.unwrap(), mean.unwrap()
+    if not ws.is_static:
+        return Failure(SymbolicShape(node=m.conv.node, role="weight", shape=ws.shape))
+    if ws.dtype not in FLOAT_DTYPES:
+        return Failure(UnsupportedDtype(node=m.conv.node, role="weight", dtype=ws.dtype))
+    oc = out_channels(ws, transposed=m.conv.transposed, groups=m.conv.groups)
+    grouped = isinstance(ws.shape[0], int) and ws.shape[0] % m.conv.groups == 0
+    if ms.shape != (oc,) or not isinstance(oc, int) or not grouped:
+        return Failure(ChannelMismatch(node=m.bn.node, expected=oc if isinstance(oc, int) else -1, found=ms.numel))
     return Success(m)
 
 
@@ -138,7 +147,7 @@ def _with_operands(node: NodeSnapshot, w: str, b: str) -> tuple[tuple[Arg, ...],
     return tuple(args), kwargs
 
 
-def _plan(snap: GraphSnapshot, m: _Match) -> RewritePlan:
+def _plan(m: _Match) -> RewritePlan:
     conv = m.conv_node
     fold = FoldBatchNorm(
         part="weight",
@@ -184,7 +193,7 @@ class FuseConvBn:
 
     def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
         """The fusion plan at a batch norm, or the reason it cannot be fused."""
-        return _match(snap, node).bind(lambda m: _check_shapes(snap, m)).map(lambda m: _plan(snap, m))
+        return _match(snap, node).bind(_check_shapes).map(_plan)
 
 
 def fuse_conv_bn() -> FuseConvBn:
