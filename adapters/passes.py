@@ -11,7 +11,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from adapters.realize import TransformOutcome, transform
 from fxpure.plan import Rule
-from fxpure.rules import fuse_conv_bn
+from fxpure.rules import fuse_conv_bn, split_group_conv
 
 
 class FxpureError(RuntimeError):
@@ -43,3 +43,10 @@ class FuseConvBatchNormPass(_RulePass):
 
     def __init__(self, exported_program: ExportedProgram | None = None) -> None:
         super().__init__([fuse_conv_bn()], exported_program)
+
+
+class SplitGroupConvolutionPass(_RulePass):
+    """Drop-in for NXP's ``SplitGroupConvolution()``: a torch.fx pass over a GraphModule."""
+
+    def __init__(self, min_groups: int = 2, max_groups: int = 10) -> None:
+        super().__init__([split_group_conv(min_groups, max_groups)])

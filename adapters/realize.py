@@ -22,7 +22,7 @@ from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, Tenso
 import fxpure
 from adapters.capture import Captured, Program, capture_program, tensor_spec
 from adapters.materialize import materialize
-from adapters.torchnames import dtype_of, resolve_target
+from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from fxpure.plan import RewritePlan, RewriteReport, Rule
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
 
@@ -95,6 +95,17 @@ def _contiguous_vals(gm: torch.fx.GraphModule) -> dict[TensorSpec, Any]:
             if spec is not None and spec.is_static:
                 vals.setdefault(spec, val)
     return vals
+
+
+def _source_fn_stack(name: str, fn_name: str, source: torch.fx.Node, same_op: bool) -> list[tuple[str, Any]]:
+    """The provenance's stack with the last frame naming this node and its own function.
+
+    A node of the same op keeps the provenance's function (e.g. the ``nn.Conv2d`` class)
+    so a quantizer partitions each new conv on its own, exactly as for hand-written code.
+    """
+    stack = list(source.meta.get("source_fn_stack") or [("", None)])
+    fn = stack[-1][1] if same_op and stack[-1][1] is not None else SOURCE_FNS.get(fn_name)
+    return [*stack[:-1], (name, fn)]
 
 
 @dataclass
@@ -190,7 +201,12 @@ class _Builder:
         node = self.graph.create_node("call_function", target, args, kwargs, name=rec.name)
         source = self.old.get(rec.provenance) if rec.provenance else None
         if source is not None:
-            node.meta.update({k: source.meta[k] for k in INHERITED_META if k in source.meta})
+            same_op = source.target == target
+            node.meta.update(
+                {k: source.meta[k] for k in INHERITED_META if k in source.meta and (same_op or k != "torch_fn")}
+            )
+            if rec.source_fn is not None:
+                node.meta["source_fn_stack"] = _source_fn_stack(node.name, rec.source_fn, source, same_op)
         spec = rec.spec
         if isinstance(spec, TensorSpec):
             node.meta["val"] = self.fake_value(spec)

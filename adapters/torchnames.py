@@ -66,3 +66,14 @@ def resolve_target(name: str, dialect: str) -> Callable[..., Any]:
     except AttributeError as e:
         raise ValueError(f"cannot resolve op {name!r} in dialect {dialect}") from e
     return target
+
+
+# user-level functions by the core's ``source_fn`` names, for ``meta["source_fn_stack"]``
+SOURCE_FNS: dict[str, Any] = {
+    "split": torch.split,
+    "getitem": operator.getitem,
+    "cat": torch.cat,
+    "conv1d": torch.conv1d,
+    "conv2d": torch.conv2d,
+    "convolution": torch.convolution,
+}

@@ -47,6 +47,7 @@ class NewNode:
     kwargs: PMap[str, Arg] = field(default_factory=lambda: pmap())
     spec: Spec = None
     provenance: str | None = None
+    source_fn: str | None = None  # e.g. "split": the user-level function, for quantizer metadata
 
 
 @final
@@ -179,6 +180,8 @@ class _Batch:
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
         for n in p.nodes:
             local[n.name] = _fresh(n.name, self.used)
+        # meta comes from the original node, even when a plan names a node an earlier rewrite made
+        roots = {n.provenance: snap.node(n.provenance).provenance for n in p.nodes if n.provenance in snap.index}
         sources = [old for old, _ in p.replace] or [p.anchor]
         if not all(s in snap.index for s in sources + list(p.erase)):
             return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
@@ -193,7 +196,8 @@ class _Batch:
                     args=tuple(_rename(a, local) for a in n.args),
                     kwargs=pmap({k: _rename(v, local) for k, v in n.kwargs.items()}),
                     spec=n.spec,
-                    provenance=n.provenance,
+                    provenance=roots.get(n.provenance) or n.provenance,
+                    source_fn=n.source_fn,
                 )
             )
         for old, new in p.replace:

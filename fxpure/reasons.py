@@ -188,3 +188,57 @@ class InvalidSnapshot(Reason):
     @property
     def message(self) -> str:
         return f"{self.node}: {self.detail}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupsOutOfRange(Reason):
+    """The number of groups is outside the rule's policy range."""
+
+    code: ClassVar[str] = "groups-out-of-range"
+    groups: int
+    low: int
+    high: int
+
+    @property
+    def message(self) -> str:
+        return f"groups={self.groups}, allowed {self.low}..{self.high}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Depthwise(Reason):
+    """A depthwise convolution (in == out == groups) runs natively; nothing to split."""
+
+    code: ClassVar[str] = "depthwise-conv"
+    groups: int
+
+    @property
+    def message(self) -> str:
+        return f"{self.node} is depthwise (in = out = groups = {self.groups})"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransposedConv(Reason):
+    """The rule handles only regular (not transposed) convolutions."""
+
+    code: ClassVar[str] = "transposed-conv"
+
+    @property
+    def message(self) -> str:
+        return f"{self.node} is a transposed convolution"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnsupportedRank(Reason):
+    """The rule handles only some numbers of spatial dims."""
+
+    code: ClassVar[str] = "unsupported-rank"
+    rank: int
+    allowed: tuple[int, ...]
+
+    @property
+    def message(self) -> str:
+        return f"{self.node} has {self.rank} spatial dims, the rule handles {self.allowed}"

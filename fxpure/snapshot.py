@@ -96,6 +96,7 @@ class NodeSnapshot:
     kwargs: PMap[str, Arg] = field(default_factory=lambda: pmap())
     spec: Spec = None
     provenance: str | None = None
+    source_fn: str | None = None
 
     def arg(self, index: int, keyword: str) -> Arg:
         """Argument by position, else by keyword, else None.

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
+from pyrsistent import pmap
+from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
 from fxpure.reasons import Malformed
@@ -72,6 +74,27 @@ BATCH_NORM_SCHEMAS: Mapping[str, _Schema] = {
         {"tuple_output": True, "training": False},
     ),
 }
+
+
+def respell(node: NodeSnapshot, updates: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], PMap[str, Arg]]:
+    """The node's arguments with some replaced by name, in the node's own spelling.
+
+    >>> n = NodeSnapshot(name="c", op="call_function", target="aten.conv2d.default",
+    ...                  args=(NodeRef("x"), NodeRef("w")))
+    >>> respell(n, {"weight": NodeRef("w2"), "bias": NodeRef("b2")})[0]
+    (NodeRef(name='x'), NodeRef(name='w2'), NodeRef(name='b2'))
+    """
+    params = CONV_SCHEMAS[node.target].params
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for name in sorted(updates, key=params.index):
+        i = params.index(name)
+        if i < len(args):
+            args[i] = updates[name]
+        elif i == len(args) and name not in kwargs:
+            args.append(updates[name])
+        else:
+            kwargs[name] = updates[name]
+    return tuple(args), pmap(kwargs)
 
 
 def bind(node: NodeSnapshot, schema: _Schema) -> Result[dict[str, Arg], Malformed]:

@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import final
 
-from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_expr
@@ -21,8 +20,8 @@ from fxpure.reasons import (
     TrainingMode,
     UnsupportedDtype,
 )
-from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
-from fxpure.views import BATCH_NORM_SCHEMAS, BatchNormView, ConvView, batch_norm_view, conv_view
+from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot
+from fxpure.views import BATCH_NORM_SCHEMAS, BatchNormView, ConvView, batch_norm_view, conv_view, respell
 from fxpure.weights import FLOAT_DTYPES, FoldBatchNorm, WeightExpr, infer_spec, out_channels
 
 NAME = "fuse-conv-bn"
@@ -134,19 +133,6 @@ def _check_shapes(m: _Match) -> Result[_Match, Reason]:
     return Success(m)
 
 
-def _with_operands(node: NodeSnapshot, w: str, b: str) -> tuple[tuple[Arg, ...], dict[str, Arg]]:
-    """The conv's own arguments with weight and bias swapped for the fused ones."""
-    args, kwargs = list(node.args), dict(node.kwargs)
-    args[1] = NodeRef(w)
-    if len(args) > 2:
-        args[2] = NodeRef(b)
-    elif "bias" in kwargs:
-        kwargs["bias"] = NodeRef(b)
-    else:
-        args.append(NodeRef(b))
-    return tuple(args), kwargs
-
-
 def _plan(m: _Match) -> RewritePlan:
     conv = m.conv_node
     fold = FoldBatchNorm(
@@ -162,7 +148,7 @@ def _plan(m: _Match) -> RewritePlan:
         groups=m.conv.groups,
     )
     w_name, b_name, c_name = f"{conv.name}_bn_weight", f"{conv.name}_bn_bias", f"{conv.name}_bn"
-    args, kwargs = _with_operands(conv, w_name, b_name)
+    args, kwargs = respell(conv, {"weight": NodeRef(w_name), "bias": NodeRef(b_name)})
     return RewritePlan(
         rule=NAME,
         anchor=m.bn.node,
@@ -171,9 +157,7 @@ def _plan(m: _Match) -> RewritePlan:
             NewConstant(name=b_name, expr=replace(fold, part="bias")),
         ),
         nodes=(
-            NewNode(
-                name=c_name, target=conv.target, args=args, kwargs=pmap(kwargs), spec=conv.spec, provenance=conv.name
-            ),
+            NewNode(name=c_name, target=conv.target, args=args, kwargs=kwargs, spec=conv.spec, provenance=conv.name),
         ),
         replace=tuple((u, c_name) for u in m.uses),
         erase=(conv.name, m.bn.node, *(u for u in m.uses if u != m.bn.node)),

@@ -92,3 +92,44 @@ def conv_bn(
     nodes.append(NodeSnapshot(name="output", op="output", target="output", args=(tuple(result),), kwargs=pmap()))
     constants = {k: ConstantInfo(kind="parameter", key=f"m.{k}", spec=s) for k, s in consts.items()}
     return snapshot(nodes, constants, lifted=lifted)
+
+
+def grouped_conv(
+    *,
+    groups: int = 4,
+    cin: int = 8,
+    cout: int = 12,
+    rank: int = 2,
+    bias: bool = True,
+    target: str = "aten.conv2d.default",
+    transposed: bool = False,
+    weight_is_input: bool = False,
+    bias_is_input: bool = False,
+    batch: int | str = 1,
+    channels: int | str | None = None,
+    lifted: bool = True,
+) -> GraphSnapshot:
+    """x -> conv(W, b, groups) -> output, in the spelling ``target``."""
+    sp = (6,) * rank
+    w_shape = (cin, cout // groups, *(3,) * rank) if transposed else (cout, cin // groups, *(3,) * rank)
+    x_spec = spec(batch, cin if channels is None else channels, *sp)  # type: ignore[arg-type]
+    out = spec(batch, cout, *(4,) * rank)  # type: ignore[arg-type]
+    const_op = "placeholder" if lifted else "get_attr"
+    nodes = [NodeSnapshot(name="w", op="placeholder" if weight_is_input else const_op, target="w", spec=spec(*w_shape))]
+    consts = {} if weight_is_input else {"w": ConstantInfo(kind="parameter", key="m.w", spec=spec(*w_shape))}
+    if bias:
+        nodes.append(
+            NodeSnapshot(name="b", op="placeholder" if bias_is_input else const_op, target="b", spec=spec(cout))
+        )
+        if not bias_is_input:
+            consts["b"] = ConstantInfo(kind="parameter", key="m.b", spec=spec(cout))
+    nodes.append(NodeSnapshot(name="x", op="placeholder", target="x", spec=x_spec))
+    one, zero = (1,) * rank, (0,) * rank
+    b: Arg = NodeRef("b") if bias else None
+    if target == "aten.convolution.default":
+        args: tuple[Arg, ...] = (NodeRef("x"), NodeRef("w"), b, one, zero, one, transposed, zero, groups)
+    else:
+        args = (NodeRef("x"), NodeRef("w"), b, one, zero, one, groups)
+    nodes.append(NodeSnapshot(name="conv", op="call_function", target=target, args=args, spec=out))
+    nodes.append(NodeSnapshot(name="output", op="output", target="output", args=((NodeRef("conv"),),)))
+    return snapshot(nodes, consts, lifted=lifted)

@@ -1,0 +1,122 @@
+"""split_group_conv on hand-built snapshots: plan shapes, every rejection, composition with fusion."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import fxpure
+from fxpure import NodeRef, NodeSnapshot, plan, verify
+from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.weights import FoldBatchNorm, Slice, Source, infer_spec
+from tests.core.build import conv_bn, grouped_conv, spec
+
+
+@pytest.mark.parametrize("lifted", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    ("target", "rank"),
+    [
+        ("aten.conv2d.default", 2),
+        ("aten.conv1d.default", 1),
+        ("aten.convolution.default", 2),
+        ("aten.convolution.default", 1),
+    ],
+)
+def test_plan_shape(target: str, rank: int, bias: bool, lifted: bool) -> None:
+    g = grouped_conv(groups=4, cin=8, cout=12, rank=rank, bias=bias, target=target, lifted=lifted)
+    report = plan(g, [split_group_conv()])
+    assert report.rejections == ()
+    (p,) = report.plans
+    after = verify(report.after).unwrap()
+    split = after.node("conv_split")
+    assert split.target == "aten.split_with_sizes.default" and split.args == (NodeRef("x"), (2, 2, 2, 2), 1)
+    assert split.spec == (spec(1, 2, *(6,) * rank),) * 4
+    convs = [n for n in after.nodes if n.target == target]
+    assert [c.name for c in convs] == [f"conv_g{i}" for i in range(4)]
+    for i, c in enumerate(convs):
+        assert c.args[0] == NodeRef(f"conv_x{i}") and c.args[1] == NodeRef(f"conv_w{i}")
+        assert c.args[-1] == 1 and c.spec == spec(1, 3, *(4,) * rank)
+        assert c.args[2] == (NodeRef(f"conv_b{i}") if bias else None)
+        w = after.constants[f"conv_w{i}"]
+        assert w.source == Slice(x=Source(key="w", spec=g.constants["w"].spec), dim=0, start=3 * i, stop=3 * i + 3)
+        assert w.spec == spec(3, 2, *(3,) * rank)
+    cat = after.node("conv_cat")
+    assert cat.args == (tuple(NodeRef(f"conv_g{i}") for i in range(4)), 1) and cat.spec == g.node("conv").spec
+    assert after.outputs == ("conv_cat",)
+    assert "w" not in after.constants and "b" not in after.constants  # the grouped weight is gone
+    assert {n.provenance for n in after.nodes if n.name.startswith("conv_")} - {None} == {"conv"}
+    assert p.anchor == "conv" and p.erase == ("conv",)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code", "message"),
+    [
+        ({"groups": 12, "cin": 24, "cout": 24}, "groups-out-of-range", "groups=12, allowed 2..10"),
+        ({"groups": 8, "cin": 8, "cout": 8}, "depthwise-conv", "in = out = groups = 8"),
+        ({"target": "aten.convolution.default", "transposed": True}, "transposed-conv", "transposed"),
+        ({"rank": 3, "target": "aten.convolution.default"}, "unsupported-rank", "3 spatial dims"),
+        ({"weight_is_input": True}, "not-constant", "weight of conv"),
+        ({"bias_is_input": True}, "not-constant", "bias of conv"),
+        ({"channels": "s1"}, "symbolic-shape", "input of conv"),
+        ({"groups": 4, "cin": 8, "cout": 10}, "malformed-node", "do not split"),
+    ],
+)
+def test_each_rejection(knobs: dict[str, object], code: str, message: str) -> None:
+    g = grouped_conv(**knobs)  # type: ignore[arg-type]
+    report = plan(g, [split_group_conv()])
+    assert report.plans == () and report.after == g
+    (r,) = report.rejections
+    assert (r.rule, r.node, r.reason.code) == ("split-group-conv", "conv", code)
+    assert message in r.reason.message
+
+
+def test_policy_is_a_parameter() -> None:
+    g = grouped_conv(groups=6, cin=12, cout=12)
+    assert plan(g, [split_group_conv()]).plans
+    (r,) = plan(g, [split_group_conv(max_groups=4)]).rejections
+    assert r.reason.message == "groups=6, allowed 2..4"
+
+
+def test_regular_convs_are_not_candidates() -> None:
+    report = plan(grouped_conv(groups=1, cin=4, cout=4), [split_group_conv()])
+    assert report.plans == () and report.rejections == ()
+
+
+def test_symbolic_batch_is_fine() -> None:
+    report = plan(grouped_conv(batch="s0"), [split_group_conv()])
+    assert len(report.plans) == 1
+    assert report.after.node("conv_g0").spec == spec("s0", 3, 4, 4)  # type: ignore[arg-type]
+
+
+def test_fuse_then_split_slices_the_fused_weight() -> None:
+    g = conv_bn(groups=2)
+    report = plan(g, [fuse_conv_bn(), split_group_conv()])
+    assert [p.rule for p in report.plans] == ["fuse-conv-bn", "split-group-conv"]
+    after = report.after
+    w0 = after.constants["conv_bn_w0"].source
+    assert isinstance(w0, Slice) and isinstance(w0.x, FoldBatchNorm)
+    b1 = after.constants["conv_bn_b1"].source
+    assert isinstance(b1, Slice) and isinstance(b1.x, FoldBatchNorm) and b1.x.part == "bias"
+    # nothing fused survives unsliced: only the live (sliced) constants remain
+    assert sorted(after.constants) == ["conv_bn_b0", "conv_bn_b1", "conv_bn_w0", "conv_bn_w1"]
+    assert infer_spec(w0).unwrap() == spec(4, 2, 3, 3)
+    # meta provenance points at the original conv, not the intermediate fused one
+    assert after.node("conv_bn_g0").provenance == "conv"
+
+
+def test_names_are_deterministic_and_collision_free() -> None:
+    g = grouped_conv()
+    taken = NodeSnapshot(name="conv_w0", op="placeholder", target="conv_w0", spec=spec(1))
+    g2 = fxpure.snapshot([taken, *g.nodes], g.constants)
+    a, b = plan(g2, [split_group_conv()]).after, plan(g2, [split_group_conv()]).after
+    assert a == b
+    assert "conv_w0_1" in a.constants and a.node("conv_g0").args[1] == NodeRef("conv_w0_1")
+
+
+def test_edge_dialect_uses_the_copy_split() -> None:
+    g = grouped_conv(target="aten.convolution.default")
+    edge = replace(g, dialect="edge")
+    after = plan(edge, [split_group_conv()]).after
+    assert after.node("conv_split").target == "aten.split_with_sizes_copy.default"
