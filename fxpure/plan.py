@@ -180,8 +180,6 @@ class _Batch:
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
         for n in p.nodes:
             local[n.name] = _fresh(n.name, self.used)
-        # meta comes from the original node, even when a plan names a node an earlier rewrite made
-        roots = {n.provenance: snap.node(n.provenance).provenance for n in p.nodes if n.provenance in snap.index}
         sources = [old for old, _ in p.replace] or [p.anchor]
         if not all(s in snap.index for s in sources + list(p.erase)):
             return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
@@ -196,7 +194,7 @@ class _Batch:
                     args=tuple(_rename(a, local) for a in n.args),
                     kwargs=pmap({k: _rename(v, local) for k, v in n.kwargs.items()}),
                     spec=n.spec,
-                    provenance=roots.get(n.provenance) or n.provenance,
+                    provenance=_root(snap, n.provenance),
                     source_fn=n.source_fn,
                 )
             )
@@ -204,6 +202,13 @@ class _Batch:
             self.redirect[old] = local.get(new, new)
         self.erase.update(p.erase)
         return None
+
+
+def _root(snap: GraphSnapshot, name: str | None) -> str | None:
+    """The original node behind ``name``: meta comes from it even via an earlier rewrite's node."""
+    if name is None or name not in snap.index:
+        return name
+    return snap.node(name).provenance or name
 
 
 def _resolve(redirect: Mapping[str, str]) -> dict[str, str]:

@@ -112,8 +112,8 @@ def grouped_conv(
     """x -> conv(W, b, groups) -> output, in the spelling ``target``."""
     sp = (6,) * rank
     w_shape = (cin, cout // groups, *(3,) * rank) if transposed else (cout, cin // groups, *(3,) * rank)
-    x_spec = spec(batch, cin if channels is None else channels, *sp)  # type: ignore[arg-type]
-    out = spec(batch, cout, *(4,) * rank)  # type: ignore[arg-type]
+    x_spec = spec(batch, cin if channels is None else channels, *sp)
+    out = spec(batch, cout, *(4,) * rank)
     const_op = "placeholder" if lifted else "get_attr"
     nodes = [NodeSnapshot(name="w", op="placeholder" if weight_is_input else const_op, target="w", spec=spec(*w_shape))]
     consts = {} if weight_is_input else {"w": ConstantInfo(kind="parameter", key="m.w", spec=spec(*w_shape))}

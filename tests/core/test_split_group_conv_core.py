@@ -87,7 +87,7 @@ def test_regular_convs_are_not_candidates() -> None:
 def test_symbolic_batch_is_fine() -> None:
     report = plan(grouped_conv(batch="s0"), [split_group_conv()])
     assert len(report.plans) == 1
-    assert report.after.node("conv_g0").spec == spec("s0", 3, 4, 4)  # type: ignore[arg-type]
+    assert report.after.node("conv_g0").spec == spec("s0", 3, 4, 4)
 
 
 def test_fuse_then_split_slices_the_fused_weight() -> None:
