@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -155,4 +157,91 @@ ALL_MODELS: dict[str, type[nn.Module]] = {
     "conv3d": Conv3dNet,
     "declines": Declines,
     "shared": SharedWeight,
+}
+
+
+class ResNeXtBlock(nn.Module):
+    """1x1 -> grouped 3x3 (cardinality G) -> 1x1, each with BN, plus identity."""
+
+    def __init__(self, c: int = 16, width: int = 16, groups: int = 4, stride: int = 1) -> None:
+        super().__init__()
+        self.a, self.ba = nn.Conv2d(c, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.b, self.bb = nn.Conv2d(width, width, 3, stride, 1, groups=groups, bias=False), nn.BatchNorm2d(width)
+        self.c, self.bc = nn.Conv2d(width, c, 1, bias=False), nn.BatchNorm2d(c)
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bc(self.c(torch.relu(self.bb(self.b(torch.relu(self.ba(self.a(x))))))))
+        out: torch.Tensor = torch.relu(y + x[:, :, :: self.stride, :: self.stride])
+        return out
+
+
+class ResNeXtish(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(ResNeXtBlock(groups=4), ResNeXtBlock(width=24, groups=8, stride=2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.blocks(x)
+        return out
+
+
+class ShuffleBlock(nn.Module):
+    """ShuffleNet v1 unit: grouped 1x1 (with bias), channel shuffle, depthwise 3x3, grouped 1x1."""
+
+    def __init__(self, c: int = 12, groups: int = 3) -> None:
+        super().__init__()
+        self.g = groups
+        self.g1 = nn.Conv2d(c, c, 1, groups=groups)
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.g2 = nn.Conv2d(c, c, 1, groups=groups, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.g1(x))
+        n, c, h, w = y.shape
+        y = y.reshape(n, self.g, c // self.g, h, w).transpose(1, 2).reshape(n, c, h, w)
+        out: torch.Tensor = torch.relu(x + self.g2(self.dw(y)))
+        return out
+
+
+class AudioStack(nn.Module):
+    """conv1d stack with groups 2..10, strides, padding and dilation, bias and not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        gs = list(range(2, 11))
+        c = 4
+        for i, g in enumerate(gs):
+            out = math.lcm(g, gs[i + 1]) if i + 1 < len(gs) else 2 * g
+            layers += [
+                nn.Conv1d(c, out, 3, stride=1 + i % 2, padding=i % 3, dilation=1 + i % 2, groups=g, bias=i % 2 == 0),
+                nn.ReLU(),
+            ]
+            c = out
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+class OutOfPolicy(nn.Module):
+    """A grouped conv with 12 groups (declined by the default policy) and a depthwise conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Conv2d(24, 24, 3, padding=1, groups=12)
+        self.dw = nn.Conv2d(24, 24, 3, padding=1, groups=24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.dw(self.wide(x))
+        return out
+
+
+SPLIT_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
+    "resnext": (ResNeXtish, (2, 16, 12, 12)),
+    "shufflenet": (ShuffleBlock, (2, 12, 8, 8)),
+    "audio": (AudioStack, (2, 4, 400)),
+    "out_of_policy": (OutOfPolicy, (1, 24, 6, 6)),
 }

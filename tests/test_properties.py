@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import adapters
 import fxpure
-from fxpure.rules import fuse_conv_bn
+from fxpure.rules import fuse_conv_bn, split_group_conv
 from fxpure.snapshot import GraphSnapshot
 from tests.models import randomize_bn
 from tests.programs import assert_close, build, count, run
@@ -97,3 +97,58 @@ def test_commuting_square_and_numerics(c: Config) -> None:
     assert normal(adapters.capture(program)) == normal(fxpure.rewrite(g, report.plans).unwrap())
     assert count(program, "batch_norm") == 0
     assert_close(run(program, x), want, rel=1e-5 if c.dtype == torch.float32 else 5e-2)
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    rank: int
+    groups: int
+    cin_per_group: int
+    cout_per_group: int
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+    bias: bool
+    form: str
+
+
+@st.composite
+def grouped_configs(draw: st.DrawFn) -> GroupedConfig:
+    return GroupedConfig(
+        rank=draw(st.integers(1, 2)),
+        groups=draw(st.integers(2, 10)),
+        cin_per_group=draw(st.integers(1, 3)),
+        cout_per_group=draw(st.integers(1, 3)),
+        kernel=draw(st.integers(1, 3)),
+        stride=draw(st.integers(1, 2)),
+        padding=draw(st.integers(0, 2)),
+        dilation=draw(st.integers(1, 2)),
+        bias=draw(st.booleans()),
+        form=draw(st.sampled_from(["gm", "aten"])),
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grouped_configs())
+def test_split_commuting_square_and_numerics(c: GroupedConfig) -> None:
+    conv = CONV[(c.rank, False)](
+        c.groups * c.cin_per_group,
+        c.groups * c.cout_per_group,
+        c.kernel,
+        stride=c.stride,
+        padding=c.padding,
+        dilation=c.dilation,
+        groups=c.groups,
+        bias=c.bias,
+    )
+    x = (torch.randn(2, c.groups * c.cin_per_group, *(7,) * c.rank),)
+    want = run(build(conv, x, "aten"), x)
+    program = build(conv, x, c.form)
+    g = adapters.capture(program)
+    report = fxpure.plan(g, [split_group_conv()])
+    depthwise = c.cin_per_group == c.cout_per_group == 1
+    assert len(report.plans) == (0 if depthwise else 1), report.rejections
+    adapters.apply(program, report.plans).unwrap()
+    assert normal(adapters.capture(program)) == normal(fxpure.rewrite(g, report.plans).unwrap())
+    assert_close(run(program, x), want)

@@ -1,0 +1,119 @@
+"""split_group_conv end to end: numerics, policy, PT2E quantization, composition with fusion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer,
+    get_symmetric_quantization_config,
+)
+from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+import adapters
+from adapters.passes import SplitGroupConvolutionPass
+from fxpure.rules import fuse_conv_bn, split_group_conv
+from tests.models import SPLIT_MODELS, randomize_bn
+from tests.programs import assert_close, build, count, dead_constants, run, validate
+
+SPLIT = {"resnext": 2, "shufflenet": 2, "audio": 9, "out_of_policy": 0}
+NEW_CONVS = {"resnext": 4 + 8, "audio": sum(range(2, 11))}
+
+
+def grouped_convs(program: ExportedProgram | torch.fx.GraphModule) -> list[int]:
+    """The groups of every non-depthwise grouped conv left in the program."""
+    gm = program.graph_module if isinstance(program, ExportedProgram) else program
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and "conv" in str(n.target) and len(n.args) > 6:
+            groups, cin = n.args[-1], n.args[0].meta["val"].shape[1]
+            if isinstance(groups, int) and groups > 1 and cin != groups:
+                out.append(groups)
+    return out
+
+
+def model_and_input(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    cls, shape = SPLIT_MODELS[name]
+    return randomize_bn(cls()), (torch.randn(shape, generator=torch.Generator().manual_seed(0)),)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("name", sorted(SPLIT_MODELS))
+def test_split_keeps_numerics_and_leaves_no_grouped_conv(name: str, form: str) -> None:
+    model, x = model_and_input(name)
+    want = run(build(model, x, "aten"), x)
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [split_group_conv()]).unwrap()
+    assert len(outcome.report.plans) == SPLIT[name]
+    assert all(not 2 <= g <= 10 for g in grouped_convs(program))
+    assert_close(run(program, x), want)
+    assert dead_constants(program) == []
+    if isinstance(program, ExportedProgram):
+        validate(program)
+    else:
+        program.graph.lint()
+
+
+def test_declines_out_of_policy_and_depthwise_with_reasons() -> None:
+    model, x = model_and_input("out_of_policy")
+    outcome = adapters.transform(build(model, x, "gm"), [split_group_conv()]).unwrap()
+    assert sorted(r.reason.code for r in outcome.report.rejections) == ["depthwise-conv", "groups-out-of-range"]
+
+
+def test_fuse_then_split_on_grouped_conv_bn() -> None:
+    model, x = model_and_input("resnext")
+    want = run(build(model, x, "aten"), x)
+    program = build(model, x, "aten")
+    outcome = adapters.transform(program, [fuse_conv_bn(), split_group_conv()]).unwrap()
+    rules = [p.rule for p in outcome.report.plans]
+    assert rules.count("fuse-conv-bn") == 6 and rules.count("split-group-conv") == 2
+    assert count(program, "batch_norm") == 0 and grouped_convs(program) == []
+    assert_close(run(program, x), want)
+    assert dead_constants(program) == []
+
+
+def _dequantized(node: Any) -> bool:
+    return node.op == "call_function" and "dequantize" in str(node.target)
+
+
+@pytest.mark.parametrize("name", ["resnext", "audio"])
+def test_split_graph_quantizes_with_pt2e(name: str) -> None:
+    model, x = model_and_input(name)
+    gm = build(model, x, "gm")
+    assert isinstance(gm, torch.fx.GraphModule)
+    result = SplitGroupConvolutionPass()(gm)
+    assert result is not None and result.modified
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(result.graph_module, quantizer)
+    prepared(*x)
+    converted = convert_pt2e(prepared)
+    split_convs = [
+        n for n in converted.graph.nodes if n.op == "call_function" and "_g" in n.name and "conv" in str(n.target)
+    ]
+    assert len(split_convs) == NEW_CONVS[name]
+    for conv in split_convs:
+        activation, weight = conv.args[0], conv.args[1]
+        assert _dequantized(activation), f"{conv.name} input is not quantized"
+        assert _dequantized(weight), f"{conv.name} weight is not quantized"
+        (user,) = conv.users
+        assert "quantize" in str(user.target) or user.target == torch.ops.aten.relu.default
+    with torch.no_grad():
+        got, want = converted(*x), model(*x)
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() / scale < 0.1  # int8 error, not a broken graph
+
+
+def test_meta_of_new_nodes() -> None:
+    model, x = model_and_input("resnext")
+    gm = build(model, x, "gm")
+    assert isinstance(gm, torch.fx.GraphModule)
+    adapters.transform(gm, [split_group_conv()]).unwrap()
+    new = [n for n in gm.graph.nodes if (n.op == "call_function" and "_split" in n.name) or "_g0" in n.name]
+    assert new
+    for n in new:
+        assert isinstance(n.meta["val"], (torch.Tensor, tuple))
+        assert "nn_module_stack" in n.meta and n.meta.get("stack_trace")
+        assert n.meta["source_fn_stack"][-1][0] == n.name
