@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Protocol, final
 
-from pyrsistent import pmap
+from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
@@ -275,9 +276,16 @@ def _finish(
         if draft.users.get(name):
             return _conflict(name, f"erased but still read by {draft.users[name][0]}")
     dead = {k for k in constants if k in draft.index and not draft.users.get(k)}
-    live = [n for n in nodes if n.name not in dead] if dead else nodes
-    kept = {k: v for k, v in constants.items() if k in draft.index and k not in dead}
-    result = snapshot(live, kept, dialect=snap.dialect, lifted=snap.lifted)
+    kept = pmap({k: v for k, v in constants.items() if k in draft.index and k not in dead})
+    # dead constants read nothing and nobody reads them: drop them without re-deriving users
+    live = pvector(n for n in nodes if n.name not in dead)
+    result = replace(
+        draft,
+        nodes=live,
+        constants=kept,
+        users=MappingProxyType({k: v for k, v in draft.users.items() if k not in dead}),
+        index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
+    )
     return ordered(result).alt(lambda e: PlanConflict(node=e.node, detail=e.detail))
 
 
