@@ -30,6 +30,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks.bench_fuse
+	$(BIN)/python -m benchmarks.bench_split
 
 clean:
 	rm -rf $(VENV)
