@@ -66,6 +66,16 @@ def validate(program: ExportedProgram) -> None:
     check()
 
 
+def assert_sound(program: Program, x: tuple[torch.Tensor, ...], want: list[torch.Tensor]) -> None:
+    """After a transform: same outputs, no dead constant anywhere, and the program validates."""
+    assert_close(run(program, x), want)
+    assert dead_constants(program) == []
+    if isinstance(program, ExportedProgram):
+        validate(program)
+    else:
+        program.graph.lint()
+
+
 def run_pte(buffer: bytes, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """Run a serialised ExecuTorch program in the runtime."""
     method = Runtime.get().load_program(buffer).load_method("forward")
