@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -26,9 +26,13 @@ def demo() -> int:
     import torch
     from executorch.exir import to_edge
     from executorch.runtime import Runtime
+    from returns.result import Failure
 
     from adapters.demo_model import demo_model
-    from adapters.passes import FuseConvBatchNormPass
+    from adapters.realize import transform
+    from adapters.report import node_meta, table
+    from fxpure.plan import Rule
+    from fxpure.rules import fuse_conv_bn, split_group_conv
 
     def run_pte(buffer: bytes, x: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, float]:
         method = Runtime.get().load_program(buffer).load_method("forward")
@@ -39,26 +43,23 @@ def demo() -> int:
             out = method.execute(list(x))[0]
         return out, (time.perf_counter() - t0) / 20 * 1e3
 
-    print("fxpure demo: conv + batch-norm fusion on an embedded CNN")
+    print("fxpure demo: conv + batch-norm fusion and grouped-conv splitting on an embedded CNN")
     model, x = demo_model()
     with torch.no_grad():
         want = model(*x)
     exported = _timed("torch.export", lambda: torch.export.export(model, x))
     plain = _timed("to_edge (unfused copy)", lambda: to_edge(copy.deepcopy(exported)))
     edge = _timed("to_edge", lambda: to_edge(exported))
-    fuse = FuseConvBatchNormPass(edge.exported_program())
-    edge = _timed("fxpure FuseConvBatchNormPass", lambda: edge.transform([fuse]))
-    if fuse.last is None:
-        print("error: the pass did not run", file=sys.stderr)
-        return 1
-    report = fuse.last.report
-    print(f"\n  fused {len(report.plans)} batch norms:")
-    for p in report.plans:
-        print(f"    {p.anchor:<52} -> {p.nodes[0].name}")
-    print(f"  declined {len(report.rejections)}:")
-    for r in report.rejections:
-        print(f"    {r.node:<52} {r.reason.code}: {r.reason.message}")
     program = edge.exported_program()
+    rules: list[Rule] = [fuse_conv_bn(), split_group_conv()]
+    metas = node_meta(program.graph_module)
+    result = _timed("fxpure transform (plan + apply)", lambda: transform(program, rules))
+    if isinstance(result, Failure):
+        print(f"error: {result.failure()}", file=sys.stderr)
+        return 1
+    report = result.unwrap().report
+    print()
+    print(table(report, metas, [r.name for r in rules]))
     with torch.no_grad():
         got = program.module()(*x)
     rel = ((got - want).abs().max() / want.abs().max()).item()
@@ -77,15 +78,224 @@ def demo() -> int:
     return 0 if ok else 1
 
 
+def _quiet_libraries() -> None:
+    """Library chatter (optional kernels not found, deprecations, loader tracebacks) stays off stderr."""
+    import contextlib
+    import io
+    import logging
+
+    warnings.filterwarnings("ignore")
+    with contextlib.redirect_stderr(io.StringIO()):
+        import executorch.exir  # noqa: F401  (imports torch and torchao: their import-time warnings)
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("torch", "torchao", "executorch"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+class BadInput(Exception):
+    """A user error: reported as one line, exit code 2."""
+
+
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_REWRITE_FAILED = 0, 1, 2, 3
+
+
+class Progress:
+    """Step messages on stderr when it is a terminal; silent when piped."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"... {message}", file=sys.stderr, flush=True)
+
+
+def _rules(spec: str) -> list[str]:
+    from fxpure.rules import RULES
+
+    names = [r.strip() for r in spec.split(",") if r.strip()]
+    unknown = [r for r in names if r not in RULES]
+    if unknown or not names:
+        raise BadInput(f"unknown rule {unknown[0] if unknown else spec!r} (available: {', '.join(RULES)})")
+    return names
+
+
+def _check_path(path: str) -> None:
+    """Cheap checks, before torch is imported: the file exists and is a .pt2 (zip) archive."""
+    import zipfile
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"{path}: no such file")
+    if p.suffix != ".pt2":
+        raise BadInput(f"{path}: not a .pt2 file (expected a program saved with torch.export.save)")
+    if not zipfile.is_zipfile(p):
+        raise BadInput(f"{path}: not a valid .pt2 archive (corrupt or truncated)")
+
+
+def _load(path: str) -> Any:
+    """A program saved with ``torch.export.save``; only ``torch.export.load`` reads it."""
+    import torch
+
+    _check_path(path)
+    try:
+        return torch.export.load(path)
+    except Exception as e:  # any failure inside the loader means the archive is unusable
+        raise BadInput(f"{path}: cannot load the program (corrupt, or not saved by torch.export.save)") from e
+
+
+def _random_inputs(program: Any) -> tuple[Any, ...]:
+    """Random tensors of the shapes and dtypes the program's user inputs were exported with."""
+    import torch
+
+    user = set(program.graph_signature.user_inputs)
+    out = []
+    for n in program.graph.nodes:
+        if n.op != "placeholder" or n.name not in user:
+            continue
+        val = n.meta["val"]
+        shape = [d if isinstance(d, int) else 2 for d in val.shape]
+        if val.dtype.is_floating_point:
+            out.append(torch.randn(shape, dtype=val.dtype))
+        else:
+            out.append(torch.randint(0, 2, shape, dtype=val.dtype))
+    return tuple(out)
+
+
+def _flat(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def explain(args: argparse.Namespace) -> int:
+    """Plan the chosen rules on a saved program and report every candidate; changes nothing."""
+    import json
+
+    from executorch.exir import to_edge
+    from returns.result import Failure
+
+    from adapters.realize import transform
+    from adapters.report import node_meta, table, to_json
+    from fxpure.rules import RULES
+
+    names, progress = _rules(args.rules), Progress()
+    progress(f"loading {args.model}")
+    program = _load(args.model)
+    if args.edge:
+        progress("lowering to edge")
+        program = to_edge(program).exported_program()
+    progress("planning")
+    result = transform(program, [RULES[n]() for n in names], dry_run=True)
+    if isinstance(result, Failure):
+        print(f"fxpure: error: {result.failure()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    report = result.unwrap().report
+    if args.json:
+        print(
+            json.dumps(
+                to_json(
+                    report, node_meta(program.graph_module), names, program=args.model, dialect=report.before.dialect
+                ),
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    if not report.plans and not report.rejections:
+        print(f"nothing to rewrite: no candidates for {', '.join(names)}")
+    print(table(report, node_meta(program.graph_module), names))
+    return EXIT_OK
+
+
+def apply_cmd(args: argparse.Namespace) -> int:
+    """Apply the chosen rules to a saved program, save it, optionally verify and lower it."""
+    import json
+
+    import torch
+    from executorch.exir import to_edge
+    from returns.result import Failure
+
+    from adapters.realize import transform
+    from adapters.report import node_meta, to_json
+    from fxpure.rules import RULES
+
+    names, progress = _rules(args.rules), Progress()
+    progress(f"loading {args.model}")
+    program = _load(args.model)
+    original = copy.deepcopy(program) if args.verify else None
+    metas = node_meta(program.graph_module)
+    progress("planning and applying")
+    result = transform(program, [RULES[n]() for n in names])
+    if isinstance(result, Failure):
+        print(f"fxpure: error: {result.failure()} (program unchanged, nothing written)", file=sys.stderr)
+        return EXIT_REWRITE_FAILED
+    outcome = result.unwrap()
+    doc: dict[str, Any] = {"program": args.model, "output": args.output, "changed": outcome.changed}
+    progress(f"saving {args.output}")
+    torch.export.save(program, args.output)
+    if args.pte:
+        progress(f"lowering to {args.pte}")
+        with open(args.pte, "wb") as f:
+            f.write(to_edge(program).to_executorch().buffer)
+        doc["pte"] = args.pte
+    code = EXIT_OK
+    if original is not None:
+        progress("verifying on random inputs")
+        x = _random_inputs(program)
+        with torch.no_grad():
+            want, got = _flat(original.module()(*x)), _flat(program.module()(*x))
+        abs_err = max(((g - w).abs().max().item() for g, w in zip(got, want, strict=True)), default=0.0)
+        scale = max((w.abs().max().item() for w in want), default=1.0) or 1.0
+        doc["verify"] = {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= args.tolerance}
+        code = EXIT_OK if doc["verify"]["ok"] else EXIT_VERIFY_FAILED
+    if args.json:
+        print(json.dumps(to_json(outcome.report, metas, names, **doc), indent=2))
+        return code
+    plans = outcome.report.plans
+    print(
+        f"{len(plans)} rewrites applied, {len(outcome.report.rejections)} candidates declined; wrote {args.output}"
+        if plans
+        else f"nothing to rewrite; wrote {args.output} unchanged"
+    )
+    if "verify" in doc:
+        v = doc["verify"]
+        print(
+            f"verify: max abs diff {v['max_abs']:.3g}, max rel diff {v['max_rel']:.3g} "
+            f"({'ok' if v['ok'] else 'FAILED'}, tolerance {args.tolerance:g})"
+        )
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fxpure`` console script."""
+    """Entry point of the ``fxpure`` console script; see README for exit codes."""
     parser = argparse.ArgumentParser(prog="fxpure", description="pure-functional graph rewrites for torch.fx")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="fuse conv+BN on an embedded CNN, lower to .pte and run it")
+    sub.add_parser("demo", help="run every rule on an embedded CNN, lower to .pte and run it")
+    rules_help = "comma-separated rule names (default: all: fuse-conv-bn,split-group-conv)"
+    ex = sub.add_parser("explain", help="show what each rule would rewrite or decline, and why")
+    ex.add_argument("model", help="a .pt2 file saved with torch.export.save")
+    ex.add_argument("--rules", default="fuse-conv-bn,split-group-conv", help=rules_help)
+    ex.add_argument("--edge", action="store_true", help="lower to the edge dialect before planning")
+    ex.add_argument("--json", action="store_true", help="machine-readable output (schema fxpure.report/1)")
+    ap = sub.add_parser("apply", help="apply the rules and save the rewritten program")
+    ap.add_argument("model", help="a .pt2 file saved with torch.export.save")
+    ap.add_argument("-o", "--output", required=True, help="where to save the rewritten .pt2")
+    ap.add_argument("--rules", default="fuse-conv-bn,split-group-conv", help=rules_help)
+    ap.add_argument("--verify", action="store_true", help="compare outputs before/after on random inputs")
+    ap.add_argument("--tolerance", type=float, default=1e-4, help="max relative difference for --verify")
+    ap.add_argument("--pte", help="also lower to ExecuTorch and write this .pte")
+    ap.add_argument("--json", action="store_true", help="machine-readable output (schema fxpure.report/1)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return demo()
-    return 2
+    try:
+        if args.command != "demo":  # bad input is answered before torch is even imported
+            _rules(args.rules)
+            _check_path(args.model)
+        _quiet_libraries()
+        if args.command == "demo":
+            return demo()
+        return explain(args) if args.command == "explain" else apply_cmd(args)
+    except BadInput as e:
+        print(f"fxpure: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

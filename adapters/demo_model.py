@@ -7,7 +7,7 @@ from torch import nn
 
 
 class DemoNet(nn.Module):
-    """ResNet-style stem and block, a depthwise/pointwise pair, a transposed-conv decoder,
+    """ResNet-style stem and block, a depthwise/pointwise pair, a grouped conv, a transposed-conv decoder,
     a BN whose conv output is reused (declined) and a BN after a linear layer (declined)."""
 
     def __init__(self, c: int = 16) -> None:
@@ -17,6 +17,7 @@ class DemoNet(nn.Module):
         self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
         self.dw, self.dw_bn = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c)
         self.pw, self.pw_bn = nn.Conv2d(c, 2 * c, 1, bias=False), nn.BatchNorm2d(2 * c)
+        self.grp, self.grp_bn = nn.Conv2d(2 * c, 2 * c, 3, padding=1, groups=4, bias=False), nn.BatchNorm2d(2 * c)
         self.up, self.up_bn = nn.ConvTranspose2d(2 * c, c, 2, stride=2, groups=2), nn.BatchNorm2d(c)
         self.tap, self.tap_bn = nn.Conv2d(c, c, 1), nn.BatchNorm2d(c)
         self.head, self.head_bn = nn.Linear(c, 10), nn.BatchNorm1d(10)
@@ -25,6 +26,7 @@ class DemoNet(nn.Module):
         y = torch.relu(self.stem_bn(self.stem(x)))
         y = torch.relu(y + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(y))))))
         y = self.pw_bn(self.pw(torch.relu(self.dw_bn(self.dw(y)))))
+        y = torch.relu(self.grp_bn(self.grp(y)))  # grouped: fused, then split for NPUs
         y = torch.relu(self.up_bn(self.up(y)))
         t = self.tap(y)
         y = self.tap_bn(t) + t  # conv output used twice: cannot fuse

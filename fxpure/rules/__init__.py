@@ -1,6 +1,15 @@
-"""Rewrite rules, one per module."""
+"""Rewrite rules, one per module, and the registry of their stable names."""
 
+from collections.abc import Callable, Mapping
+
+from fxpure.plan import Rule
 from fxpure.rules.fuse_conv_bn import FuseConvBn, fuse_conv_bn
 from fxpure.rules.split_group_conv import SplitGroupConv, split_group_conv
 
-__all__ = ["FuseConvBn", "SplitGroupConv", "fuse_conv_bn", "split_group_conv"]
+# stable kebab-case name -> rule with its default policy
+RULES: Mapping[str, Callable[[], Rule]] = {
+    "fuse-conv-bn": fuse_conv_bn,
+    "split-group-conv": split_group_conv,
+}
+
+__all__ = ["RULES", "FuseConvBn", "SplitGroupConv", "fuse_conv_bn", "split_group_conv"]

@@ -1,0 +1,124 @@
+"""Readable and JSON forms of a RewriteReport, with source locations from node meta."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import torch
+
+from fxpure.plan import RewriteReport
+from fxpure.serial import JSON, to_data
+
+SCHEMA = "fxpure.report/1"
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def origin(report: RewriteReport, name: str) -> str:
+    """The node of the original program that ``name`` stands for (through earlier rewrites)."""
+    made = {n.name: n.provenance for p in report.plans for n in p.nodes}
+    seen: set[str] = set()
+    while name not in report.before.index and name in made and name not in seen:
+        seen.add(name)
+        name = made[name] or name
+    return name
+
+
+Metas = dict[str, dict[str, Any]]
+
+
+def node_meta(gm: torch.fx.GraphModule) -> Metas:
+    """Every node's meta by name; take it before a transform erases the nodes."""
+    return {n.name: n.meta for n in gm.graph.nodes}
+
+
+def location(metas: Metas, name: str) -> dict[str, str]:
+    """Module path (from ``nn_module_stack``) and source line (from ``stack_trace``) of a node."""
+    meta = metas.get(name)
+    if meta is None:
+        return {"module": "", "source": ""}
+    stack: dict[str, Any] = meta.get("nn_module_stack") or {}
+    module = ""
+    if stack:
+        path, cls = list(stack.values())[-1]
+        module = f"{path} ({str(cls).rsplit('.', 1)[-1]})" if path else str(cls).rsplit(".", 1)[-1]
+    frames = _FRAME.findall(meta.get("stack_trace") or "")
+    user = [f for f in frames if "/torch/" not in f[0]] or frames
+    source = f"{user[-1][0]}:{user[-1][1]}" if user else ""
+    return {"module": module, "source": source}
+
+
+def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
+    """One row per candidate: rule, anchor, outcome, reason, location; in graph order."""
+    out: list[dict[str, JSON]] = []
+    for p in report.plans:
+        where = location(metas, origin(report, p.anchor))
+        out.append({"rule": p.rule, "anchor": p.anchor, "outcome": "will rewrite", "code": "", "message": "", **where})
+    for r in report.rejections:
+        where = location(metas, origin(report, r.node))
+        out.append(
+            {
+                "rule": r.rule,
+                "anchor": r.node,
+                "outcome": "declined",
+                "code": r.reason.code,
+                "message": r.reason.message,
+                **where,
+            }
+        )
+    return out
+
+
+def summary(report: RewriteReport, rules: list[str]) -> dict[str, JSON]:
+    """Counts per rule: plans, and declines per reason code."""
+    out: dict[str, JSON] = {}
+    for rule in rules:
+        declined = Counter(r.reason.code for r in report.rejections if r.rule == rule)
+        out[rule] = {"planned": sum(1 for p in report.plans if p.rule == rule), "declined": dict(declined)}
+    return out
+
+
+def to_json(report: RewriteReport, metas: Metas, rules: list[str], **extra: JSON) -> dict[str, JSON]:
+    """The documented JSON document (see README, "JSON schema")."""
+    return {
+        "schema": SCHEMA,
+        **extra,
+        "rules": list(rules),
+        "candidates": list(rows(report, metas)),
+        "plans": [to_data(p) for p in report.plans],
+        "summary": summary(report, rules),
+    }
+
+
+def table(report: RewriteReport, metas: Metas, rules: list[str]) -> str:
+    """A plain-text table of every candidate and a summary line per rule."""
+    lines = []
+    data = rows(report, metas)
+    if data:
+        head = ("rule", "anchor", "outcome", "module", "source", "reason")
+        body = [
+            (
+                str(r["rule"]),
+                str(r["anchor"]),
+                str(r["outcome"]),
+                str(r["module"]),
+                str(r["source"]),
+                f"{r['code']}: {r['message']}" if r["code"] else "",
+            )
+            for r in data
+        ]
+        widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head) - 1)]
+        for row in [head, *body]:
+            cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+            lines.append("  ".join([*cells, row[-1]]).rstrip())
+    for rule, counts in summary(report, rules).items():
+        assert isinstance(counts, dict)
+        declined = counts["declined"]
+        assert isinstance(declined, dict)
+        reasons = ", ".join(f"{v} {k}" for k, v in sorted(declined.items()))
+        lines.append(
+            f"{rule}: {counts['planned']} to rewrite, {sum(int(str(v)) for v in declined.values())} declined"
+            + (f" ({reasons})" if reasons else "")
+        )
+    return "\n".join(lines)

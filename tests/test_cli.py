@@ -1,0 +1,117 @@
+"""The ``fxpure`` console script, run for real on small saved programs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.models import Declines, ResNeXtish, randomize_bn
+
+FXPURE = str(Path(sys.executable).with_name("fxpure"))
+
+
+def fxpure(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FXPURE, *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("programs")
+    programs = {
+        "resnext": (randomize_bn(ResNeXtish()), (torch.randn(1, 16, 12, 12),)),
+        "declines": (randomize_bn(Declines()), (torch.randn(2, 3, 6, 6),)),
+        "plain": (torch.nn.Linear(4, 4), (torch.randn(2, 4),)),
+    }
+    out = {}
+    for name, (model, x) in programs.items():
+        out[name] = d / f"{name}.pt2"
+        torch.export.save(torch.export.export(model.eval(), x), out[name])
+    (d / "garbage.pt2").write_text("not a zip")
+    (d / "truncated.pt2").write_bytes(out["resnext"].read_bytes()[:4000])
+    with zipfile.ZipFile(d / "other.pt2", "w") as z:
+        z.writestr("readme.txt", "a zip, but not a program")
+    (d / "model.onnx").write_bytes(b"\x08\x01")
+    return out
+
+
+def test_explain_table(saved: dict[str, Path]) -> None:
+    r = fxpure("explain", saved["declines"], "--rules", "fuse-conv-bn")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # piped: no progress, no library chatter
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["rule", "anchor", "outcome", "module", "source", "reason"]
+    declined = [line for line in lines if "  declined  " in line]
+    assert len(declined) == 2 and any("conv-output-shared" in d for d in declined)
+    assert any("b2 (BatchNorm1d)" in d and "producer-not-conv" in d for d in declined)
+    assert "models.py:" in r.stdout  # the source line of the layer
+    assert lines[-1] == "fuse-conv-bn: 1 to rewrite, 2 declined (1 conv-output-shared, 1 producer-not-conv)"
+
+
+def test_explain_json_schema_round_trip(saved: dict[str, Path]) -> None:
+    r = fxpure("explain", saved["resnext"], "--json", "--edge")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "fxpure.report/1" and doc["dialect"] == "edge"
+    assert doc["rules"] == ["fuse-conv-bn", "split-group-conv"]
+    assert doc["summary"]["fuse-conv-bn"] == {"planned": 6, "declined": {}}
+    assert doc["summary"]["split-group-conv"]["planned"] == 2
+    assert {c["outcome"] for c in doc["candidates"]} == {"will rewrite"}
+    plan = doc["plans"][-1]
+    assert plan["type"] == "RewritePlan" and plan["rule"] == "split-group-conv"
+    slices = [c["expr"] for c in plan["constants"]]
+    assert all(e["type"] == "Slice" and e["x"]["type"] == "FoldBatchNorm" for e in slices)
+    assert json.loads(json.dumps(doc)) == doc
+
+
+def test_apply_verify_and_pte(saved: dict[str, Path], tmp_path: Path) -> None:
+    out, pte = tmp_path / "out.pt2", tmp_path / "out.pte"
+    r = fxpure("apply", saved["resnext"], "-o", out, "--verify", "--pte", pte)
+    assert r.returncode == 0, r.stderr
+    assert "8 rewrites applied" in r.stdout and "verify: max abs diff" in r.stdout and "(ok" in r.stdout
+    program = torch.export.load(out)
+    targets = {str(n.target) for n in program.graph.nodes}
+    assert not any("batch_norm" in t for t in targets) and "aten.split_with_sizes.default" in targets
+    assert pte.read_bytes()[4:8] == b"ET12"
+
+
+def test_apply_json_and_verification_failure_exit_code(saved: dict[str, Path], tmp_path: Path) -> None:
+    r = fxpure("apply", saved["resnext"], "-o", tmp_path / "o.pt2", "--verify", "--tolerance", "1e-12", "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["verify"]["ok"] is False and doc["verify"]["max_rel"] > 1e-12
+    assert doc["changed"] is True and len(doc["plans"]) == 8
+
+
+def test_nothing_to_rewrite_is_not_an_error(saved: dict[str, Path], tmp_path: Path) -> None:
+    r = fxpure("explain", saved["plain"])
+    assert r.returncode == 0 and r.stdout.startswith("nothing to rewrite")
+    r = fxpure("apply", saved["plain"], "-o", tmp_path / "same.pt2")
+    assert r.returncode == 0 and "nothing to rewrite" in r.stdout and (tmp_path / "same.pt2").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("explain", "{dir}/missing.pt2"), "no such file"),
+        (("explain", "{dir}/model.onnx"), "not a .pt2 file"),
+        (("explain", "{dir}/garbage.pt2"), "not a valid .pt2 archive"),
+        (("explain", "{dir}/truncated.pt2"), "not a valid .pt2 archive"),
+        (("explain", "{dir}/other.pt2"), "cannot load the program"),
+        (("explain", "{dir}/resnext.pt2", "--rules", "fuse-conv-bn,bogus"), "unknown rule 'bogus'"),
+        (("apply", "{dir}/garbage.pt2", "-o", "{dir}/x.pt2"), "not a valid .pt2 archive"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(saved: dict[str, Path], args: tuple[str, ...], message: str) -> None:
+    d = saved["resnext"].parent
+    r = fxpure(*(a.format(dir=d) for a in args))
+    assert r.returncode == 2
+    assert r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("fxpure: error: ") and message in line
+    assert "Traceback" not in r.stderr
