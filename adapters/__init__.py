@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from adapters import passes
-    from adapters.capture import capture
-    from adapters.materialize import materialize
     from adapters.realize import TransformError, TransformOutcome, apply, transform
+    from adapters.snap import capture
+    from adapters.weights import materialize
 
 _LAZY = {
     "passes": ("adapters.passes", None),
-    "capture": ("adapters.capture", "capture"),
-    "materialize": ("adapters.materialize", "materialize"),
+    "capture": ("adapters.snap", "capture"),
+    "materialize": ("adapters.weights", "materialize"),
     "TransformError": ("adapters.realize", "TransformError"),
     "TransformOutcome": ("adapters.realize", "TransformOutcome"),
     "apply": ("adapters.realize", "apply"),

@@ -20,9 +20,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.capture import Captured, Program, capture_program, tensor_spec
-from adapters.materialize import materialize
+from adapters.snap import Captured, Program, capture_program, tensor_spec
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
+from adapters.weights import materialize
 from fxpure.plan import RewritePlan, RewriteReport, Rule
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
 

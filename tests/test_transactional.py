@@ -64,7 +64,7 @@ def test_failure_while_materialising_touches_nothing(monkeypatch: pytest.MonkeyP
     program = build(model, example(model), "aten")
     assert isinstance(program, ExportedProgram)
     calls = {"n": 0}
-    mat = importlib.import_module("adapters.materialize")
+    mat = importlib.import_module("adapters.weights")
     real = mat._RULES[FoldBatchNorm]
 
     def flaky(e: Any, ev: Any, memo: Any) -> torch.Tensor:
