@@ -134,6 +134,19 @@ def _check_path(path: str) -> None:
         raise BadInput(f"{path}: not a valid .pt2 archive (corrupt or truncated)")
 
 
+def _check_writable(*paths: str | None) -> None:
+    """Every output goes into an existing, writable directory."""
+    import os
+    from pathlib import Path
+
+    for path in paths:
+        if path is None:
+            continue
+        parent = Path(path).resolve().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise BadInput(f"{path}: cannot write (no writable directory {parent})")
+
+
 def _load(path: str) -> Any:
     """A program saved with ``torch.export.save``; only ``torch.export.load`` reads it."""
     import torch
@@ -231,11 +244,22 @@ def apply_cmd(args: argparse.Namespace) -> int:
     outcome = result.unwrap()
     doc: dict[str, Any] = {"program": args.model, "output": args.output, "changed": outcome.changed}
     progress(f"saving {args.output}")
-    torch.export.save(program, args.output)
+    try:
+        torch.export.save(program, args.output)
+    except (OSError, RuntimeError) as e:
+        raise BadInput(f"{args.output}: cannot write ({e})") from e
     if args.pte:
         progress(f"lowering to {args.pte}")
-        with open(args.pte, "wb") as f:
-            f.write(to_edge(program).to_executorch().buffer)
+        try:
+            buffer = to_edge(program).to_executorch().buffer
+        except Exception as e:  # lowering is executorch's: report it, the .pt2 is already written
+            print(f"fxpure: error: lowering to .pte failed ({type(e).__name__}: {e})", file=sys.stderr)
+            return EXIT_REWRITE_FAILED
+        try:
+            with open(args.pte, "wb") as f:
+                f.write(buffer)
+        except OSError as e:
+            raise BadInput(f"{args.pte}: cannot write ({e.strerror or e})") from e
         doc["pte"] = args.pte
     code = EXIT_OK
     if original is not None:
@@ -289,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "demo":  # bad input is answered before torch is even imported
             _rules(args.rules)
             _check_path(args.model)
+        if args.command == "apply":
+            _check_writable(args.output, args.pte)
         _quiet_libraries()
         if args.command == "demo":
             return demo()

@@ -50,7 +50,7 @@ def location(metas: Metas, name: str) -> dict[str, str]:
 
 
 def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
-    """One row per candidate: rule, anchor, outcome, reason, location; in graph order."""
+    """One row per candidate (plans, then rejections): rule, anchor, outcome, reason, location."""
     out: list[dict[str, JSON]] = []
     for p in report.plans:
         where = location(metas, origin(report, p.anchor))

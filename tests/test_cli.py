@@ -105,6 +105,7 @@ def test_nothing_to_rewrite_is_not_an_error(saved: dict[str, Path], tmp_path: Pa
         (("explain", "{dir}/other.pt2"), "cannot load the program"),
         (("explain", "{dir}/resnext.pt2", "--rules", "fuse-conv-bn,bogus"), "unknown rule 'bogus'"),
         (("apply", "{dir}/garbage.pt2", "-o", "{dir}/x.pt2"), "not a valid .pt2 archive"),
+        (("apply", "{dir}/plain.pt2", "-o", "{dir}/no/such/dir/x.pt2"), "cannot write"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(saved: dict[str, Path], args: tuple[str, ...], message: str) -> None:
