@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -116,3 +117,13 @@ def test_bad_input_is_one_line_and_exit_2(saved: dict[str, Path], args: tuple[st
     (line,) = r.stderr.splitlines()
     assert line.startswith("fxpure: error: ") and message in line
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` for a pseudo-terminal")
+def test_progress_shows_on_a_terminal(saved: dict[str, Path]) -> None:
+    command = f"{FXPURE} explain {saved['declines']} --rules fuse-conv-bn"
+    r = subprocess.run(
+        ["script", "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert r.returncode == 0
+    assert "... loading" in r.stdout and "... planning" in r.stdout  # the pty merges stderr into stdout
