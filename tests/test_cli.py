@@ -127,3 +127,11 @@ def test_progress_shows_on_a_terminal(saved: dict[str, Path]) -> None:
     )
     assert r.returncode == 0
     assert "... loading" in r.stdout and "... planning" in r.stdout  # the pty merges stderr into stdout
+
+
+def test_demo_runs_every_rule_end_to_end() -> None:
+    r = fxpure("demo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fuse-conv-bn: 7 to rewrite, 2 declined" in r.stdout
+    assert "split-group-conv: 1 to rewrite, 2 declined" in r.stdout
+    assert r.stdout.rstrip().endswith("ok")
