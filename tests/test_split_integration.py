@@ -10,6 +10,7 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     XNNPACKQuantizer,
     get_symmetric_quantization_config,
 )
+from executorch.exir import to_edge
 from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -112,3 +113,18 @@ def test_meta_of_new_nodes() -> None:
         assert isinstance(n.meta["val"], (torch.Tensor, tuple))
         assert "nn_module_stack" in n.meta and n.meta.get("stack_trace")
         assert n.meta["source_fn_stack"][-1][0] == n.name
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_dynamic_batch_keeps_symbolic_shapes(form: str) -> None:
+    model, x = model_and_input("resnext")
+    batch = torch.export.Dim("batch", min=1, max=8)
+    ep = torch.export.export(model, x, dynamic_shapes=({0: batch},))
+    program = ep.module() if form == "gm" else to_edge(ep).exported_program() if form == "edge" else ep
+    outcome = adapters.transform(program, [fuse_conv_bn(), split_group_conv()]).unwrap()
+    assert len(outcome.report.plans) == 8
+    gm = program if isinstance(program, torch.fx.GraphModule) else program.graph_module
+    split = next(n for n in gm.graph.nodes if n.name.endswith("_split"))
+    assert all(not isinstance(t.shape[0], int) for t in split.meta["val"])  # still symbolic
+    x3 = (torch.randn(3, *x[0].shape[1:]),)
+    assert_sound(program, x3, [model(*x3).detach()])
