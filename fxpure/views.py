@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import final
 
 from pyrsistent import pmap
@@ -13,15 +14,19 @@ from returns.result import Failure, Result, Success
 from fxpure.reasons import Malformed
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
 
-_MISSING = object()
-
 
 @final
 @dataclass(frozen=True, slots=True)
 class _Schema:
+    """Positional parameter names, defaults, and values the spelling itself implies."""
+
     params: tuple[str, ...]
     defaults: Mapping[str, Arg]
     fixed: Mapping[str, Arg]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+        object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
 
 
 _CONV_DEFAULTS: Mapping[str, Arg] = {
