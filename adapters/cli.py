@@ -148,10 +148,10 @@ def _check_writable(*paths: str | None) -> None:
 
 
 def _load(path: str) -> Any:
-    """A program saved with ``torch.export.save``; only ``torch.export.load`` reads it."""
+    """A program saved with ``torch.export.save`` (``main`` ran ``_check_path`` on it already);
+    only ``torch.export.load`` reads it."""
     import torch
 
-    _check_path(path)
     try:
         return torch.export.load(path)
     except Exception as e:  # any failure inside the loader means the archive is unusable

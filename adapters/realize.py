@@ -65,36 +65,39 @@ class _ApplyError(Exception):
         self.code = code
 
 
-def _fake_mode(gm: torch.fx.GraphModule) -> Any:
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        mode = getattr(val, "fake_mode", None)
-        if mode is not None:
-            return mode
-    return None
+@dataclass
+class _Fakes:
+    """The graph's fake mode, its contiguous static fake values by spec, and its symbolic sizes by
+    printed name; read in one pass. Fake tensors are immutable, so new nodes share them."""
 
+    mode: Any = None
+    vals: dict[TensorSpec, Any] = field(default_factory=dict)
+    symbols: dict[str, Any] = field(default_factory=dict)
 
-def _symbols(gm: torch.fx.GraphModule) -> dict[str, Any]:
-    """Symbolic sizes of the graph by their printed name, to rebuild symbolic shapes."""
-    table: dict[str, Any] = {}
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        for v in val if isinstance(val, (list, tuple)) else (val,):
-            if isinstance(v, torch.Tensor):
-                table.update({str(d): d for d in v.shape if isinstance(d, torch.SymInt)})
-    return table
-
-
-def _contiguous_vals(gm: torch.fx.GraphModule) -> dict[TensorSpec, Any]:
-    """Existing contiguous fake values by spec: fake tensors are immutable, so new nodes share them."""
-    vals: dict[TensorSpec, Any] = {}
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor) and not isinstance(val, torch.nn.Parameter) and val.is_contiguous():
+    @staticmethod
+    def of(gm: torch.fx.GraphModule) -> _Fakes:
+        fakes = _Fakes()
+        for n in gm.graph.nodes:
+            val = n.meta.get("val")
+            for v in val if isinstance(val, (list, tuple)) else (val,):
+                if not isinstance(v, torch.Tensor):
+                    continue
+                fakes.mode = fakes.mode or getattr(v, "fake_mode", None)
+                fakes.symbols.update({str(d): d for d in v.shape if isinstance(d, torch.SymInt)})
             spec = tensor_spec(val)
-            if spec is not None and spec.is_static:
-                vals.setdefault(spec, val)
-    return vals
+            if spec is not None and spec.is_static and not isinstance(val, torch.nn.Parameter) and val.is_contiguous():
+                fakes.vals.setdefault(spec, val)
+        return fakes
+
+    def value(self, spec: TensorSpec) -> Any:
+        """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec."""
+        if self.mode is None:
+            return None
+        if spec not in self.vals:
+            shape = [d if isinstance(d, int) else self.symbols[d] for d in spec.shape]
+            with self.mode:
+                self.vals[spec] = torch.empty(shape, dtype=dtype_of(spec.dtype))
+        return self.vals[spec]
 
 
 def _source_fn_stack(name: str, fn_name: str, source: torch.fx.Node, same_op: bool) -> list[tuple[str, Any]]:
@@ -118,9 +121,7 @@ class _Builder:
     graph: torch.fx.Graph = field(init=False)
     env: dict[str, torch.fx.Node] = field(default_factory=dict)
     old: dict[str, torch.fx.Node] = field(default_factory=dict)
-    fake: Any = None
-    symbols: dict[str, Any] | None = None
-    vals: dict[TensorSpec, Any] | None = None
+    fakes: _Fakes = field(init=False)
 
     def __post_init__(self) -> None:
         g = self.cap.gm.graph
@@ -129,7 +130,7 @@ class _Builder:
         self.graph._codegen = copy.deepcopy(g._codegen)
         self.graph._co_fields = dict(g._co_fields)
         self.old = {n.name: n for n in g.nodes}
-        self.fake = _fake_mode(self.cap.gm)
+        self.fakes = _Fakes.of(self.cap.gm)
 
     def to_fx(self, arg: Arg) -> Any:
         if isinstance(arg, NodeRef):
@@ -152,21 +153,6 @@ class _Builder:
             raise _ApplyError("apply-failed", f"argument {old.name} has no counterpart in the plan")
         return old
 
-    def fake_value(self, spec: TensorSpec) -> Any:
-        """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec."""
-        if self.fake is None:
-            return None
-        if self.vals is None:
-            self.vals = _contiguous_vals(self.cap.gm)
-        if spec in self.vals:
-            return self.vals[spec]
-        if self.symbols is None:
-            self.symbols = _symbols(self.cap.gm)
-        shape = [d if isinstance(d, int) else self.symbols[d] for d in spec.shape]
-        with self.fake:
-            val = self.vals[spec] = torch.empty(shape, dtype=dtype_of(spec.dtype))
-        return val
-
     def add(self, rec: NodeSnapshot) -> None:
         before = self.cap.snap
         old = self.old.get(rec.name)
@@ -187,8 +173,8 @@ class _Builder:
 
     def _constant(self, rec: NodeSnapshot) -> torch.fx.Node:
         node = self.graph.placeholder(rec.name) if self.after.lifted else self.graph.get_attr(rec.name)
-        if isinstance(rec.spec, TensorSpec) and self.fake is not None:
-            node.meta["val"] = self.fake_value(rec.spec)
+        if isinstance(rec.spec, TensorSpec) and self.fakes.mode is not None:
+            node.meta["val"] = self.fakes.value(rec.spec)
         return node
 
     def _new(self, rec: NodeSnapshot) -> torch.fx.Node:
@@ -209,9 +195,9 @@ class _Builder:
                 node.meta["source_fn_stack"] = _source_fn_stack(node.name, rec.source_fn, source, same_op)
         spec = rec.spec
         if isinstance(spec, TensorSpec):
-            node.meta["val"] = self.fake_value(spec)
+            node.meta["val"] = self.fakes.value(spec)
         elif isinstance(spec, tuple):
-            node.meta["val"] = tuple(self.fake_value(s) if s is not None else None for s in spec)
+            node.meta["val"] = tuple(self.fakes.value(s) if s is not None else None for s in spec)
         return node
 
 
@@ -330,9 +316,9 @@ def _output_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 def _commit_gm(c: _Commit, cap: Captured, graph: torch.fx.Graph, new: Mapping[str, torch.Tensor]) -> None:
     live = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in cap.snap.constants:
-        path = str(cap.snap.node(name).target)
-        if cap.snap.node(name).op == "get_attr" and path not in live and _attr_exists(cap.gm, path):
-            owner, leaf = _owner(cap.gm, path)
+        node = cap.snap.node(name)
+        if node.op == "get_attr" and node.target not in live and _attr_exists(cap.gm, node.target):
+            owner, leaf = _owner(cap.gm, node.target)
             c.set_attr(owner, leaf, None)
     for name, t in new.items():
         c.set_attr(cap.gm, name, t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,14 +16,18 @@ SCHEMA = "fxpure.report/1"
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def origin(report: RewriteReport, name: str) -> str:
-    """The node of the original program that ``name`` stands for (through earlier rewrites)."""
+def origins(report: RewriteReport) -> Callable[[str], str]:
+    """Maps a node name to the original program's node it stands for (through earlier rewrites)."""
     made = {n.name: n.provenance for p in report.plans for n in p.nodes}
-    seen: set[str] = set()
-    while name not in report.before.index and name in made and name not in seen:
-        seen.add(name)
-        name = made[name] or name
-    return name
+
+    def origin(name: str) -> str:
+        seen: set[str] = set()
+        while name not in report.before.index and name in made and name not in seen:
+            seen.add(name)
+            name = made[name] or name
+        return name
+
+    return origin
 
 
 Metas = dict[str, dict[str, Any]]
@@ -52,11 +57,12 @@ def location(metas: Metas, name: str) -> dict[str, str]:
 def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
     """One row per candidate (plans, then rejections): rule, anchor, outcome, reason, location."""
     out: list[dict[str, JSON]] = []
+    origin = origins(report)
     for p in report.plans:
-        where = location(metas, origin(report, p.anchor))
+        where = location(metas, origin(p.anchor))
         out.append({"rule": p.rule, "anchor": p.anchor, "outcome": "will rewrite", "code": "", "message": "", **where})
     for r in report.rejections:
-        where = location(metas, origin(report, r.node))
+        where = location(metas, origin(r.node))
         out.append(
             {
                 "rule": r.rule,
@@ -70,12 +76,18 @@ def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
     return out
 
 
+def _counts(report: RewriteReport, rule: str) -> tuple[int, Counter[str]]:
+    """Plans of a rule, and its declines per reason code."""
+    planned = sum(1 for p in report.plans if p.rule == rule)
+    return planned, Counter(r.reason.code for r in report.rejections if r.rule == rule)
+
+
 def summary(report: RewriteReport, rules: list[str]) -> dict[str, JSON]:
     """Counts per rule: plans, and declines per reason code."""
     out: dict[str, JSON] = {}
     for rule in rules:
-        declined = Counter(r.reason.code for r in report.rejections if r.rule == rule)
-        out[rule] = {"planned": sum(1 for p in report.plans if p.rule == rule), "declined": dict(declined)}
+        planned, declined = _counts(report, rule)
+        out[rule] = {"planned": planned, "declined": dict(declined)}
     return out
 
 
@@ -112,13 +124,9 @@ def table(report: RewriteReport, metas: Metas, rules: list[str]) -> str:
         for row in [head, *body]:
             cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
             lines.append("  ".join([*cells, row[-1]]).rstrip())
-    for rule, counts in summary(report, rules).items():
-        assert isinstance(counts, dict)
-        declined = counts["declined"]
-        assert isinstance(declined, dict)
+    for rule in rules:
+        planned, declined = _counts(report, rule)
         reasons = ", ".join(f"{v} {k}" for k, v in sorted(declined.items()))
-        lines.append(
-            f"{rule}: {counts['planned']} to rewrite, {sum(int(str(v)) for v in declined.values())} declined"
-            + (f" ({reasons})" if reasons else "")
-        )
+        line = f"{rule}: {planned} to rewrite, {declined.total()} declined"
+        lines.append(line + (f" ({reasons})" if reasons else ""))
     return "\n".join(lines)

@@ -20,9 +20,8 @@ from fxpure.snapshot import (
     NodeRef,
     NodeSnapshot,
     Spec,
+    derive,
     node_refs,
-    ordered,
-    snapshot,
 )
 from fxpure.weights import Source, WeightExpr, infer_spec
 
@@ -236,6 +235,7 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     Derived constants stay expressions. A rewrite that changes anything also
     drops every constant left without users.
 
+    >>> from fxpure.snapshot import snapshot
     >>> rewrite(snapshot([], {}), []).unwrap() == snapshot([], {})
     True
     """
@@ -271,22 +271,24 @@ def _finish(
     constants: dict[str, ConstantInfo],
     erased: set[str],
 ) -> Result[GraphSnapshot, PlanConflict]:
-    draft = snapshot(nodes, {}, dialect=snap.dialect, lifted=snap.lifted)
+    users, index, bad = derive(nodes)
     for name in erased:
-        if draft.users.get(name):
-            return _conflict(name, f"erased but still read by {draft.users[name][0]}")
-    dead = {k for k in constants if k in draft.index and not draft.users.get(k)}
-    kept = pmap({k: v for k, v in constants.items() if k in draft.index and k not in dead})
-    # dead constants read nothing and nobody reads them: drop them without re-deriving users
+        if users.get(name):
+            return _conflict(name, f"erased but still read by {users[name][0]}")
+    if bad is not None:
+        return _conflict(bad.node, bad.detail)
+    dead = {k for k in constants if k in index and not users.get(k)}
     live = pvector(n for n in nodes if n.name not in dead)
-    result = replace(
-        draft,
-        nodes=live,
-        constants=kept,
-        users=MappingProxyType({k: v for k, v in draft.users.items() if k not in dead}),
-        index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
+    return Success(
+        GraphSnapshot(
+            nodes=live,
+            constants=pmap({k: v for k, v in constants.items() if k in index and k not in dead}),
+            dialect=snap.dialect,
+            lifted=snap.lifted,
+            users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
+            index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
+        )
     )
-    return ordered(result).alt(lambda e: PlanConflict(node=e.node, detail=e.detail))
 
 
 def plan(snap: GraphSnapshot, rules: Sequence[Rule]) -> RewriteReport:
@@ -295,6 +297,7 @@ def plan(snap: GraphSnapshot, rules: Sequence[Rule]) -> RewriteReport:
     Every candidate ends as a plan or a rejection; overlapping plans: the first
     in topological order wins.
 
+    >>> from fxpure.snapshot import snapshot
     >>> report = plan(snapshot([], {}), [])
     >>> report.plans, report.rejections
     ((), ())

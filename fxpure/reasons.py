@@ -6,8 +6,11 @@ Every reason is a frozen record with a stable kebab-case ``code`` and a human
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, final
+from typing import ClassVar, TypeVar, final
+
+from returns.result import Result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +31,23 @@ class Reason:
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+R = TypeVar("R", bound=Reason)
+
+
+def first_failure(results: Iterable[Result[object, R]]) -> R | None:
+    """The reason of the first failed result, or None when every one succeeded.
+
+    >>> from returns.result import Failure, Success
+    >>> first_failure([Success(1), Failure(Malformed(node="n", detail="bad"))]).code
+    'malformed-node'
+    """
+    for r in results:
+        err = r.swap().value_or(None)
+        if err is not None:
+            return err
+    return None
 
 
 @final

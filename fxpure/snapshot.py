@@ -207,57 +207,58 @@ def snapshot(
     (('out',), ('x',))
     """
     vec = pvector(nodes)
-    users: dict[str, list[str]] = {n.name: [] for n in vec}
-    for n in vec:
-        for r in dict.fromkeys(node_refs(n)):
-            users.setdefault(r, []).append(n.name)
+    users, index, _ = derive(vec)
     return GraphSnapshot(
         nodes=vec,
         constants=constants if isinstance(constants, pyrsistent.PMap) else pmap(constants),
         dialect=dialect,
         lifted=lifted,
-        users=MappingProxyType({k: tuple(v) for k, v in users.items()}),
-        index=MappingProxyType({n.name: i for i, n in enumerate(vec)}),
+        users=MappingProxyType(users),
+        index=MappingProxyType(index),
     )
 
 
-def ordered(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
-    """Check names are unique and every node reads only nodes defined before it.
+def derive(
+    nodes: Iterable[NodeSnapshot],
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int], InvalidSnapshot | None]:
+    """Users, the name index, and the first order violation (if any), in one pass over the nodes.
 
-    >>> bad = snapshot([NodeSnapshot(name="y", op="call_function", target="t",
-    ...                              args=(NodeRef("x"),))], {})
-    >>> ordered(bad).failure().message
-    "y: reads 'x' before it is defined"
+    >>> users, index, bad = derive([NodeSnapshot(name="y", op="call_function", target="t",
+    ...                                          args=(NodeRef("x"),))])
+    >>> users, index, bad.message
+    ({'y': (), 'x': ('y',)}, {'y': 0}, "y: reads 'x' before it is defined")
     """
-    seen: set[str] = set()
-    for n in snap.nodes:
-        if n.name in seen:
-            return Failure(InvalidSnapshot(node=n.name, detail="duplicate node name"))
-        for r in node_refs(n):
-            if r not in seen:
-                return Failure(InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined"))
-        seen.add(n.name)
-    missing = [k for k in snap.constants if k not in snap.index]
-    if missing:
-        return Failure(InvalidSnapshot(node=missing[0], detail="constant without a node"))
-    return Success(snap)
+    users: dict[str, list[str]] = {}
+    index: dict[str, int] = {}
+    bad: InvalidSnapshot | None = None
+    for i, n in enumerate(nodes):
+        if bad is None and n.name in index:
+            bad = InvalidSnapshot(node=n.name, detail="duplicate node name")
+        users.setdefault(n.name, [])
+        for r in dict.fromkeys(node_refs(n)):
+            if bad is None and r not in index:
+                bad = InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined")
+            users.setdefault(r, []).append(n.name)
+        index[n.name] = i
+    return {k: tuple(v) for k, v in users.items()}, index, bad
 
 
 def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
-    """Check every invariant: unique names, topological order, users, constants.
+    """Check every invariant: unique names, topological order, constants, users, index.
 
     >>> bad = snapshot([NodeSnapshot(name="y", op="call_function", target="t",
     ...                              args=(NodeRef("x"),))], {})
-    >>> verify(bad).failure().code
-    'invalid-snapshot'
+    >>> verify(bad).failure().message
+    "y: reads 'x' before it is defined"
     """
-
-    def derived(s: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
-        fresh = snapshot(s.nodes, s.constants, dialect=s.dialect, lifted=s.lifted)
-        if dict(fresh.users) != dict(s.users):
-            return Failure(InvalidSnapshot(node="<graph>", detail="users disagree with arguments"))
-        if dict(fresh.index) != dict(s.index):
-            return Failure(InvalidSnapshot(node="<graph>", detail="name index disagrees with node order"))
-        return Success(s)
-
-    return ordered(snap).bind(derived)
+    users, index, bad = derive(snap.nodes)
+    missing = [k for k in snap.constants if k not in index]
+    if bad is not None:
+        return Failure(bad)
+    if missing:
+        return Failure(InvalidSnapshot(node=missing[0], detail="constant without a node"))
+    if users != dict(snap.users):
+        return Failure(InvalidSnapshot(node="<graph>", detail="users disagree with arguments"))
+    if index != dict(snap.index):
+        return Failure(InvalidSnapshot(node="<graph>", detail="name index disagrees with node order"))
+    return Success(snap)

@@ -11,7 +11,7 @@ from pyrsistent import pmap
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.reasons import Malformed
+from fxpure.reasons import Malformed, first_failure
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
 
 
@@ -204,9 +204,8 @@ def _conv_from(snap: GraphSnapshot, node: NodeSnapshot, a: dict[str, Arg]) -> Re
     pad: Result[tuple[int, ...] | str, Malformed] = (
         Success(padding) if isinstance(padding, str) else _ints(n, "padding", padding, rank)
     )
-    for r in (x, w, b, stride, dilation, out_pad, pad):
-        if isinstance(r, Failure):
-            return Failure(r.failure())
+    if (err := first_failure((x, w, b, stride, dilation, out_pad, pad))) is not None:
+        return Failure(err)
     return Success(
         ConvView(
             node=n,
@@ -263,9 +262,8 @@ def _bn_from(n: str, a: dict[str, Arg]) -> Result[BatchNormView, Malformed]:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         return Failure(Malformed(node=n, detail=f"eps={eps!r} is not a number"))
     refs = {k: _ref(n, k, a[k], optional=True) for k in ("input", "weight", "bias", "running_mean", "running_var")}
-    for r in refs.values():
-        if isinstance(r, Failure):
-            return Failure(r.failure())
+    if (err := first_failure(refs.values())) is not None:
+        return Failure(err)
     got = {k: r.unwrap() for k, r in refs.items()}
     x = got["input"]
     if x is None:

@@ -19,6 +19,7 @@ from fxpure.reasons import (
     SymbolicShape,
     TrainingMode,
     UnsupportedDtype,
+    first_failure,
 )
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.views import BATCH_NORM_SCHEMAS, BatchNormView, ConvView, batch_norm_view, conv_view, respell
@@ -98,9 +99,8 @@ def _match(snap: GraphSnapshot, node: NodeSnapshot) -> Result[_Match, Reason]:
         _operand(snap, bn.node, "weight", bn.weight),
         _operand(snap, bn.node, "bias", bn.bias),
     )
-    for r in (uses, w, mean, var, b, gamma, beta):
-        if isinstance(r, Failure):
-            return Failure(r.failure())
+    if (err := first_failure((uses, w, mean, var, b, gamma, beta))) is not None:
+        return Failure(err)
     return Success(
         _Match(
             bn=bn,

@@ -18,6 +18,7 @@ from fxpure.reasons import (
     SymbolicShape,
     TransposedConv,
     UnsupportedRank,
+    first_failure,
 )
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.views import CONV_SCHEMAS, ConvView, conv_view, respell
@@ -74,9 +75,8 @@ def _match(snap: GraphSnapshot, node: NodeSnapshot, low: int, high: int) -> Resu
         return Failure(NotConstant(node=c.node, role="bias", source=c.b.name))
     x, out = _channels(snap.node(c.x.name).tensor_spec, c.node, "input"), _channels(node.tensor_spec, c.node, "output")
     w_spec = snap.constants[c.w.name].spec
-    for r in (x, out):
-        if isinstance(r, Failure):
-            return Failure(r.failure())
+    if (err := first_failure((x, out))) is not None:
+        return Failure(err)
     if not w_spec.is_static:
         return Failure(SymbolicShape(node=c.node, role="weight", shape=w_spec.shape))
     return Success(_Match(conv=c, node=node, x=x.unwrap(), out=out.unwrap(), w=w, b=b, w_spec=w_spec)).bind(
