@@ -31,6 +31,7 @@ demo: setup
 bench: setup
 	$(BIN)/python -m benchmarks.bench_fuse
 	$(BIN)/python -m benchmarks.bench_split
+	$(BIN)/python -m benchmarks.bench_qconv
 
 clean:
 	rm -rf $(VENV)

@@ -120,6 +120,18 @@ def _rules(spec: str) -> list[str]:
     return names
 
 
+# float rewrites; quantized-conv is asked for by name (it applies to PT2E-quantized programs only)
+DEFAULT_RULES = "fuse-conv-bn,split-group-conv"
+# rules whose output runs only inside a backend delegate, so --verify / --pte cannot check it here
+DELEGATE_ONLY = {"quantized-conv": "its et_vk kernels run in the Vulkan delegate (lower with VulkanPartitioner)"}
+
+
+def _check_runnable(names: list[str], args: argparse.Namespace) -> None:
+    for name in names:
+        if name in DELEGATE_ONLY and (args.verify or args.pte):
+            raise BadInput(f"--verify/--pte cannot check {name}: {DELEGATE_ONLY[name]}")
+
+
 def _check_path(path: str) -> None:
     """Cheap checks, before torch is imported: the file exists and is a .pt2 (zip) archive."""
     import zipfile
@@ -294,16 +306,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fxpure", description="pure-functional graph rewrites for torch.fx")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run every rule on an embedded CNN, lower to .pte and run it")
-    rules_help = "comma-separated rule names (default: all: fuse-conv-bn,split-group-conv)"
+    from fxpure.rules import RULES
+
+    rules_help = f"comma-separated rule names from {', '.join(RULES)} (default: {DEFAULT_RULES})"
     ex = sub.add_parser("explain", help="show what each rule would rewrite or decline, and why")
     ex.add_argument("model", help="a .pt2 file saved with torch.export.save")
-    ex.add_argument("--rules", default="fuse-conv-bn,split-group-conv", help=rules_help)
+    ex.add_argument("--rules", default=DEFAULT_RULES, help=rules_help)
     ex.add_argument("--edge", action="store_true", help="lower to the edge dialect before planning")
     ex.add_argument("--json", action="store_true", help="machine-readable output (schema fxpure.report/1)")
     ap = sub.add_parser("apply", help="apply the rules and save the rewritten program")
     ap.add_argument("model", help="a .pt2 file saved with torch.export.save")
     ap.add_argument("-o", "--output", required=True, help="where to save the rewritten .pt2")
-    ap.add_argument("--rules", default="fuse-conv-bn,split-group-conv", help=rules_help)
+    ap.add_argument("--rules", default=DEFAULT_RULES, help=rules_help)
     ap.add_argument("--verify", action="store_true", help="compare outputs before/after on random inputs")
     ap.add_argument("--tolerance", type=float, default=1e-4, help="max relative difference for --verify")
     ap.add_argument("--pte", help="also lower to ExecuTorch and write this .pte")
@@ -315,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_path(args.model)
         if args.command == "apply":
             _check_writable(args.output, args.pte)
+            _check_runnable(_rules(args.rules), args)
         _quiet_libraries()
         if args.command == "demo":
             return demo()

@@ -11,7 +11,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from adapters.realize import TransformOutcome, transform
 from fxpure.plan import Rule
-from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.rules import fuse_conv_bn, quantized_conv, split_group_conv
 
 
 class FxpureError(RuntimeError):
@@ -50,3 +50,10 @@ class SplitGroupConvolutionPass(_RulePass):
 
     def __init__(self, min_groups: int = 2, max_groups: int = 10) -> None:
         super().__init__([split_group_conv(min_groups, max_groups)])
+
+
+class QuantizedConvolutionPass(_RulePass):
+    """The quantized-conv rule for Vulkan: an edge program after PT2E quantization, packed for q8ta."""
+
+    def __init__(self, exported_program: ExportedProgram, align: int = 4) -> None:
+        super().__init__([quantized_conv(align)], exported_program)

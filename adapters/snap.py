@@ -75,6 +75,16 @@ def _spec(value: Any) -> Spec:
     return tensor_spec(value)
 
 
+# integer vectors up to this size are captured by value (zero points, index tables)
+SMALL_VALUES = 4096
+
+
+def _values(t: torch.Tensor) -> tuple[int, ...] | None:
+    small = t.dim() <= 1 and t.numel() <= SMALL_VALUES
+    integral = not (t.is_floating_point() or t.is_complex())
+    return tuple(int(v) for v in t.reshape(-1).tolist()) if small and integral else None
+
+
 def _storage(t: torch.Tensor) -> str:
     return f"{t.untyped_storage().data_ptr():x}"
 
@@ -147,7 +157,7 @@ def capture_program(program: Program) -> Captured:
                 t, kind, key = found
                 spec = tensor_spec(t)
                 assert spec is not None
-                constants[n.name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t))
+                constants[n.name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t), values=_values(t))
                 tensors[n.name] = t
         nodes.append(
             NodeSnapshot(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import operator
 from collections.abc import Callable
 from functools import cache
@@ -51,6 +52,10 @@ def is_edge(target: Any) -> bool:
     return isinstance(target, EdgeOpOverload)
 
 
+# op namespaces whose operators exist only once a library module has registered them
+OP_LIBRARIES = {"et_vk": "executorch.backends.vulkan.custom_ops_lib"}
+
+
 @cache
 def resolve_target(name: str, dialect: str) -> Callable[..., Any]:
     """The callable for a canonical name in a dialect; raises ValueError if unknown."""
@@ -60,6 +65,8 @@ def resolve_target(name: str, dialect: str) -> Callable[..., Any]:
     if len(parts) != 3:
         raise ValueError(f"cannot resolve op {name!r}")
     ns, op, overload = parts
+    if ns in OP_LIBRARIES:
+        importlib.import_module(OP_LIBRARIES[ns])
     root: Any = exir_ops.edge if dialect == "edge" else torch.ops
     try:
         target: Callable[..., Any] = getattr(getattr(getattr(root, ns), op), overload)

@@ -11,6 +11,7 @@ from adapters.torchnames import dtype_of
 from fxpure.weights import (
     Cast,
     Concat,
+    Fill,
     FoldBatchNorm,
     PadTo,
     Permute,
@@ -74,6 +75,7 @@ _RULES: Mapping[type, Callable[[Any, Eval, Memo], torch.Tensor]] = {
     SumOver: lambda e, ev, _: _sum_over(e, ev),
     Cast: lambda e, ev, _: ev(e.x).to(dtype_of(e.dtype)),
     Concat: lambda e, ev, _: torch.cat([ev(x) for x in e.xs], dim=e.dim),
+    Fill: lambda e, _, __: torch.full(e.shape, e.value, dtype=dtype_of(e.dtype)),
     FoldBatchNorm: _fold_bn,
 }
 

@@ -57,7 +57,9 @@ class RewritePlan:
 
     Names in ``constants`` and ``nodes`` are local: ``rewrite`` makes them unique.
     New nodes go, in order, just before the earliest node whose uses they take.
-    Constants left without users by the rewrite are dropped.
+    ``erase`` nodes must end unused; ``prune`` nodes (which other plans may
+    still read, such as a shared dequantize) go only if they do. Constants
+    left without users by the rewrite are dropped.
     """
 
     rule: str
@@ -66,6 +68,7 @@ class RewritePlan:
     nodes: tuple[NewNode, ...] = ()
     replace: tuple[tuple[str, str], ...] = ()
     erase: tuple[str, ...] = ()
+    prune: tuple[str, ...] = ()
 
     @property
     def claims(self) -> frozenset[str]:
@@ -164,6 +167,7 @@ class _Batch:
     infos: dict[str, ConstantInfo] = field(default_factory=dict)
     by_expr: dict[WeightExpr, str] = field(default_factory=dict)
     erase: set[str] = field(default_factory=set)
+    prune: set[str] = field(default_factory=set)
 
     def add(self, p: RewritePlan) -> PlanConflict | None:
         snap, local = self.snap, {}
@@ -181,7 +185,7 @@ class _Batch:
         for n in p.nodes:
             local[n.name] = _fresh(n.name, self.used)
         sources = [old for old, _ in p.replace] or [p.anchor]
-        if not all(s in snap.index for s in sources + list(p.erase)):
+        if not all(s in snap.index for s in sources + list(p.erase) + list(p.prune)):
             return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
         at = min(snap.index[s] for s in sources)
         slot = self.before.setdefault(at, [])
@@ -201,6 +205,7 @@ class _Batch:
         for old, new in p.replace:
             self.redirect[old] = local.get(new, new)
         self.erase.update(p.erase)
+        self.prune.update(p.prune)
         return None
 
 
@@ -262,7 +267,19 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
         out.extend(_renamed(m, names) for m in batch.before.get(i, ()))
         if n.name not in batch.erase:
             out.append(_renamed(n, names))
-    return _finish(snap, out, {**snap.constants, **batch.infos}, batch.erase)
+    return _finish(snap, out, {**snap.constants, **batch.infos}, batch.erase, batch.prune)
+
+
+def _dead(nodes: list[NodeSnapshot], users: Mapping[str, tuple[str, ...]], droppable: set[str]) -> set[str]:
+    """Droppable nodes that nothing live reads; dropping a node can free what it reads."""
+    left = {k: len(v) for k, v in users.items()}
+    dead: set[str] = set()
+    for n in reversed(nodes):
+        if n.name in droppable and not left[n.name]:
+            dead.add(n.name)
+            for r in dict.fromkeys(node_refs(n)):
+                left[r] -= 1
+    return dead
 
 
 def _finish(
@@ -270,6 +287,7 @@ def _finish(
     nodes: list[NodeSnapshot],
     constants: dict[str, ConstantInfo],
     erased: set[str],
+    prune: set[str],
 ) -> Result[GraphSnapshot, PlanConflict]:
     users, index, bad = derive(nodes)
     for name in erased:
@@ -277,7 +295,7 @@ def _finish(
             return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:
         return _conflict(bad.node, bad.detail)
-    dead = {k for k in constants if k in index and not users.get(k)}
+    dead = _dead(nodes, users, {k for k in constants if k in index} | prune)
     live = pvector(n for n in nodes if n.name not in dead)
     return Success(
         GraphSnapshot(
@@ -285,7 +303,9 @@ def _finish(
             constants=pmap({k: v for k, v in constants.items() if k in index and k not in dead}),
             dialect=snap.dialect,
             lifted=snap.lifted,
-            users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
+            users=MappingProxyType(
+                {k: tuple(u for u in v if u not in dead) for k, v in users.items() if k not in dead}
+            ),
             index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
         )
     )

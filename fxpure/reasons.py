@@ -262,3 +262,58 @@ class UnsupportedRank(Reason):
     @property
     def message(self) -> str:
         return f"{self.node} has {self.rank} spatial dims, the rule handles {self.allowed}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NotQuantized(Reason):
+    """An operand is not in the quantized form the rule rewrites (dequantize in, quantize out)."""
+
+    code: ClassVar[str] = "not-quantized"
+    role: str
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.role} of {self.node} {self.detail}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AsymmetricWeight(Reason):
+    """The weight has non-zero (or unknown) zero points; the int8 kernels assume symmetric weights."""
+
+    code: ClassVar[str] = "asymmetric-weight"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"weight of {self.node}: {self.detail}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelAlignment(Reason):
+    """A channel count the kernel needs aligned to its texel width is not."""
+
+    code: ClassVar[str] = "channel-alignment"
+    what: str
+    channels: int
+    align: int
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: {self.what} is {self.channels}, not a multiple of {self.align}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoKernel(Reason):
+    """No target kernel implements this configuration."""
+
+    code: ClassVar[str] = "no-kernel"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: {self.detail}"

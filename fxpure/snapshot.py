@@ -121,6 +121,8 @@ class ConstantInfo:
 
     ``storage`` identifies the backing tensor so aliases are visible; ``source``
     is None for an existing tensor, or the expression of a derived one.
+    ``values`` holds the data of a small integer vector (quantization zero
+    points, say) so planners can check it; None for anything else.
     """
 
     kind: ConstantKind
@@ -128,6 +130,7 @@ class ConstantInfo:
     spec: TensorSpec
     storage: str | None = None
     source: WeightExpr | None = None
+    values: tuple[int, ...] | None = None
 
 
 def refs(arg: Arg) -> Iterator[str]:

@@ -96,6 +96,16 @@ class Concat:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Fill:
+    """A new tensor of ``shape`` holding ``value`` everywhere (e.g. a per-tensor scale per channel)."""
+
+    shape: tuple[int, ...]
+    value: float
+    dtype: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FoldBatchNorm:
     """Conv weight or bias with an eval-mode batch norm folded in.
 
@@ -117,7 +127,7 @@ class FoldBatchNorm:
     groups: int
 
 
-WeightExpr: TypeAlias = Source | Permute | Reshape | Slice | PadTo | SumOver | Cast | Concat | FoldBatchNorm
+WeightExpr: TypeAlias = Source | Permute | Reshape | Slice | PadTo | SumOver | Cast | Concat | Fill | FoldBatchNorm
 
 
 def _bad(detail: str) -> Result[TensorSpec, BadExpr]:
@@ -274,6 +284,8 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
             return _cast(expr)
         case Concat():
             return _concat(expr)
+        case Fill():
+            return Success(TensorSpec(shape=expr.shape, dtype=expr.dtype))
         case FoldBatchNorm():
             return _fold_bn(expr)
 
@@ -292,6 +304,8 @@ def sources(expr: WeightExpr) -> frozenset[str]:
             return sources(expr.x)
         case Concat():
             return frozenset().union(*(sources(x) for x in expr.xs))
+        case Fill():
+            return frozenset()
         case FoldBatchNorm():
             parts = (expr.weight, expr.bias, expr.mean, expr.var, expr.gamma, expr.beta)
             return frozenset().union(*(sources(p) for p in parts if p is not None))
@@ -329,3 +343,19 @@ def _undo_shape(expr: Reshape | PadTo, y: WeightExpr, s: TensorSpec) -> Result[W
     if d is None:
         return Failure(BadExpr(node="<expr>", detail=f"dim {expr.dim} does not fit {dims}"))
     return Success(Slice(x=y, dim=d, start=0, stop=dims[d]))
+
+
+def unpack(expr: WeightExpr, y: WeightExpr) -> Result[tuple[WeightExpr, WeightExpr], BadExpr]:
+    """Peel the layout ops (Permute, Reshape, PadTo) off ``expr``, whose value is ``y``: the inner
+    expression and one that recomputes it from ``y``. Evaluating both proves a packing lossless.
+
+    >>> w = Source(key="w", spec=TensorSpec(shape=(6, 1, 3, 3), dtype="int8"))
+    >>> packed = PadTo(x=Reshape(x=Permute(x=w, dims=(2, 3, 1, 0)), shape=(3, 3, 6)), dim=2, multiple=4)
+    >>> inner, back = unpack(packed, Source(key="packed", spec=infer_spec(packed).unwrap())).unwrap()
+    >>> inner == w, infer_spec(back).unwrap().shape
+    (True, (6, 1, 3, 3))
+    """
+    if not isinstance(expr, Permute | Reshape | PadTo):
+        return Success((expr, y))
+    inner = expr.x
+    return inverse(expr, y).bind(lambda x: unpack(inner, x))

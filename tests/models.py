@@ -245,3 +245,98 @@ SPLIT_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
     "audio": (AudioStack, (2, 4, 400)),
     "out_of_policy": (OutOfPolicy, (1, 24, 6, 6)),
 }
+
+
+class QMobile(nn.Module):
+    """MobileNet-style for int8: 3x3 stem, depthwise + pointwise pairs, widths that need padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.dw1, self.pw1 = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 16, 1)
+        self.dw2, self.pw2 = nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16, bias=False), nn.Conv2d(16, 6, 1)
+        self.head = nn.Conv2d(6, 8, 3, padding=1)  # im2col width 54 -> 56
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.stem(x))
+        y = torch.relu(self.pw1(torch.relu(self.dw1(y))))
+        y = self.pw2(torch.relu(self.dw2(y)))
+        out: torch.Tensor = self.head(y)
+        return out
+
+
+class QResNet(nn.Module):
+    """ResNet-style for int8: 3x3 convs with BN (folded by PT2E), strided, residual adds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = ResNetish(c=8, blocks=2)
+        self.down = nn.Conv2d(8, 12, 3, stride=2, padding=1, dilation=1)
+        self.wide = nn.Conv2d(12, 12, 3, padding=2, dilation=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.wide(torch.relu(self.down(self.net(x))))
+        return out
+
+
+class QGrouped(nn.Module):
+    """Grouped convs: 3x3 with 8 channels per group (packed), 1x1 grouped (upstream's pw kernel would
+    ignore its groups), and 2 channels per group (a group would cross a texel: declined)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g3 = nn.Conv2d(8, 16, 3, padding=1, groups=2)
+        self.g1 = nn.Conv2d(16, 16, 1, groups=2)
+        self.narrow = nn.Conv2d(16, 16, 3, padding=1, groups=8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.narrow(torch.relu(self.g1(torch.relu(self.g3(x)))))
+        return out
+
+
+class QTransposed(nn.Module):
+    """Transposed convs (a decoder): stride 2, output padding, with and without bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t1 = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.t2 = nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1, bias=False)
+        self.c = nn.Conv2d(6, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.c(torch.relu(self.t2(torch.relu(self.t1(x)))))
+        return out
+
+
+class QOddDepthwise(nn.Module):
+    """A depthwise conv with 6 channels (upstream asserts) between two regular convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.dw, self.b = nn.Conv2d(3, 6, 1), nn.Conv2d(6, 6, 3, padding=1, groups=6), nn.Conv2d(6, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(torch.relu(self.dw(torch.relu(self.a(x)))))
+        return out
+
+
+class QTwin(nn.Module):
+    """Two 8->8 3x3 convs; tests make them share one int8 weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(torch.relu(self.a(x)))
+        return out
+
+
+Q_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
+    "mobilenet": (QMobile, (1, 3, 16, 16)),
+    "resnet": (QResNet, (1, 3, 16, 16)),
+    "grouped": (QGrouped, (1, 8, 8, 8)),
+    "transposed": (QTransposed, (1, 8, 5, 5)),
+    "odd_depthwise": (QOddDepthwise, (1, 3, 8, 8)),
+    "twin": (QTwin, (1, 8, 8, 8)),
+}

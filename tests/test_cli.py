@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models import Declines, ResNeXtish, randomize_bn
+from tests.models import Declines, QOddDepthwise, ResNeXtish, randomize_bn
+from tests.quantized import pt2e
 
 FXPURE = str(Path(sys.executable).with_name("fxpure"))
 
@@ -135,3 +136,27 @@ def test_demo_runs_every_rule_end_to_end() -> None:
     assert "fuse-conv-bn: 7 to rewrite, 2 declined" in r.stdout
     assert "split-group-conv: 1 to rewrite, 2 declined" in r.stdout
     assert r.stdout.rstrip().endswith("ok")
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("quantized") / "q.pt2"
+    torch.export.save(pt2e(QOddDepthwise(), (torch.randn(1, 3, 8, 8),)), path)
+    return path
+
+
+@pytest.mark.parametrize("edge", [False, True])
+def test_explain_quantized_conv(quantized: Path, edge: bool) -> None:
+    r = fxpure("explain", quantized, "--rules", "quantized-conv", *(["--edge"] if edge else []))
+    assert r.returncode == 0, r.stderr
+    assert "et_vk" not in r.stderr
+    assert r.stdout.splitlines()[-1] == "quantized-conv: 2 to rewrite, 1 declined (1 channel-alignment)"
+
+
+def test_apply_quantized_conv_refuses_checks_it_cannot_make(quantized: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.pt2"
+    r = fxpure("apply", quantized, "--rules", "quantized-conv", "--verify", "-o", out)
+    assert r.returncode == 2 and "Vulkan delegate" in r.stderr and not out.exists()
+    r = fxpure("apply", quantized, "--rules", "quantized-conv", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("2 rewrites applied, 1 candidates declined")

@@ -17,6 +17,7 @@ def test_adapters_names_are_functions_even_after_submodule_imports() -> None:
     assert callable(adapters.transform) and callable(adapters.apply)
     assert adapters.passes.FuseConvBatchNormPass.__name__ == "FuseConvBatchNormPass"
     assert adapters.passes.SplitGroupConvolutionPass.__name__ == "SplitGroupConvolutionPass"
+    assert adapters.passes.QuantizedConvolutionPass.__name__ == "QuantizedConvolutionPass"
     assert adapters.TransformOutcome.__name__ == "TransformOutcome"
 
 
@@ -25,3 +26,5 @@ def test_fxpure_names() -> None:
         assert hasattr(fxpure, name)
     assert fxpure.rules.fuse_conv_bn().name == "fuse-conv-bn"
     assert fxpure.rules.split_group_conv(min_groups=2, max_groups=10).name == "split-group-conv"
+    assert fxpure.rules.quantized_conv(align=4).name == "quantized-conv"
+    assert set(fxpure.rules.RULES) == {"fuse-conv-bn", "split-group-conv", "quantized-conv"}

@@ -11,14 +11,27 @@ from tests.models import ResNetish, example, randomize_bn
 from tests.programs import count
 
 
-def test_readme_example_runs() -> None:
+def _run_example(index: int) -> dict[str, object]:
     text = (Path(__file__).parent.parent / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text, re.S)
-    assert code is not None
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[index]
     model = randomize_bn(ResNetish())
     scope: dict[str, object] = {"model": model, "example_inputs": example(model)}
-    exec(compile(code.group(1), "README.md", "exec"), scope)
+    exec(compile(code, "README.md", "exec"), scope)
+    return scope
+
+
+def test_readme_example_runs() -> None:
+    scope = _run_example(0)
     pte, edge = scope["pte"], scope["edge"]
     assert isinstance(pte, bytes) and len(pte) > 0
     assert isinstance(edge, EdgeProgramManager)
     assert count(edge.exported_program(), "batch_norm") == 0
+
+
+def test_readme_vulkan_example_runs() -> None:
+    scope = _run_example(1)
+    pte, edge = scope["vulkan_pte"], scope["edge"]
+    assert isinstance(pte, bytes) and len(pte) > 0
+    assert isinstance(edge, EdgeProgramManager)
+    assert count(edge.exported_program(), "q8ta_conv2d") == 5  # ResNetish: every conv
+    assert count(edge.exported_program(), "aten.convolution") == 0

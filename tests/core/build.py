@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyrsistent import pmap
 
-from fxpure.snapshot import Arg, ConstantInfo, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, snapshot
+from fxpure.snapshot import Arg, ConstantInfo, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, snapshot
 
 BN_ARGS = {
     "aten.batch_norm.default": lambda bn, t: (*bn, t, 0.1, 1e-5, False),
@@ -133,3 +133,112 @@ def grouped_conv(
     nodes.append(NodeSnapshot(name="conv", op="call_function", target=target, args=args, spec=out))
     nodes.append(NodeSnapshot(name="output", op="output", target="output", args=((NodeRef("conv"),),)))
     return snapshot(nodes, consts, lifted=lifted)
+
+
+DQ_T = "quantized_decomposed.dequantize_per_tensor.default"
+DQ_C = "quantized_decomposed.dequantize_per_channel.default"
+Q_T = "quantized_decomposed.quantize_per_tensor.default"
+
+
+def qconv(
+    *,
+    cin: int = 8,
+    cout: int = 8,
+    k: int = 3,
+    rank: int = 2,
+    groups: int = 1,
+    transposed: bool = False,
+    stride: int = 1,
+    padding: int = 1,
+    dilation: int = 1,
+    bias: bool = True,
+    relu: bool = True,
+    per_channel: bool = True,
+    axis: int | None = None,
+    zeros: tuple[int, ...] | None = None,
+    weight_is_input: bool = False,
+    bias_is_input: bool = False,
+    float_weight: bool = False,
+    float_input: bool = False,
+    float_output: bool = False,
+    extra_user: bool = False,
+    act_dtype: str = "int8",
+    channels: int | str | None = None,
+    convs: int = 1,
+) -> GraphSnapshot:
+    """int8 x -> dq -> conv(dq(int8 W), b) -> [relu] -> q -> output, repeated ``convs`` times on one
+    weight (``cin == cout``); knobs for every kernel and every rejection."""
+    sp = (k,) * rank
+    w_shape = (cin, cout // groups, *sp) if transposed else (cout, cin // groups, *sp)
+    n_scales = w_shape[1 if transposed else 0]
+    i8 = DTypeArg(act_dtype)
+    consts: dict[str, ConstantInfo] = {
+        "scales": ConstantInfo(kind="buffer", key="s", spec=spec(n_scales)),
+        "zp": ConstantInfo(kind="buffer", key="z", spec=spec(n_scales, dtype="int64"), values=zeros or (0,) * n_scales),
+    }
+    if not weight_is_input:
+        consts["w"] = ConstantInfo(kind="buffer", key="w", spec=spec(*w_shape, dtype="int8"))
+    if bias and not bias_is_input:
+        consts["b"] = ConstantInfo(kind="parameter", key="b", spec=spec(cout))
+    nodes = [NodeSnapshot(name=k_, op="placeholder", target=k_, spec=c.spec) for k_, c in consts.items()]
+    if weight_is_input:
+        nodes.append(NodeSnapshot(name="w", op="placeholder", target="w", spec=spec(*w_shape, dtype="int8")))
+    if bias_is_input:
+        nodes.append(NodeSnapshot(name="b", op="placeholder", target="b", spec=spec(cout)))
+    x_c = cin if channels is None else channels
+    nodes.append(NodeSnapshot(name="x", op="placeholder", target="x", spec=spec(1, x_c, 8, 8, dtype=act_dtype)))
+    w_dq: tuple[Arg, ...] = (
+        (NodeRef("w"), NodeRef("scales"), NodeRef("zp"), 1 if transposed else 0 if axis is None else axis)
+        if per_channel
+        else (NodeRef("w"), 0.01, zeros[0] if zeros else 0)
+    )
+    prev = "x"
+    for i in range(convs):
+        c, out = f"conv{i}" if convs > 1 else "conv", spec(1, cout, 8, 8)
+        nodes.append(
+            NodeSnapshot(
+                name=f"dqx{i}",
+                op="call_function",
+                target=DQ_T,
+                args=(NodeRef(prev), 0.02, 3, -128, 127, i8),
+                spec=spec(1, x_c, 8, 8),
+            )
+        )
+        target = DQ_C if per_channel else DQ_T
+        nodes.append(
+            NodeSnapshot(
+                name=f"dqw{i}",
+                op="call_function",
+                target=target,
+                args=(*w_dq, -127, 127, DTypeArg("int8")),
+                spec=spec(*w_shape),
+            )
+        )
+        x_in = NodeRef(prev) if float_input else NodeRef(f"dqx{i}")
+        w_in = NodeRef("w") if float_weight else NodeRef(f"dqw{i}")
+        b: Arg = NodeRef("b") if bias else None
+        args: tuple[Arg, ...] = (x_in, w_in, b, (stride,) * rank, (padding,) * rank, (dilation,) * rank)
+        args += (transposed, (0,) * rank, groups)
+        nodes.append(NodeSnapshot(name=c, op="call_function", target="aten.convolution.default", args=args, spec=out))
+        last = c
+        if relu:
+            nodes.append(
+                NodeSnapshot(
+                    name=f"relu{i}", op="call_function", target="aten.relu.default", args=(NodeRef(c),), spec=out
+                )
+            )
+            last = f"relu{i}"
+        if not float_output:
+            q_args = (NodeRef(last), 0.05, -1, -128, 127, i8)
+            nodes.append(
+                NodeSnapshot(
+                    name=f"q{i}", op="call_function", target=Q_T, args=q_args, spec=spec(1, cout, 8, 8, dtype=act_dtype)
+                )
+            )
+            last = f"q{i}"
+        prev = last
+    result: list[Arg] = [NodeRef(prev)]
+    if extra_user:
+        result.append(NodeRef("conv"))
+    nodes.append(NodeSnapshot(name="output", op="output", target="output", args=(tuple(result),)))
+    return snapshot(nodes, consts, dialect="edge")

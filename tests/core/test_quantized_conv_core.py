@@ -1,0 +1,157 @@
+"""quantized_conv on hand-built snapshots: kernel choice, packing plans and their inverses, every
+rejection, shared weights, and what is dropped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from fxpure import NodeRef, plan, snapshot, verify
+from fxpure.rules import quantized_conv
+from fxpure.weights import Fill, PadTo, Permute, Reshape, Source, SumOver, infer_spec, unpack
+from tests.core.build import qconv, spec
+
+W = "et_vk.q8ta_conv2d"
+
+
+@pytest.mark.parametrize(
+    ("knobs", "kernel", "packed"),
+    [
+        ({}, f"{W}.default", (8, 72)),  # 3x3: im2col rows, 72 already aligned
+        ({"k": 1, "padding": 0}, f"{W}_pw.default", (8, 8)),
+        ({"k": 1, "padding": 0, "stride": 2}, f"{W}.default", (8, 8)),  # strided 1x1 is not pointwise
+        ({"k": 1, "padding": 0, "cout": 16, "groups": 2}, f"{W}.default", (16, 4)),  # grouped 1x1: general kernel
+        ({"groups": 8}, f"{W}_dw.default", (3, 3, 8)),
+        ({"transposed": True, "k": 2, "stride": 2, "padding": 0, "cout": 12}, f"{W}_transposed.default", (12, 32)),
+        ({"cin": 6, "cout": 6}, f"{W}.default", (6, 56)),  # 54 -> 56
+    ],
+)
+def test_kernel_choice_and_packing(knobs: dict[str, Any], kernel: str, packed: tuple[int, ...]) -> None:
+    g = qconv(**knobs)
+    report = plan(g, [quantized_conv()])
+    assert report.rejections == ()
+    (p,) = report.plans
+    after = verify(report.after).unwrap()
+    (node,) = [n for n in after.nodes if n.target.startswith("et_vk")]
+    assert node.target == kernel and node.spec == g.node("q0").spec and node.provenance == "conv"
+    assert node.args[0] == NodeRef("x") and node.args[1:3] == (0.02, 3) and node.args[6:8] == (0.05, -1)
+    assert node.args[-1] == "relu" and node.args[-2] == g.node("conv").args[8]
+    w = after.constants["w_packed"]
+    assert w.spec == spec(*packed, dtype="int8")
+    # the inverse plan recovers the original weight exactly (shape here; values in integration tests)
+    assert w.source is not None
+    inner, back = unpack(w.source, Source(key="w_packed", spec=w.spec)).unwrap()
+    assert inner == Source(key="w", spec=g.constants["w"].spec) and infer_spec(back).unwrap() == inner.spec
+    oc = g.node("q0").spec.shape[1]  # type: ignore[union-attr]
+    sums = after.constants["w_sums"]
+    assert (
+        isinstance(oc, int)
+        and sums.spec == spec(-(-oc // 4) * 4, dtype="int32")
+        and isinstance(sums.source, SumOver | PadTo)
+    )
+    # the unpacked weight, its quantize/dequantize nodes and zero points are all gone
+    assert {"w", "zp", "dqw0", "dqx0", "conv", "relu0", "q0"}.isdisjoint(after.index)
+    assert p.claims == {"conv", "relu0", "q0"} and set(p.prune) == {"dqw0", "dqx0"}
+
+
+def test_transposed_layout_regroups() -> None:
+    g = qconv(transposed=True, k=3, cin=8, cout=8, groups=2, padding=1)
+    (p,) = plan(g, [quantized_conv()]).plans
+    w = Source(key="w", spec=spec(8, 4, 3, 3, dtype="int8"))
+    expected = Reshape(x=Permute(x=Reshape(x=w, shape=(2, 4, 4, 3, 3)), dims=(0, 2, 3, 4, 1)), shape=(8, 36))
+    assert p.constants[0].expr == expected
+
+
+def test_unaligned_channels_pad_scales_bias_and_sums() -> None:
+    g = qconv(k=1, padding=0, cin=8, cout=6)
+    after = plan(g, [quantized_conv()]).after
+    node = next(n for n in after.nodes if n.target.startswith("et_vk"))
+    assert node.args[5] == NodeRef("scales_padded") and node.args[8] == NodeRef("b_padded")
+    assert after.constants["scales_padded"].source == PadTo(x=Source(key="scales", spec=spec(6)), dim=0, multiple=4)
+    assert after.constants["b_padded"].spec == spec(8) and after.constants["w_sums"].spec == spec(8, dtype="int32")
+    assert "scales" not in after.constants and "b" not in after.constants
+
+
+def test_aligned_scales_and_bias_are_used_as_they_are() -> None:
+    after = plan(qconv(), [quantized_conv()]).after
+    node = next(n for n in after.nodes if n.target.startswith("et_vk"))
+    assert node.args[5] == NodeRef("scales") and node.args[8] == NodeRef("b")
+    assert after.constants["scales"].source is None
+
+
+def test_per_tensor_weight_gets_a_scale_per_channel() -> None:
+    after = plan(qconv(per_channel=False, cout=6, cin=6), [quantized_conv()]).after
+    scales = after.constants["w_scales_padded"].source
+    assert scales == PadTo(x=Fill(shape=(6,), value=0.01, dtype="float32"), dim=0, multiple=4)
+
+
+def test_no_relu_and_no_bias() -> None:
+    after = plan(qconv(relu=False, bias=False), [quantized_conv()]).after
+    node = next(n for n in after.nodes if n.target.startswith("et_vk"))
+    assert node.args[-1] == "none" and node.args[8] is None
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code", "message"),
+    [
+        ({"rank": 1}, "unsupported-rank", "conv has 1 spatial dims, the rule handles (2,)"),
+        ({"transposed": True, "dilation": 2}, "no-kernel", "transposed conv with dilation (2, 2)"),
+        ({"axis": 1}, "no-kernel", "per channel on axis 1, not 0"),
+        ({"zeros": (0, 1, 0, 0, 0, 0, 0, 0)}, "asymmetric-weight", "zero points (0, 1, 0, 0) are not all 0"),
+        ({"per_channel": False, "zeros": (2,)}, "asymmetric-weight", "zero points (2,) are not all 0"),
+        ({"groups": 6, "cin": 6, "cout": 6}, "channel-alignment", "depthwise output channels is 6"),
+        ({"groups": 8, "cin": 16, "cout": 16}, "channel-alignment", "output channels per group is 2"),
+        ({"extra_user": True, "relu": False}, "conv-output-shared", "output of conv is also used by q0, output"),
+        ({"float_input": True}, "not-quantized", "input of conv comes from x (x)"),
+        ({"float_weight": True}, "not-quantized", "weight of conv comes from w (w)"),
+        ({"float_output": True}, "not-quantized", "output of conv goes to output (output)"),
+        ({"weight_is_input": True}, "not-constant", "weight of conv is not a constant"),
+        ({"bias_is_input": True}, "not-constant", "bias of conv is not a constant"),
+        ({"channels": "s0"}, "symbolic-shape", "input of conv has symbolic shape (1, 's0', 8, 8)"),
+        ({"act_dtype": "uint8"}, "unsupported-dtype", "quantized input of conv has dtype uint8"),
+    ],
+)
+def test_rejections(knobs: dict[str, Any], code: str, message: str) -> None:
+    g = qconv(**knobs)
+    report = plan(g, [quantized_conv()])
+    assert report.plans == () and report.after == g  # nothing half-applied
+    (r,) = report.rejections
+    assert r.rule == "quantized-conv" and r.node == "conv" and r.reason.code == code
+    assert message in r.reason.message
+
+
+def test_unknown_zero_points_are_declined() -> None:
+    g = qconv()
+    unknown = replace(g.constants["zp"], values=None)  # e.g. too large to capture by value
+    (r,) = plan(snapshot(g.nodes, g.constants.set("zp", unknown), dialect="edge"), [quantized_conv()]).rejections
+    assert r.reason.code == "asymmetric-weight" and "not a known constant" in r.reason.message
+
+
+def test_shared_weight_packed_once_and_dropped() -> None:
+    g = qconv(convs=3)
+    report = plan(g, [quantized_conv()])
+    assert len(report.plans) == 3 and report.rejections == ()
+    after = verify(report.after).unwrap()
+    assert [k for k in after.constants if k.endswith("_packed")] == ["w_packed"]
+    assert sum(1 for n in after.nodes if n.target.startswith("et_vk")) == 3
+    assert "w" not in after.constants and not any(n.target.startswith("quantized_decomposed.de") for n in after.nodes)
+
+
+def test_shared_weight_stays_while_a_declined_conv_reads_it() -> None:
+    g = qconv(convs=2)
+    # conv1 also feeds the output: declined, so its weight dequantize and the int8 weight stay
+    out = replace(g.node("output"), args=((NodeRef("q1"), NodeRef("conv1")),))
+    g2 = snapshot(g.nodes.set(g.index["output"], out), g.constants, dialect="edge")
+    report = plan(g2, [quantized_conv()])
+    assert [p.anchor for p in report.plans] == ["conv0"] and [r.node for r in report.rejections] == ["conv1"]
+    after = verify(report.after).unwrap()
+    assert {"w", "zp", "dqw1", "conv1"} <= set(after.index) and "dqw0" not in after.index
+
+
+def test_scales_of_the_wrong_length_are_malformed() -> None:
+    g = qconv()
+    short = replace(g.constants["scales"], spec=spec(4))
+    (r,) = plan(snapshot(g.nodes, g.constants.set("scales", short), dialect="edge"), [quantized_conv()]).rejections
+    assert r.reason.code == "malformed-node" and "weight scales has shape (4,), expected (8,)" in r.reason.message

@@ -1,0 +1,193 @@
+"""quantized_conv on PT2E-quantized edge programs: upstream-identical packing, exact inverse-plan
+numerics, typed declines where upstream is wrong, shared weights, and lowering to Vulkan."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+from torch.export import ExportedProgram
+
+import adapters
+from adapters.passes import QuantizedConvolutionPass
+from fxpure.plan import RewriteReport
+from fxpure.rules import quantized_conv
+from tests.models import Q_MODELS, randomize_bn
+from tests.programs import count, dead_constants, validate
+from tests.quantized import q8ta_calls, quantize, same_call, unpacked_values, upstream_pack, values
+
+
+def model_and_input(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    cls, shape = Q_MODELS[name]
+    torch.manual_seed(0)
+    return randomize_bn(cls()), (torch.randn(shape, generator=torch.Generator().manual_seed(1)),)
+
+
+def kernels(ep: ExportedProgram) -> Counter[str]:
+    return Counter(str(n.target).split(".")[-2] for n in ep.graph.nodes if "q8ta" in str(n.target))
+
+
+def codes(report: RewriteReport) -> list[str]:
+    return sorted(r.reason.code for r in report.rejections)
+
+
+def assert_exact(
+    ep: ExportedProgram, original: ExportedProgram, report: RewriteReport, x: tuple[torch.Tensor, ...]
+) -> None:
+    """Each q8ta node, evaluated from its unpacked weights, gives the original chain's int8 bits."""
+    want, got = values(original, x), unpacked_values(ep, report, x)
+    anchors = {p.anchor: p for p in report.plans}
+    checked = 0
+    for n in report.after.nodes:
+        if "q8ta" not in n.target:
+            continue
+        assert n.provenance is not None
+        quant = anchors[n.provenance].replace[0][0]
+        assert got[n.name].dtype == torch.int8 and torch.equal(got[n.name], want[quant]), n.name
+        checked += 1
+    assert checked == len(report.plans) > 0
+    (out,) = [n for n in ep.graph.nodes if n.op == "output"]
+    (ref,) = [n for n in original.graph.nodes if n.op == "output"]
+    for a, b in zip(got[out.name], want[ref.name], strict=True):
+        assert torch.equal(a, b)
+
+
+EXPECTED: dict[str, tuple[dict[str, int], list[str]]] = {
+    "mobilenet": ({"q8ta_conv2d": 2, "q8ta_conv2d_dw": 2, "q8ta_conv2d_pw": 2}, []),
+    "resnet": ({"q8ta_conv2d": 7}, []),
+    "transposed": ({"q8ta_conv2d_transposed": 2, "q8ta_conv2d": 1}, []),
+    "grouped": ({"q8ta_conv2d": 2}, ["channel-alignment"]),
+    "odd_depthwise": ({"q8ta_conv2d_pw": 2}, ["channel-alignment"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_kernels_declines_and_exact_numerics(name: str) -> None:
+    model, x = model_and_input(name)
+    ep = quantize(model, x).exported_program()
+    original = copy.deepcopy(ep)
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    want_kernels, want_codes = EXPECTED[name]
+    assert kernels(ep) == Counter(want_kernels)
+    assert codes(report) == want_codes
+    assert count(ep, "dequantize_per_channel") == len(want_codes)  # only declined convs keep theirs
+    assert dead_constants(ep) == []
+    validate(ep)
+    assert_exact(ep, original, report, x)
+
+
+@pytest.mark.parametrize("name", ["mobilenet", "resnet", "transposed"])
+def test_packing_is_bit_identical_to_upstream(name: str) -> None:
+    model, x = model_and_input(name)
+    ep = quantize(model, x).exported_program()
+    theirs = copy.deepcopy(ep)
+    assert upstream_pack(theirs) == sum(EXPECTED[name][0].values())
+    adapters.transform(ep, [quantized_conv()]).unwrap()
+    ours, upstream = q8ta_calls(ep), q8ta_calls(theirs)
+    assert len(ours) == len(upstream) > 0
+    for a, b in zip(ours, upstream, strict=True):
+        assert same_call(a, b), f"{a[0]} differs from upstream"
+    assert dead_constants(theirs) != []  # upstream leaves the weight zero points behind; fxpure does not
+    assert {n.meta["val"].dtype for n in theirs.graph.nodes if "q8ta" in str(n.target)} == {torch.float32}
+    assert {n.meta["val"].dtype for n in ep.graph.nodes if "q8ta" in str(n.target)} == {torch.int8}
+
+
+def test_grouped_pointwise_takes_the_general_kernel() -> None:
+    model, x = model_and_input("grouped")
+    ep = quantize(model, x).exported_program()
+    theirs = copy.deepcopy(ep)
+    upstream_pack(theirs)
+    assert "q8ta_conv2d_pw" in kernels(theirs)  # upstream: a kernel that ignores groups
+    adapters.transform(ep, [quantized_conv()]).unwrap()
+    grouped_1x1 = [n for n in ep.graph.nodes if "q8ta" in str(n.target) and n.args[9] == [1, 1]]
+    assert len(grouped_1x1) == 1 and "q8ta_conv2d.default" in str(grouped_1x1[0].target)
+    assert grouped_1x1[0].args[-2] == 2
+
+
+def test_odd_depthwise_declined_where_upstream_asserts() -> None:
+    model, x = model_and_input("odd_depthwise")
+    ep = quantize(model, x).exported_program()
+    with pytest.raises(AssertionError, match="divisible by 4"):
+        upstream_pack(copy.deepcopy(ep))
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    (rejection,) = report.rejections
+    assert rejection.reason.message.endswith("depthwise output channels is 6, not a multiple of 4")
+
+
+def test_asymmetric_weight_declined() -> None:
+    model, x = model_and_input("twin")
+    ep = quantize(model, x).exported_program()
+    zero_points = sorted(k for k in ep.state_dict if "zero_point" in k)
+    ep.state_dict[zero_points[0]][0] = 3
+    original = copy.deepcopy(ep)
+    assert upstream_pack(copy.deepcopy(ep)) == 2  # upstream packs it as if symmetric
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    assert codes(report) == ["asymmetric-weight"] and len(report.plans) == 1
+    assert_exact(ep, original, report, x)
+
+
+def _share_weight(ep: ExportedProgram) -> None:
+    """Make the second conv's weight dequantize read the first conv's int8 weight."""
+    dq = [n for n in ep.graph.nodes if "dequantize_per_channel" in str(n.target)]
+    first, second = dq[0].args[0], dq[1].args[0]
+    dq[1].replace_input_with(second, first)
+    ep.graph.erase_node(second)
+    spec = next(s for s in ep.graph_signature.input_specs if s.arg.name == second.name)
+    ep.graph_signature.input_specs.remove(spec)
+    assert spec.target is not None
+    del ep.state_dict[spec.target]
+    ep.graph_module.recompile()
+
+
+def test_shared_weight_packed_once() -> None:
+    model, x = model_and_input("twin")
+    ep = quantize(model, x).exported_program()
+    _share_weight(ep)
+    original = copy.deepcopy(ep)
+    with pytest.raises(ValueError):  # upstream packs the weight, then cannot unpack it for the second conv
+        upstream_pack(copy.deepcopy(ep))
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    assert len(report.plans) == 2
+    packed = [s.target for s in ep.graph_signature.input_specs if s.target and s.target.endswith("_packed")]
+    assert len(packed) == 1
+    assert dead_constants(ep) == []
+    assert_exact(ep, original, report, x)
+
+
+def test_per_tensor_weights() -> None:
+    model, x = model_and_input("mobilenet")
+    ep = quantize(model, x, per_channel=False).exported_program()
+    original = copy.deepcopy(ep)
+    with pytest.raises(AssertionError):  # upstream's detector expects a scales tensor
+        upstream_pack(copy.deepcopy(ep))
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    assert codes(report) == [] and len(report.plans) == 6
+    assert_exact(ep, original, report, x)
+
+
+def test_dynamic_batch() -> None:
+    model, one = model_and_input("mobilenet")
+    x = (torch.cat([one[0], -one[0]]),)  # batch 2: a batch of 1 would be specialised
+    batch = torch.export.Dim("batch", min=1, max=8)
+    ep = quantize(model, x, dynamic=({0: batch},)).exported_program()
+    original = copy.deepcopy(ep)
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    assert len(report.plans) == 6
+    node = next(n for n in ep.graph.nodes if "q8ta" in str(n.target))
+    assert not isinstance(node.meta["val"].shape[0], int) and node.meta["val"].dtype == torch.int8
+    x3 = (torch.randn(3, *x[0].shape[1:]),)
+    assert_exact(ep, original, report, x3)
+
+
+def test_pass_in_edge_manager_then_vulkan_and_executorch() -> None:
+    model, x = model_and_input("mobilenet")
+    manager = quantize(model, x)
+    ep = manager.exported_program()
+    manager = manager.transform([QuantizedConvolutionPass(ep)])
+    assert kernels(manager.exported_program()) == Counter(EXPECTED["mobilenet"][0])
+    assert dead_constants(manager.exported_program()) == []
+    pte = manager.to_backend(VulkanPartitioner()).to_executorch()
+    assert len(pte.buffer) > 0
