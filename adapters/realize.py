@@ -214,7 +214,7 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
         got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
         if got != (info.spec.shape, info.spec.dtype):
             raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
-        out[name] = torch.nn.Parameter(t, requires_grad=False)
+        out[name] = torch.nn.Parameter(t, requires_grad=False) if info.kind == "parameter" else t
     return out
 
 
@@ -281,8 +281,25 @@ def _owner(gm: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str]:
     return (gm.get_submodule(prefix) if prefix else gm), leaf
 
 
+_INPUT_KINDS: Mapping[str, InputKind] = {
+    "parameter": InputKind.PARAMETER,
+    "buffer": InputKind.BUFFER,
+    "constant": InputKind.CONSTANT_TENSOR,
+}
+
+
+def _input_spec(name: str, kind: str) -> InputSpec:
+    persistent = True if kind == "buffer" else None
+    return InputSpec(_INPUT_KINDS[kind], TensorArgument(name=name), name, persistent=persistent)
+
+
 def _commit_ep(
-    c: _Commit, cap: Captured, ep: ExportedProgram, graph: torch.fx.Graph, new: Mapping[str, torch.Tensor]
+    c: _Commit,
+    cap: Captured,
+    ep: ExportedProgram,
+    graph: torch.fx.Graph,
+    new: Mapping[str, torch.Tensor],
+    after: GraphSnapshot,
 ) -> None:
     sig = ep.graph_signature
     specs: list[InputSpec] = []
@@ -290,14 +307,14 @@ def _commit_ep(
         if n.op != "placeholder":
             continue
         old = cap.specs.get(n.name)
-        specs.append(old if old is not None else InputSpec(InputKind.PARAMETER, TensorArgument(name=n.name), n.name))
+        specs.append(old if old is not None else _input_spec(n.name, after.constants[n.name].kind))
     live = {s.target for s in specs}
     for old_spec in cap.specs.values():
         if old_spec.target is not None and old_spec.target not in live:
             c.del_item(ep.state_dict, old_spec.target)
             c.del_item(ep.constants, old_spec.target)
     for name, t in new.items():
-        c.set_item(ep.state_dict, name, t)
+        c.set_item(ep.constants if after.constants[name].kind == "constant" else ep.state_dict, name, t)
     outputs = list(_output_nodes(graph))
     out_specs = [
         OutputSpec(s.kind, TensorArgument(name=o.name), s.target) if isinstance(s.arg, TensorArgument) else s
@@ -352,7 +369,7 @@ def realize(cap: Captured, after: GraphSnapshot) -> tuple[tuple[str, ...], tuple
     c = _Commit()
     try:
         if isinstance(cap.program, ExportedProgram):
-            _commit_ep(c, cap, cap.program, b.graph, new)
+            _commit_ep(c, cap, cap.program, b.graph, new, after)
         else:
             _commit_gm(c, cap, b.graph, new)
         c.undo.append(_restore_graph(cap.gm))

@@ -179,7 +179,9 @@ class _Batch:
                 local[c.name] = self.by_expr[c.expr]
                 continue
             name = local[c.name] = self.by_expr[c.expr] = _fresh(c.name, self.used)
-            self.infos[name] = ConstantInfo(kind=c.kind, key=name, spec=spec.unwrap(), source=c.expr)
+            # a get_attr graph holds parameters and plain tensors (buffers), no lifted constants
+            kind = c.kind if snap.lifted or c.kind == "parameter" else "buffer"
+            self.infos[name] = ConstantInfo(kind=kind, key=name, spec=spec.unwrap(), source=c.expr)
             op = "placeholder" if snap.lifted else "get_attr"
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
         for n in p.nodes:

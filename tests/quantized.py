@@ -183,3 +183,24 @@ def unpacked_values(ep: ExportedProgram, report: RewriteReport, x: tuple[torch.T
     with torch.no_grad():
         rec.run(*lifted_args(ep, x))
     return rec.values
+
+
+def assert_exact(
+    ep: ExportedProgram, original: ExportedProgram, report: RewriteReport, x: tuple[torch.Tensor, ...]
+) -> None:
+    """Each q8ta node, evaluated from its unpacked weights, gives the original chain's int8 bits."""
+    want, got = values(original, x), unpacked_values(ep, report, x)
+    anchors = {p.anchor: p for p in report.plans}
+    checked = 0
+    for n in report.after.nodes:
+        if "q8ta" not in n.target:
+            continue
+        assert n.provenance is not None
+        quant = anchors[n.provenance].replace[0][0]
+        assert got[n.name].dtype == torch.int8 and torch.equal(got[n.name], want[quant]), n.name
+        checked += 1
+    assert checked == len(report.plans) > 0
+    (out,) = [n for n in ep.graph.nodes if n.op == "output"]
+    (ref,) = [n for n in original.graph.nodes if n.op == "output"]
+    for a, b in zip(got[out.name], want[ref.name], strict=True):
+        assert torch.equal(a, b)

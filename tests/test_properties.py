@@ -1,7 +1,9 @@
-"""hypothesis: random conv + BN configurations through the commuting square and numerics."""
+"""hypothesis: random conv + BN, grouped conv and quantized conv configurations through the commuting
+square and numerics."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,10 +13,11 @@ from hypothesis import strategies as st
 
 import adapters
 import fxpure
-from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.rules import fuse_conv_bn, quantized_conv, split_group_conv
 from fxpure.snapshot import GraphSnapshot
 from tests.models import randomize_bn
 from tests.programs import assert_close, build, count, run
+from tests.quantized import assert_exact, quantize
 
 CONV = {
     (1, False): torch.nn.Conv1d,
@@ -152,3 +155,64 @@ def test_split_commuting_square_and_numerics(c: GroupedConfig) -> None:
     adapters.apply(program, report.plans).unwrap()
     assert normal(adapters.capture(program)) == normal(fxpure.rewrite(g, report.plans).unwrap())
     assert_close(run(program, x), want)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    kind: str
+    groups: int
+    cin: int
+    cout: int
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+    bias: bool
+    relu: bool
+    per_channel: bool
+
+
+@st.composite
+def quant_configs(draw: st.DrawFn) -> QuantConfig:
+    kind = draw(st.sampled_from(["regular", "grouped", "depthwise", "transposed"]))
+    groups = {"grouped": 2, "depthwise": 4 * draw(st.integers(1, 3))}.get(kind, 1)
+    cin = groups if kind == "depthwise" else groups * draw(st.integers(2, 6))  # 1 -> 1 would be depthwise
+    cout = (
+        groups
+        if kind == "depthwise"
+        else 4 * groups * draw(st.integers(1, 2))
+        if kind == "grouped"
+        else draw(st.integers(1, 10))
+    )
+    return QuantConfig(
+        kind=kind,
+        groups=groups,
+        cin=cin,
+        cout=cout,
+        kernel=draw(st.integers(1, 3)),
+        stride=draw(st.integers(1, 2)),
+        padding=draw(st.integers(0, 1)),
+        dilation=1 if kind == "transposed" else draw(st.integers(1, 2)),
+        bias=draw(st.booleans()),
+        relu=draw(st.booleans()),
+        per_channel=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(quant_configs())
+def test_quantized_conv_commuting_square_and_exact_int8(c: QuantConfig) -> None:
+    cls = torch.nn.ConvTranspose2d if c.kind == "transposed" else torch.nn.Conv2d
+    conv = cls(
+        c.cin, c.cout, c.kernel, stride=c.stride, padding=c.padding, dilation=c.dilation, groups=c.groups, bias=c.bias
+    )
+    model = torch.nn.Sequential(conv, torch.nn.ReLU()) if c.relu else conv
+    x = (torch.randn(1, c.cin, 7, 7),)
+    ep = quantize(model, x, per_channel=c.per_channel).exported_program()
+    original = copy.deepcopy(ep)
+    g = adapters.capture(ep)
+    report = fxpure.plan(g, [quantized_conv()])
+    assert len(report.plans) == 1, report.rejections
+    adapters.apply(ep, report.plans).unwrap()
+    assert normal(adapters.capture(ep)) == normal(fxpure.rewrite(g, report.plans).unwrap())
+    assert_exact(ep, original, report, x)

@@ -17,7 +17,7 @@ from fxpure.plan import RewriteReport
 from fxpure.rules import quantized_conv
 from tests.models import Q_MODELS, randomize_bn
 from tests.programs import count, dead_constants, validate
-from tests.quantized import q8ta_calls, quantize, same_call, unpacked_values, upstream_pack, values
+from tests.quantized import assert_exact, q8ta_calls, quantize, same_call, upstream_pack
 
 
 def model_and_input(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -32,27 +32,6 @@ def kernels(ep: ExportedProgram) -> Counter[str]:
 
 def codes(report: RewriteReport) -> list[str]:
     return sorted(r.reason.code for r in report.rejections)
-
-
-def assert_exact(
-    ep: ExportedProgram, original: ExportedProgram, report: RewriteReport, x: tuple[torch.Tensor, ...]
-) -> None:
-    """Each q8ta node, evaluated from its unpacked weights, gives the original chain's int8 bits."""
-    want, got = values(original, x), unpacked_values(ep, report, x)
-    anchors = {p.anchor: p for p in report.plans}
-    checked = 0
-    for n in report.after.nodes:
-        if "q8ta" not in n.target:
-            continue
-        assert n.provenance is not None
-        quant = anchors[n.provenance].replace[0][0]
-        assert got[n.name].dtype == torch.int8 and torch.equal(got[n.name], want[quant]), n.name
-        checked += 1
-    assert checked == len(report.plans) > 0
-    (out,) = [n for n in ep.graph.nodes if n.op == "output"]
-    (ref,) = [n for n in original.graph.nodes if n.op == "output"]
-    for a, b in zip(got[out.name], want[ref.name], strict=True):
-        assert torch.equal(a, b)
 
 
 EXPECTED: dict[str, tuple[dict[str, int], list[str]]] = {
@@ -105,6 +84,9 @@ def test_grouped_pointwise_takes_the_general_kernel() -> None:
     grouped_1x1 = [n for n in ep.graph.nodes if "q8ta" in str(n.target) and n.args[9] == [1, 1]]
     assert len(grouped_1x1) == 1 and "q8ta_conv2d.default" in str(grouped_1x1[0].target)
     assert grouped_1x1[0].args[-2] == 2
+    (ours_3x3, ours_1x1), (theirs_3x3, theirs_1x1) = q8ta_calls(ep), q8ta_calls(theirs)
+    assert same_call(ours_3x3, theirs_3x3)  # grouped 3x3: identical to upstream
+    assert same_call(("op", ours_1x1[1]), ("op", theirs_1x1[1]))  # same packing, only the kernel differs
 
 
 def test_odd_depthwise_declined_where_upstream_asserts() -> None:

@@ -29,7 +29,7 @@ from fxpure.reasons import (
     UnsupportedRank,
     first_failure,
 )
-from fxpure.snapshot import DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
+from fxpure.snapshot import ConstantKind, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.views import CONV_SCHEMAS, ConvView, conv_view
 from fxpure.weights import Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
 
@@ -61,6 +61,11 @@ class Geometry:
     groups: int
 
 
+def _rows(w: WeightExpr, g: Geometry) -> WeightExpr:
+    """(OC, IC/g, H, W) -> (OC, H*W*IC/g): one im2col row per output channel."""
+    return Reshape(x=Permute(x=w, dims=(0, 2, 3, 1)), shape=(g.oc, g.kh * g.kw * g.icg))
+
+
 # kernel -> (int8 weight, geometry) -> unpadded packed layout
 LAYOUTS: Mapping[str, Callable[[WeightExpr, Geometry], WeightExpr]] = {
     # (IC, OC/g, H, W) -> (g, IC/g, OC/g, H, W) -> (g, OC/g, H, W, IC/g) -> (OC, H*W*IC/g)
@@ -70,9 +75,8 @@ LAYOUTS: Mapping[str, Callable[[WeightExpr, Geometry], WeightExpr]] = {
     ),
     # (OC, 1, H, W) -> (H, W, OC)
     "dw": lambda w, g: Reshape(x=Permute(x=w, dims=(2, 3, 1, 0)), shape=(g.kh, g.kw, g.oc)),
-    # (OC, IC/g, H, W) -> (OC, H*W*IC/g): im2col rows
-    "pw": lambda w, g: Reshape(x=Permute(x=w, dims=(0, 2, 3, 1)), shape=(g.oc, g.kh * g.kw * g.icg)),
-    "im2col": lambda w, g: Reshape(x=Permute(x=w, dims=(0, 2, 3, 1)), shape=(g.oc, g.kh * g.kw * g.icg)),
+    "pw": _rows,
+    "im2col": _rows,
 }
 
 
@@ -84,6 +88,7 @@ class _Weight:
     key: str
     expr: WeightExpr
     spec: TensorSpec
+    kind: ConstantKind
     dequant: NodeSnapshot
 
 
@@ -95,6 +100,7 @@ class _Vector:
     expr: WeightExpr
     node: str | None
     length: int
+    kind: ConstantKind = "constant"
 
 
 @final
@@ -164,7 +170,10 @@ def _dequant_weight(snap: GraphSnapshot, c: ConvView) -> Result[_Weight, Reason]
     declared = _dtype(dq, 6 if dq.target == DQ_CHANNEL else 5)
     if spec.dtype != "int8" or declared != "int8":
         return Failure(UnsupportedDtype(node=c.node, role="weight", dtype=f"{spec.dtype} (dequantized as {declared})"))
-    return _zero_points(snap, c.node, dq).map(lambda _: _Weight(key=w.name, expr=expr, spec=spec, dequant=dq))
+    kind = snap.constants[w.name].kind
+    return _zero_points(snap, c.node, dq).map(
+        lambda _: _Weight(key=w.name, expr=expr, spec=spec, kind=kind, dequant=dq)
+    )
 
 
 def _zero_points(snap: GraphSnapshot, node: str, dq: NodeSnapshot) -> Result[None, Reason]:
@@ -185,7 +194,7 @@ def _vector(snap: GraphSnapshot, c: ConvView, role: str, ref: NodeRef, length: i
     if snap.constants[ref.name].spec.shape != (length,):
         shape = snap.constants[ref.name].spec.shape
         return Failure(Malformed(node=c.node, detail=f"{role} has shape {shape}, expected ({length},)"))
-    return Success(_Vector(expr=expr, node=ref.name, length=length))
+    return Success(_Vector(expr=expr, node=ref.name, length=length, kind=snap.constants[ref.name].kind))
 
 
 def _scales(snap: GraphSnapshot, c: ConvView, w: _Weight, geo: Geometry) -> Result[_Vector, Reason]:
@@ -293,7 +302,7 @@ def _operand(name: str, v: _Vector, align: int) -> tuple[NodeRef, tuple[NewConst
     """A per-channel vector padded to ``align``; an existing, already aligned constant is used as is."""
     if v.node is not None and v.length % align == 0:
         return NodeRef(v.node), ()
-    return NodeRef(name), (NewConstant(name=name, expr=_padded(v.expr, v.length, 0, align)),)
+    return NodeRef(name), (NewConstant(name=name, expr=_padded(v.expr, v.length, 0, align), kind=v.kind),)
 
 
 def _plan(m: _Match, align: int) -> Result[RewritePlan, Reason]:
@@ -345,7 +354,7 @@ def _plan(m: _Match, align: int) -> Result[RewritePlan, Reason]:
             rule=NAME,
             anchor=c.node,
             constants=(
-                NewConstant(name=f"{w.key}_packed", expr=packed),
+                NewConstant(name=f"{w.key}_packed", expr=packed, kind=w.kind),
                 NewConstant(name=f"{w.key}_sums", expr=sums, kind="constant"),
                 *extra,
             ),
