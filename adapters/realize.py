@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.snap import Captured, Program, capture_program, tensor_spec
+from adapters.snap import Captured, Program, capture_program
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import RewritePlan, RewriteReport, Rule
@@ -65,36 +65,47 @@ class _ApplyError(Exception):
         self.code = code
 
 
+def _tensors(val: Any) -> list[torch.Tensor]:
+    return [v for v in (val if isinstance(val, (list, tuple)) else (val,)) if isinstance(v, torch.Tensor)]
+
+
 @dataclass
 class _Fakes:
-    """The graph's fake mode, its contiguous static fake values by spec, and its symbolic sizes by
-    printed name; read in one pass. Fake tensors are immutable, so new nodes share them."""
+    """The graph's fake mode and (read when first needed) its symbolic sizes by printed name.
+    New fake values are made once per spec and shared: fake tensors are immutable."""
 
+    gm: torch.fx.GraphModule
     mode: Any = None
     vals: dict[TensorSpec, Any] = field(default_factory=dict)
-    symbols: dict[str, Any] = field(default_factory=dict)
+    _symbols: dict[str, Any] | None = None
 
     @staticmethod
     def of(gm: torch.fx.GraphModule) -> _Fakes:
-        fakes = _Fakes()
         for n in gm.graph.nodes:
-            val = n.meta.get("val")
-            for v in val if isinstance(val, (list, tuple)) else (val,):
-                if not isinstance(v, torch.Tensor):
-                    continue
-                fakes.mode = fakes.mode or getattr(v, "fake_mode", None)
-                fakes.symbols.update({str(d): d for d in v.shape if isinstance(d, torch.SymInt)})
-            spec = tensor_spec(val)
-            if spec is not None and spec.is_static and not isinstance(val, torch.nn.Parameter) and val.is_contiguous():
-                fakes.vals.setdefault(spec, val)
-        return fakes
+            for v in _tensors(n.meta.get("val")):
+                mode = getattr(v, "fake_mode", None)
+                if mode is not None:
+                    return _Fakes(gm=gm, mode=mode)
+        return _Fakes(gm=gm)
+
+    def symbols(self) -> dict[str, Any]:
+        if self._symbols is None:
+            self._symbols = {
+                str(d): d
+                for n in self.gm.graph.nodes
+                for v in _tensors(n.meta.get("val"))
+                for d in v.shape
+                if isinstance(d, torch.SymInt)
+            }
+        return self._symbols
 
     def value(self, spec: TensorSpec) -> Any:
         """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec."""
         if self.mode is None:
             return None
         if spec not in self.vals:
-            shape = [d if isinstance(d, int) else self.symbols[d] for d in spec.shape]
+            symbols = {} if spec.is_static else self.symbols()
+            shape = [d if isinstance(d, int) else symbols[d] for d in spec.shape]
             with self.mode:
                 self.vals[spec] = torch.empty(shape, dtype=dtype_of(spec.dtype))
         return self.vals[spec]

@@ -297,17 +297,19 @@ def _finish(
             return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:
         return _conflict(bad.node, bad.detail)
-    dead = _dead(nodes, users, {k for k in constants if k in index} | prune)
+    # unused constants read nothing, so only pruned nodes need the cascade
+    held = {k for k in constants if k in index}
+    dead = _dead(nodes, users, held | prune) if prune else {k for k in held if not users[k]}
     live = pvector(n for n in nodes if n.name not in dead)
+    if prune:  # a dropped node was a user of what it read
+        users = {k: tuple(u for u in v if u not in dead) for k, v in users.items()}
     return Success(
         GraphSnapshot(
             nodes=live,
             constants=pmap({k: v for k, v in constants.items() if k in index and k not in dead}),
             dialect=snap.dialect,
             lifted=snap.lifted,
-            users=MappingProxyType(
-                {k: tuple(u for u in v if u not in dead) for k, v in users.items() if k not in dead}
-            ),
+            users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
             index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
         )
     )

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar, final
 
-from returns.result import Result
+from returns.result import Failure, Result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,8 +44,8 @@ def first_failure(results: Iterable[Result[object, R]]) -> R | None:
     'malformed-node'
     """
     for r in results:
-        err = r.swap().value_or(None)
-        if err is not None:
+        if isinstance(r, Failure):
+            err: R = r.failure()
             return err
     return None
 
