@@ -272,15 +272,28 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     return _finish(snap, out, {**snap.constants, **batch.infos}, batch.erase, batch.prune)
 
 
-def _dead(nodes: list[NodeSnapshot], users: Mapping[str, tuple[str, ...]], droppable: set[str]) -> set[str]:
-    """Droppable nodes that nothing live reads; dropping a node can free what it reads."""
-    left = {k: len(v) for k, v in users.items()}
-    dead: set[str] = set()
-    for n in reversed(nodes):
-        if n.name in droppable and not left[n.name]:
-            dead.add(n.name)
-            for r in dict.fromkeys(node_refs(n)):
-                left[r] -= 1
+def _dead(
+    nodes: list[NodeSnapshot],
+    users: dict[str, tuple[str, ...]],
+    index: Mapping[str, int],
+    held: set[str],
+    prune: set[str],
+) -> set[str]:
+    """Unused constants, and pruned nodes nothing reads; dropping one can free what it read.
+
+    Walks only from the pruned nodes, and takes the dropped readers out of ``users``.
+    """
+    dead = {k for k in held if not users[k]}
+    left: dict[str, int] = {}
+    todo = [p for p in prune if p in index and not users[p]]
+    while todo:
+        name = todo.pop()
+        dead.add(name)
+        for r in dict.fromkeys(node_refs(nodes[index[name]])):
+            left[r] = left.get(r, len(users[r])) - 1
+            users[r] = tuple(u for u in users[r] if u != name)
+            if not left[r] and (r in held or r in prune):
+                todo.append(r)
     return dead
 
 
@@ -297,12 +310,8 @@ def _finish(
             return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:
         return _conflict(bad.node, bad.detail)
-    # unused constants read nothing, so only pruned nodes need the cascade
-    held = {k for k in constants if k in index}
-    dead = _dead(nodes, users, held | prune) if prune else {k for k in held if not users[k]}
+    dead = _dead(nodes, users, index, {k for k in constants if k in index}, prune)
     live = pvector(n for n in nodes if n.name not in dead)
-    if prune:  # a dropped node was a user of what it read
-        users = {k: tuple(u for u in v if u not in dead) for k, v in users.items()}
     return Success(
         GraphSnapshot(
             nodes=live,
