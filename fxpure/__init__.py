@@ -9,6 +9,7 @@ from fxpure.plan import (
     RewriteReport,
     Rule,
     constant_expr,
+    constant_operand,
     plan,
     rewrite,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "TensorSpec",
     "batch_norm_view",
     "constant_expr",
+    "constant_operand",
     "conv_view",
     "plan",
     "rewrite",

@@ -11,7 +11,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.reasons import PlanConflict, Reason
+from fxpure.reasons import NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
     ConstantInfo,
@@ -121,6 +121,19 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     if info is None:
         return None
     return info.source if info.source is not None else Source(key=name, spec=info.spec)
+
+
+def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Result[WeightExpr, NotConstant]:
+    """The constant expression behind operand ``arg`` of ``node``, or why it is not a constant.
+
+    >>> from fxpure.snapshot import snapshot
+    >>> constant_operand(snapshot([], {}), "conv", "bias", NodeRef("b")).failure().message
+    "bias of conv is not a constant (it is computed by 'b')"
+    """
+    expr = constant_expr(snap, arg.name) if isinstance(arg, NodeRef) else None
+    if expr is None:
+        return Failure(NotConstant(node=node, role=role, source=arg.name if isinstance(arg, NodeRef) else str(arg)))
+    return Success(expr)
 
 
 def _fresh(name: str, used: set[str]) -> str:

@@ -8,11 +8,10 @@ from typing import final
 
 from returns.result import Failure, Result, Success
 
-from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_expr
+from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_operand
 from fxpure.reasons import (
     ChannelMismatch,
     NotAConv,
-    NotConstant,
     OutputShared,
     Reason,
     StatsUsed,
@@ -45,20 +44,7 @@ class _Match:
 
 def _operand(snap: GraphSnapshot, node: str, role: str, ref: NodeRef | None) -> Result[WeightExpr | None, Reason]:
     """The constant expression behind an optional operand."""
-    if ref is None:
-        return Success(None)
-    expr = constant_expr(snap, ref.name)
-    if expr is None:
-        return Failure(NotConstant(node=node, role=role, source=ref.name))
-    return Success(expr)
-
-
-def _required(snap: GraphSnapshot, node: str, role: str, ref: NodeRef | None) -> Result[WeightExpr, Reason]:
-    """The constant expression behind a mandatory operand."""
-    expr = constant_expr(snap, ref.name) if ref is not None else None
-    if expr is None:
-        return Failure(NotConstant(node=node, role=role, source=ref.name if ref is not None else "None"))
-    return Success(expr)
+    return Success(None) if ref is None else constant_operand(snap, node, role, ref)
 
 
 def _uses(snap: GraphSnapshot, bn: BatchNormView) -> Result[tuple[str, ...], Reason]:
@@ -90,9 +76,9 @@ def _match(snap: GraphSnapshot, node: NodeSnapshot) -> Result[_Match, Reason]:
     c = conv.unwrap()
     uses = _uses(snap, bn)
     w, mean, var = (
-        _required(snap, c.node, "weight", c.w),
-        _required(snap, bn.node, "running_mean", bn.mean),
-        _required(snap, bn.node, "running_var", bn.var),
+        constant_operand(snap, c.node, "weight", c.w),
+        constant_operand(snap, bn.node, "running_mean", bn.mean),
+        constant_operand(snap, bn.node, "running_var", bn.var),
     )
     b, gamma, beta = (
         _operand(snap, c.node, "bias", c.b),

@@ -14,13 +14,12 @@ from typing import final
 
 from returns.result import Failure, Result, Success
 
-from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_expr
+from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_operand
 from fxpure.reasons import (
     AsymmetricWeight,
     ChannelAlignment,
     Malformed,
     NoKernel,
-    NotConstant,
     NotQuantized,
     OutputShared,
     Reason,
@@ -29,7 +28,7 @@ from fxpure.reasons import (
     UnsupportedRank,
     first_failure,
 )
-from fxpure.snapshot import ConstantKind, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
+from fxpure.snapshot import Arg, ConstantKind, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.views import CONV_SCHEMAS, ConvView, conv_view
 from fxpure.weights import Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
 
@@ -163,10 +162,10 @@ def _dequant_weight(snap: GraphSnapshot, c: ConvView) -> Result[_Weight, Reason]
     if not (dq.target == DQ_CHANNEL or (dq.target == DQ_TENSOR and _scalar_qparams(dq))):
         return Failure(NotQuantized(node=c.node, role="weight", detail=f"comes from {dq.name} ({dq.target})"))
     w = dq.arg(0, "input")
-    expr = constant_expr(snap, w.name) if isinstance(w, NodeRef) else None
-    if expr is None or not isinstance(w, NodeRef):
-        return Failure(NotConstant(node=c.node, role="weight", source=str(w)))
-    spec = snap.constants[w.name].spec
+    operand = constant_operand(snap, c.node, "weight", w)
+    if not isinstance(w, NodeRef) or isinstance(operand, Failure):  # not a node: not a constant either
+        return Failure(operand.failure())
+    expr, spec = operand.unwrap(), snap.constants[w.name].spec
     declared = _dtype(dq, 6 if dq.target == DQ_CHANNEL else 5)
     if spec.dtype != "int8" or declared != "int8":
         return Failure(UnsupportedDtype(node=c.node, role="weight", dtype=f"{spec.dtype} (dequantized as {declared})"))
@@ -187,14 +186,14 @@ def _zero_points(snap: GraphSnapshot, node: str, dq: NodeSnapshot) -> Result[Non
     return Success(None)
 
 
-def _vector(snap: GraphSnapshot, c: ConvView, role: str, ref: NodeRef, length: int) -> Result[_Vector, Reason]:
-    expr = constant_expr(snap, ref.name)
-    if expr is None:
-        return Failure(NotConstant(node=c.node, role=role, source=ref.name))
-    if snap.constants[ref.name].spec.shape != (length,):
-        shape = snap.constants[ref.name].spec.shape
-        return Failure(Malformed(node=c.node, detail=f"{role} has shape {shape}, expected ({length},)"))
-    return Success(_Vector(expr=expr, node=ref.name, length=length, kind=snap.constants[ref.name].kind))
+def _vector(snap: GraphSnapshot, c: ConvView, role: str, ref: Arg, length: int) -> Result[_Vector, Reason]:
+    operand = constant_operand(snap, c.node, role, ref)
+    if not isinstance(ref, NodeRef) or isinstance(operand, Failure):  # not a node: not a constant either
+        return Failure(operand.failure())
+    info = snap.constants[ref.name]
+    if info.spec.shape != (length,):
+        return Failure(Malformed(node=c.node, detail=f"{role} has shape {info.spec.shape}, expected ({length},)"))
+    return Success(_Vector(expr=operand.unwrap(), node=ref.name, length=length, kind=info.kind))
 
 
 def _scales(snap: GraphSnapshot, c: ConvView, w: _Weight, geo: Geometry) -> Result[_Vector, Reason]:
@@ -204,8 +203,6 @@ def _scales(snap: GraphSnapshot, c: ConvView, w: _Weight, geo: Geometry) -> Resu
     axis, want = w.dequant.arg(3, "axis"), 1 if c.transposed else 0
     if axis != want:
         return Failure(NoKernel(node=c.node, detail=f"weight quantized per channel on axis {axis}, not {want}"))
-    if not isinstance(scale, NodeRef):
-        return Failure(NotConstant(node=c.node, role="weight scales", source=str(scale)))
     return _vector(snap, c, "weight scales", scale, geo.ocg if c.transposed else geo.oc)
 
 

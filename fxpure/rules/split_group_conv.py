@@ -8,12 +8,11 @@ from typing import final
 
 from returns.result import Failure, Result, Success
 
-from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_expr
+from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_operand
 from fxpure.reasons import (
     Depthwise,
     GroupsOutOfRange,
     Malformed,
-    NotConstant,
     Reason,
     SymbolicShape,
     TransposedConv,
@@ -67,12 +66,11 @@ def _match(snap: GraphSnapshot, node: NodeSnapshot, low: int, high: int) -> Resu
         return Failure(TransposedConv(node=c.node))
     if c.rank not in (1, 2):
         return Failure(UnsupportedRank(node=c.node, rank=c.rank, allowed=(1, 2)))
-    w = constant_expr(snap, c.w.name)
-    if w is None:
-        return Failure(NotConstant(node=c.node, role="weight", source=c.w.name))
-    b = constant_expr(snap, c.b.name) if c.b is not None else None
-    if c.b is not None and b is None:
-        return Failure(NotConstant(node=c.node, role="bias", source=c.b.name))
+    weight = constant_operand(snap, c.node, "weight", c.w)
+    bias = constant_operand(snap, c.node, "bias", c.b) if c.b is not None else Success(None)
+    if (err := first_failure((weight, bias))) is not None:
+        return Failure(err)
+    w, b = weight.unwrap(), bias.unwrap()
     x, out = _channels(snap.node(c.x.name).tensor_spec, c.node, "input"), _channels(node.tensor_spec, c.node, "output")
     w_spec = snap.constants[c.w.name].spec
     if (err := first_failure((x, out))) is not None:
