@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
-import time
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from executorch.backends.transforms.fuse_batch_norm_with_conv import FuseBatchNormWithConvPass
@@ -20,6 +16,7 @@ from executorch.exir import EdgeProgramManager, to_edge
 from torch import nn
 
 from adapters.passes import FuseConvBatchNormPass
+from benchmarks.timing import time_pass
 
 warnings.filterwarnings("ignore")
 
@@ -49,33 +46,14 @@ def constant_bytes(edge: EdgeProgramManager) -> int:
     return sum(t.numel() * t.element_size() for t in ep.state_dict.values())
 
 
-def _time_pass(original: EdgeProgramManager, make: Callable[[Any], Callable[[torch.fx.GraphModule], Any]]) -> float:
-    """Seconds one pass call takes on a fresh copy (the pass only, no pass manager around it)."""
-    program = copy.deepcopy(original).exported_program()
-    fn = make(program)
-    t0 = time.perf_counter()
-    fn(program.graph_module)
-    return time.perf_counter() - t0
-
-
-def _time_without_gc(
-    original: EdgeProgramManager, make: Callable[[Any], Callable[[torch.fx.GraphModule], Any]]
-) -> float:
-    gc.disable()
-    try:
-        return _time_pass(original, make)
-    finally:
-        gc.enable()
-
-
 def measure(blocks: int, channels: int, pte: bool, repeats: int) -> dict[str, float]:
     original = edge_program(blocks, channels)
     nodes = len(original.exported_program().graph.nodes)
-    ours = min(_time_pass(original, FuseConvBatchNormPass) for _ in range(repeats))
+    ours = min(time_pass(original, FuseConvBatchNormPass)[0] for _ in range(repeats))
     upstream_repeats = 1 if nodes > 2000 else repeats
-    theirs = min(_time_pass(original, FuseBatchNormWithConvPass) for _ in range(upstream_repeats))
+    theirs = min(time_pass(original, FuseBatchNormWithConvPass)[0] for _ in range(upstream_repeats))
     # fxpure pauses the cyclic GC while it works; show upstream with the same help too
-    theirs_nogc = min(_time_without_gc(original, FuseBatchNormWithConvPass) for _ in range(upstream_repeats))
+    theirs_nogc = min(time_pass(original, FuseBatchNormWithConvPass, gc_off=True)[0] for _ in range(upstream_repeats))
     row = {
         "nodes": nodes,
         "ours_us": 1e6 * ours / nodes,
@@ -102,8 +80,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of N (upstream: 1 above 2000 nodes)")
     args = parser.parse_args()
     warm = edge_program(2, 8)  # first-call costs (imports, dispatch caches) off the clock, for both
-    _time_pass(warm, FuseConvBatchNormPass)
-    _time_pass(warm, FuseBatchNormWithConvPass)
+    time_pass(warm, FuseConvBatchNormPass)
+    time_pass(warm, FuseBatchNormWithConvPass)
     print(
         f"{'nodes':>6} {'fxpure µs/node':>15} {'upstream µs/node':>17} {'speed-up':>9} "
         f"{'(upstream GC off)':>18} {'fxpure .pte/ideal':>18} {'upstream .pte/ideal':>20}"

@@ -7,12 +7,8 @@ program. Run: python -m benchmarks.bench_qconv
 from __future__ import annotations
 
 import argparse
-import copy
-import gc
-import time
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from executorch.exir import EdgeProgramManager
@@ -20,6 +16,7 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from adapters.passes import QuantizedConvolutionPass
+from benchmarks.timing import time_pass
 from tests.quantized import quantize, upstream_pack
 
 warnings.filterwarnings("ignore")
@@ -49,24 +46,9 @@ def program(layers: int, channels: int) -> EdgeProgramManager:
     return quantize(Stack(layers, channels), (torch.randn(1, channels, 8, 8),))
 
 
-Run = Callable[[ExportedProgram], Any]
-
-
-def ours(ep: ExportedProgram) -> Any:
-    return QuantizedConvolutionPass(ep)(ep.graph_module)
-
-
-def _time(original: EdgeProgramManager, run: Run, gc_off: bool = False) -> tuple[float, ExportedProgram]:
-    """Seconds one run takes on a fresh copy, and the copy."""
-    ep = copy.deepcopy(original).exported_program()
-    if gc_off:
-        gc.disable()
-    try:
-        t0 = time.perf_counter()
-        run(ep)
-        return time.perf_counter() - t0, ep
-    finally:
-        gc.enable()
+def upstream(ep: ExportedProgram) -> Callable[[torch.fx.GraphModule], object]:
+    """Upstream's detector + replacement loop over ``ep``, as a pass on its graph module."""
+    return lambda _: upstream_pack(ep)
 
 
 def constant_bytes(ep: ExportedProgram) -> int:
@@ -81,8 +63,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of N, the two interleaved")
     args = parser.parse_args()
     warm = program(3, 8)  # first-call costs (imports, dispatch caches) off the clock, for both
-    _time(warm, ours)
-    _time(warm, upstream_pack)
+    time_pass(warm, QuantizedConvolutionPass)
+    time_pass(warm, upstream)
     print(
         f"{'layers':>6} {'fxpure ms/conv':>15} {'upstream ms/conv':>17} {'speed-up':>9} "
         f"{'(upstream GC off)':>18} {'fxpure const B':>15} {'upstream const B':>17}"
@@ -91,10 +73,12 @@ def main() -> None:
     for layers in args.layers:
         original = program(layers, args.channels)
         # interleaved, so both see the same phases of this shared machine's load
-        runs = [(_time(original, ours), _time(original, upstream_pack)) for _ in range(args.repeats)]
+        runs = [
+            (time_pass(original, QuantizedConvolutionPass), time_pass(original, upstream)) for _ in range(args.repeats)
+        ]
         t_ours, ep_ours = min((r[0] for r in runs), key=lambda r: r[0])
         t_up, ep_up = min((r[1] for r in runs), key=lambda r: r[0])
-        t_up_nogc = min(_time(original, upstream_pack, gc_off=True)[0] for _ in range(args.repeats))
+        t_up_nogc = min(time_pass(original, upstream, gc_off=True)[0] for _ in range(args.repeats))
         rows.append((layers, t_ours, t_up))
         print(
             f"{layers:>6} {1e3 * t_ours / layers:>15.3f} {1e3 * t_up / layers:>17.3f} {t_up / t_ours:>8.1f}x "
