@@ -33,6 +33,17 @@ class Reason:
         return f"{self.code}: {self.message}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Detailed(Reason):
+    """A reason told by a free-form detail about its node."""
+
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: {self.detail}"
+
+
 R = TypeVar("R", bound=Reason)
 
 
@@ -52,15 +63,10 @@ def first_failure(results: Iterable[Result[object, R]]) -> R | None:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Malformed(Reason):
+class Malformed(_Detailed):
     """A node's arguments do not fit its op's schema."""
 
     code: ClassVar[str] = "malformed-node"
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: {self.detail}"
 
 
 @final
@@ -173,15 +179,10 @@ class ChannelMismatch(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlanConflict(Reason):
+class PlanConflict(_Detailed):
     """Two plans claim the same node, or a plan does not fit the graph."""
 
     code: ClassVar[str] = "plan-conflict"
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: {self.detail}"
 
 
 @final
@@ -199,15 +200,10 @@ class BadExpr(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InvalidSnapshot(Reason):
+class InvalidSnapshot(_Detailed):
     """A snapshot breaks an invariant (order, users, constants)."""
 
     code: ClassVar[str] = "invalid-snapshot"
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: {self.detail}"
 
 
 @final
@@ -308,12 +304,7 @@ class ChannelAlignment(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NoKernel(Reason):
+class NoKernel(_Detailed):
     """No target kernel implements this configuration."""
 
     code: ClassVar[str] = "no-kernel"
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: {self.detail}"
