@@ -325,11 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command != "demo":  # bad input is answered before torch is even imported
-            _rules(args.rules)
+            names = _rules(args.rules)
             _check_path(args.model)
-        if args.command == "apply":
-            _check_writable(args.output, args.pte)
-            _check_runnable(_rules(args.rules), args)
+            if args.command == "apply":
+                _check_writable(args.output, args.pte)
+                _check_runnable(names, args)
         _quiet_libraries()
         if args.command == "demo":
             return demo()
