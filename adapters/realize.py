@@ -24,7 +24,9 @@ from adapters.snap import Captured, Program, capture_program
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import RewritePlan, RewriteReport, Rule
+from fxpure.reasons import NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
+from fxpure.weights import subexpressions
 
 V = TypeVar("V")
 
@@ -367,9 +369,44 @@ def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def realize(cap: Captured, after: GraphSnapshot) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
-    """Make the live program match ``after``; raises _ApplyError with nothing changed."""
-    new = _materialize_new(cap, after)
+def _non_finite(new: Mapping[str, torch.Tensor]) -> list[str]:
+    """Derived floating constants holding inf or NaN (a fold that overflowed its dtype, say)."""
+    return [k for k, t in new.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str], Reason]:
+    """Every plan whose new constants a non-finite constant is computed from, with the reason."""
+    out: dict[tuple[str, str], Reason] = {}
+    for name in bad:
+        info = report.after.constants[name]
+        inside = subexpressions(info.source) if info.source is not None else frozenset()
+        for p in report.plans:
+            if any(c.expr in inside for c in p.constants):
+                out[(p.rule, p.anchor)] = NonFinite(node=p.anchor, constant=name, dtype=info.spec.dtype)
+    return out
+
+
+def _finite_plan(cap: Captured, rules: Sequence[Rule]) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
+    """Plan, compute the new constants, and decline (then plan again without) every plan whose
+    constants are not finite; raises _ApplyError if a constant cannot be computed."""
+    declined: dict[tuple[str, str], Reason] = {}
+    while True:
+        report = fxpure.plan(cap.snap, rules, declined=declined)
+        new = _materialize_new(cap, report.after) if report.plans else {}
+        bad = _non_finite(new)
+        more = {k: v for k, v in _culprits(report, bad).items() if k not in declined}
+        if not bad:
+            return report, new
+        if not more:
+            raise _ApplyError("non-finite-weight", f"{bad[0]} is not finite and no plan computes it")
+        declined.update(more)
+
+
+def realize(
+    cap: Captured, after: GraphSnapshot, new: dict[str, torch.Tensor]
+) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
+    """Make the live program match ``after`` (its new constants computed: ``new``); raises
+    _ApplyError with nothing changed."""
     b = _Builder(cap=cap, after=after, tensors=new)
     try:
         for rec in after.nodes:
@@ -394,14 +431,16 @@ def realize(cap: Captured, after: GraphSnapshot) -> tuple[tuple[str, ...], tuple
     return added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
 
 
-def _run(cap: Captured, report: RewriteReport) -> Result[TransformOutcome, TransformError]:
+def _run(
+    cap: Captured, report: RewriteReport, new: dict[str, torch.Tensor]
+) -> Result[TransformOutcome, TransformError]:
     if not report.plans:
         size = _bytes(cap.tensors)
         return Success(
             TransformOutcome(report=report, changed=False, constant_bytes_before=size, constant_bytes_after=size)
         )
     try:
-        added, dropped, before, after = realize(cap, report.after)
+        added, dropped, before, after = realize(cap, report.after, new)
     except _ApplyError as e:
         return Failure(TransformError(code=e.code, message=str(e)))
     return Success(
@@ -441,10 +480,13 @@ def transform(
     """Plan ``rules`` on ``program`` and apply them in place, all or nothing."""
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
-        report = fxpure.plan(cap.snap, rules)
+        try:
+            report, new = _finite_plan(cap, rules)
+        except _ApplyError as e:
+            return Failure(TransformError(code=e.code, message=str(e)))
         if dry_run:
             return Success(TransformOutcome(report=report, changed=False))
-        return _run(cap, report)
+        return _run(cap, report, new)
 
     with _no_cyclic_gc():
         return _captured(program).bind(go)
@@ -458,7 +500,14 @@ def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOut
         if isinstance(after, Failure):
             return Failure(TransformError(code="plan-conflict", message=str(after.failure())))
         report = RewriteReport(plans=tuple(plans), rejections=(), before=cap.snap, after=after.unwrap())
-        return _run(cap, report)
+        try:
+            new = _materialize_new(cap, report.after)
+        except _ApplyError as e:
+            return Failure(TransformError(code=e.code, message=str(e)))
+        bad = _non_finite(new)
+        if bad:
+            return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
+        return _run(cap, report, new)
 
     with _no_cyclic_gc():
         return _captured(program).bind(go)

@@ -135,6 +135,17 @@ def _constant(
 _EMPTY: PMap[str, Arg] = pmap()
 
 
+def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset[str]:
+    """Names a new constant must not take: every state-dict / constant key and attribute of the
+    module, with each dotted prefix (a submodule's name)."""
+    keys = [*ep.state_dict, *ep.constants] if ep is not None else []
+    keys += [k for k, _ in gm.named_parameters(remove_duplicate=False)]
+    keys += [k for k, _ in gm.named_buffers(remove_duplicate=False)]
+    keys += [k for k, _ in gm.named_modules(remove_duplicate=False)]
+    prefixes = {k[:i] for k in keys for i, ch in enumerate(k) if ch == "."}
+    return frozenset(keys) | prefixes | frozenset(dir(gm))
+
+
 def capture_program(program: Program) -> Captured:
     """Snapshot a program and keep the live tensors and input specs beside it."""
     ep = program if isinstance(program, ExportedProgram) else None
@@ -169,7 +180,9 @@ def capture_program(program: Program) -> Captured:
                 spec=_spec(n.meta.get("val")),
             )
         )
-    snap = snapshot(nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None)
+    snap = snapshot(
+        nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
+    )
     return Captured(program=program, gm=gm, snap=snap, tensors=tensors, specs=specs)
 
 

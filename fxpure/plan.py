@@ -267,7 +267,9 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
             if c in claimed:
                 return _conflict(c, f"claimed by plans at {claimed[c]} and {p.anchor}")
             claimed[c] = p.anchor
-    batch = _Batch(snap=snap, used=set(snap.index))
+    # a new constant's name is also its key in the program: unique among nodes, keys and attributes
+    used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
+    batch = _Batch(snap=snap, used=used)
     batch.by_expr = {info.source: name for name, info in snap.constants.items() if info.source is not None}
     for p in plans:
         err = batch.add(p)
@@ -333,15 +335,20 @@ def _finish(
             lifted=snap.lifted,
             users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
             index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
+            reserved=snap.reserved,
         )
     )
 
 
-def plan(snap: GraphSnapshot, rules: Sequence[Rule]) -> RewriteReport:
+def plan(
+    snap: GraphSnapshot, rules: Sequence[Rule], *, declined: Mapping[tuple[str, str], Reason] | None = None
+) -> RewriteReport:
     """Run rules in order; each stage plans on the previous stage's rewritten snapshot.
 
     Every candidate ends as a plan or a rejection; overlapping plans: the first
-    in topological order wins.
+    in topological order wins. ``declined`` maps ``(rule, anchor)`` to a reason
+    found outside the core (an adapter that computed a weight, say): those
+    candidates are rejected with it.
 
     >>> from fxpure.snapshot import snapshot
     >>> report = plan(snapshot([], {}), [])
@@ -353,7 +360,8 @@ def plan(snap: GraphSnapshot, rules: Sequence[Rule]) -> RewriteReport:
         accepted: list[RewritePlan] = []
         claimed: dict[str, str] = {}
         for node in rule.anchors(current):
-            result = rule.plan_at(current, node)
+            known = declined.get((rule.name, node.name)) if declined else None
+            result = Failure(known) if known is not None else rule.plan_at(current, node)
             if isinstance(result, Failure):
                 rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
                 continue

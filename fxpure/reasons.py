@@ -308,3 +308,17 @@ class NoKernel(_Detailed):
     """No target kernel implements this configuration."""
 
     code: ClassVar[str] = "no-kernel"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NonFinite(Reason):
+    """A derived constant computes to inf or NaN (e.g. a fold that overflows float16)."""
+
+    code: ClassVar[str] = "non-finite-weight"
+    constant: str
+    dtype: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: folding gives inf or NaN in {self.constant} ({self.dtype})"

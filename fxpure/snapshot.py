@@ -174,6 +174,9 @@ class GraphSnapshot:
     # derived from ``nodes`` (so left out of equality and hashing); read-only views
     users: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False)
     index: Mapping[str, int] = field(compare=False, hash=False)
+    # names the program already uses besides its nodes (state-dict keys, module attributes): new
+    # constants must not take them
+    reserved: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
 
     def node(self, name: str) -> NodeSnapshot:
         """The node called ``name`` (KeyError if there is none)."""
@@ -200,8 +203,11 @@ def snapshot(
     *,
     dialect: str = "aten",
     lifted: bool = True,
+    reserved: Iterable[str] = (),
 ) -> GraphSnapshot:
     """Build a snapshot, deriving users and the name index in one pass.
+
+    ``reserved``: names a new constant must not take (the program's state-dict keys, say).
 
     >>> g = snapshot([NodeSnapshot(name="x", op="placeholder", target="x"),
     ...               NodeSnapshot(name="out", op="output", target="output",
@@ -218,6 +224,7 @@ def snapshot(
         lifted=lifted,
         users=MappingProxyType(users),
         index=MappingProxyType(index),
+        reserved=frozenset(reserved),
     )
 
 

@@ -311,6 +311,37 @@ def sources(expr: WeightExpr) -> frozenset[str]:
             return frozenset().union(*(sources(p) for p in parts if p is not None))
 
 
+def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
+    """The expressions ``expr`` is computed from, in field order."""
+    match expr:
+        case Source() | Fill():
+            return ()
+        case Permute() | Reshape() | Slice() | PadTo() | SumOver() | Cast():
+            return (expr.x,)
+        case Concat():
+            return expr.xs
+        case FoldBatchNorm():
+            parts = (expr.weight, expr.bias, expr.mean, expr.var, expr.gamma, expr.beta)
+            return tuple(p for p in parts if p is not None)
+
+
+def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
+    """``expr`` and every expression inside it.
+
+    >>> s = Source(key="w", spec=TensorSpec(shape=(4,), dtype="int8"))
+    >>> subexpressions(Cast(x=s, dtype="float32")) == {s, Cast(x=s, dtype="float32")}
+    True
+    """
+    seen: set[WeightExpr] = set()
+    todo = [expr]
+    while todo:
+        e = todo.pop()
+        if e not in seen:
+            seen.add(e)
+            todo.extend(children(e))
+    return frozenset(seen)
+
+
 def inverse(expr: WeightExpr, y: WeightExpr) -> Result[WeightExpr, BadExpr]:
     """Given ``y`` equal to ``expr``'s value, an expression for ``expr.x``.
 
