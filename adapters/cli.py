@@ -215,6 +215,8 @@ def explain(args: argparse.Namespace) -> int:
         print(f"fxpure: error: {result.failure()}", file=sys.stderr)
         return EXIT_BAD_INPUT
     report = result.unwrap().report
+    if args.node is not None:
+        return _explain_node(report, [RULES[n]() for n in names], args.node, args.json)
     if args.json:
         print(
             json.dumps(
@@ -229,6 +231,38 @@ def explain(args: argparse.Namespace) -> int:
         print(f"nothing to rewrite: no candidates for {', '.join(names)}")
     print(table(report, node_meta(program.graph_module), names))
     return EXIT_OK
+
+
+def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> int:
+    """How far each rule got at one node: its reason (code, pattern path, message), the bindings
+    it had made, and how many pattern primitives matched."""
+    import json
+
+    from fxpure.pattern import attempts
+    from fxpure.serial import to_data
+
+    if node not in report.before.index:
+        raise BadInput(f"no node {node!r} in the program")
+    found = attempts(report, rules, node)
+    if as_json:
+        print(json.dumps({"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}, indent=2))
+        return EXIT_OK
+    target = report.before.node(node).target
+    if not found:
+        print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
+    for a in found:
+        outcome = "will rewrite" if a.reason is None else f"declined: {a.reason.code} at {a.reason.path or '-'}"
+        print(f"{a.rule} at {node} ({target}): {outcome}")
+        if a.reason is not None:
+            print(f"  {a.reason.message}")
+        bound = ", ".join(f"{k}={_shown(v)}" for k, v in a.bindings.items())
+        print(f"  matched {a.depth} pattern primitives; bound: {bound or 'nothing'}")
+    return EXIT_OK
+
+
+def _shown(value: Any) -> str:
+    name = getattr(value, "name", None) or getattr(value, "key", None)
+    return str(name) if isinstance(name, str) else repr(value)
 
 
 def apply_cmd(args: argparse.Namespace) -> int:
@@ -314,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ex.add_argument("--rules", default=DEFAULT_RULES, help=rules_help)
     ex.add_argument("--edge", action="store_true", help="lower to the edge dialect before planning")
     ex.add_argument("--json", action="store_true", help="machine-readable output (schema fxpure.report/1)")
+    ex.add_argument("--node", help="show how far each rule got at this node (reason, pattern path, bindings)")
     ap = sub.add_parser("apply", help="apply the rules and save the rewritten program")
     ap.add_argument("model", help="a .pt2 file saved with torch.export.save")
     ap.add_argument("-o", "--output", required=True, help="where to save the rewritten .pt2")

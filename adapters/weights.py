@@ -9,47 +9,26 @@ import torch
 
 from adapters.torchnames import dtype_of
 from fxpure.weights import (
+    Binary,
     Cast,
     Concat,
+    Dequantize,
     Fill,
-    FoldBatchNorm,
     PadTo,
     Permute,
+    Quantize,
     Reshape,
     Slice,
     Source,
     SumOver,
+    Unary,
+    Unsqueeze,
     WeightExpr,
     sources,
 )
 
 Eval = Callable[[WeightExpr], torch.Tensor]
 Memo = dict[object, torch.Tensor]
-
-
-def _fold_bn(e: FoldBatchNorm, ev: Eval, memo: dict[object, torch.Tensor]) -> torch.Tensor:
-    w = ev(e.weight)
-    f32 = torch.float32
-    var = ev(e.var).to(f32)
-    oc = var.shape[0]
-    key = ("scale", e.var, e.gamma, e.eps)
-    scale = memo.get(key)
-    if scale is None:
-        scale = memo[key] = (
-            torch.rsqrt(var + e.eps) if e.gamma is None else ev(e.gamma).to(f32) * torch.rsqrt(var + e.eps)
-        )
-    if e.part == "bias":
-        bias = -ev(e.mean).to(f32) if e.bias is None else ev(e.bias).to(f32) - ev(e.mean).to(f32)
-        bias = bias * scale
-        return (bias if e.beta is None else bias + ev(e.beta).to(f32)).to(w.dtype)
-    k = (1,) * (w.dim() - 2)
-    w32 = w.to(f32)
-    if not e.transposed:
-        return (w32 * scale.reshape(oc, 1, *k)).to(w.dtype)
-    # transposed weight: (IC, OC/g, ...) with output channel g*(OC/g)+j at [g*(IC/g)+i, j]
-    g = e.groups
-    grouped = w32.reshape(g, w.shape[0] // g, w.shape[1], *w.shape[2:])
-    return (grouped * scale.reshape(g, 1, w.shape[1], *k)).reshape(w.shape).to(w.dtype)
 
 
 def _pad_to(e: PadTo, ev: Eval) -> torch.Tensor:
@@ -67,16 +46,56 @@ def _sum_over(e: SumOver, ev: Eval) -> torch.Tensor:
     return ev(e.x).to(dtype).sum(dim=e.dims, dtype=dtype)
 
 
-_RULES: Mapping[type, Callable[[Any, Eval, Memo], torch.Tensor]] = {
-    Permute: lambda e, ev, _: ev(e.x).permute(e.dims),
-    Reshape: lambda e, ev, _: ev(e.x).reshape(e.shape),
-    Slice: lambda e, ev, _: ev(e.x).narrow(e.dim, e.start, e.stop - e.start),
-    PadTo: lambda e, ev, _: _pad_to(e, ev),
-    SumOver: lambda e, ev, _: _sum_over(e, ev),
-    Cast: lambda e, ev, _: ev(e.x).to(dtype_of(e.dtype)),
-    Concat: lambda e, ev, _: torch.cat([ev(x) for x in e.xs], dim=e.dim),
-    Fill: lambda e, _, __: torch.full(e.shape, e.value, dtype=dtype_of(e.dtype)),
-    FoldBatchNorm: _fold_bn,
+def _along(t: torch.Tensor, axis: int | None, rank: int) -> torch.Tensor:
+    """A per-tensor or per-channel parameter shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+    if axis is None:
+        return t.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = -1
+    return t.reshape(shape)
+
+
+def _quantize(e: Quantize, ev: Eval) -> torch.Tensor:
+    x = ev(e.x).to(torch.float32)
+    scale = _along(ev(e.scale).to(torch.float32), e.axis, x.dim())
+    zero = _along(ev(e.zero_point).to(torch.float32), e.axis, x.dim())
+    return torch.clamp(torch.round(x / scale) + zero, e.quant_min, e.quant_max).to(dtype_of(e.dtype))
+
+
+def _dequantize(e: Dequantize, ev: Eval) -> torch.Tensor:
+    x = ev(e.x).to(torch.float32)
+    scale = _along(ev(e.scale).to(torch.float32), e.axis, x.dim())
+    zero = _along(ev(e.zero_point).to(torch.float32), e.axis, x.dim())
+    return ((x - zero) * scale).to(dtype_of(e.dtype))
+
+
+_BINARY: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+}
+_UNARY: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "neg": torch.neg,
+    "reciprocal": torch.reciprocal,
+}
+
+_RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
+    Permute: lambda e, ev: ev(e.x).permute(e.dims),
+    Reshape: lambda e, ev: ev(e.x).reshape(e.shape),
+    Unsqueeze: lambda e, ev: ev(e.x).unsqueeze(e.dim),
+    Slice: lambda e, ev: ev(e.x).narrow(e.dim, e.start, e.stop - e.start),
+    PadTo: _pad_to,
+    SumOver: _sum_over,
+    Cast: lambda e, ev: ev(e.x).to(dtype_of(e.dtype)),
+    Concat: lambda e, ev: torch.cat([ev(x) for x in e.xs], dim=e.dim),
+    Fill: lambda e, _: torch.full(e.shape, e.value, dtype=dtype_of(e.dtype)),
+    Binary: lambda e, ev: _BINARY[e.op](ev(e.a), ev(e.b)),
+    Unary: lambda e, ev: _UNARY[e.op](ev(e.x)),
+    Quantize: _quantize,
+    Dequantize: _dequantize,
 }
 
 
@@ -92,7 +111,7 @@ def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Mem
             return tensors[e.key].detach()
         value = cache.get(e)
         if value is None:
-            value = cache[e] = _RULES[type(e)](e, ev, cache)
+            value = cache[e] = _RULES[type(e)](e, ev)
         return value
 
     with torch.no_grad():

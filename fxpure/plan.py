@@ -319,7 +319,7 @@ def _finish(
     erased: set[str],
     prune: set[str],
 ) -> Result[GraphSnapshot, PlanConflict]:
-    users, index, bad = derive(nodes)
+    users, index, targets, bad = derive(nodes)
     for name in erased:
         if users.get(name):
             return _conflict(name, f"erased but still read by {users[name][0]}")
@@ -327,6 +327,8 @@ def _finish(
         return _conflict(bad.node, bad.detail)
     dead = _dead(nodes, users, index, {k for k in constants if k in index}, prune)
     live = pvector(n for n in nodes if n.name not in dead)
+    if dead:
+        targets = {t: tuple(n for n in ns if n not in dead) for t, ns in targets.items()}
     return Success(
         GraphSnapshot(
             nodes=live,
@@ -335,6 +337,7 @@ def _finish(
             lifted=snap.lifted,
             users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
             index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
+            targets=MappingProxyType({t: ns for t, ns in targets.items() if ns}),
             reserved=snap.reserved,
         )
     )

@@ -1,24 +1,32 @@
 """Typed reasons: why a rule declined a candidate, or why a rewrite failed.
 
-Every reason is a frozen record with a stable kebab-case ``code`` and a human
-``message``. The set is closed: rules only ever return these.
+One record per failure mode: each pattern primitive fails in exactly one way and says so
+with one of these, carrying a stable kebab-case ``code`` (a primitive may be given its own
+code, such as ``producer-not-conv`` for "the producer is not a convolution"), the ``node``
+where it failed, the ``path`` in the pattern (``bn.input/conv.weight``), and the details.
+``message`` is for people; codes and field names are stable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar, final
+from typing import TYPE_CHECKING, TypeVar, final
 
 from returns.result import Failure, Result
+
+if TYPE_CHECKING:
+    from fxpure.snapshot import Arg, Dim
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reason:
-    """Base of every reason record; ``code`` is stable, ``message`` is for people."""
+    """Base of every reason record: a stable ``code``, the ``node`` it is about, and ``path``,
+    where in the pattern it failed ("" when no pattern was involved)."""
 
-    code: ClassVar[str] = "reason"
+    code: str
     node: str
+    path: str = ""
 
     @property
     def message(self) -> str:
@@ -27,7 +35,7 @@ class Reason:
         >>> NotConstant(node="conv", role="weight", source="x").message
         "weight of conv is not a constant (it is computed by 'x')"
         """
-        return self.code
+        return f"{self.node}: {self.code}"
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -61,46 +69,42 @@ def first_failure(results: Iterable[Result[object, R]]) -> R | None:
     return None
 
 
+# --- failures of pattern primitives ---------------------------------------------------------------
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Malformed(_Detailed):
     """A node's arguments do not fit its op's schema."""
 
-    code: ClassVar[str] = "malformed-node"
+    code: str = "malformed-node"
 
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NotAConv(Reason):
-    """The batch norm's input is not produced by a convolution."""
+class WrongOp(Reason):
+    """An operand comes from (or, ``consumer``, the output goes to) a node of another op."""
 
-    code: ClassVar[str] = "producer-not-conv"
+    code: str = "wrong-op"
+    role: str
     producer: str
     target: str
+    expected: str
+    consumer: bool = False
 
     @property
     def message(self) -> str:
-        return f"input of {self.node} comes from {self.producer} ({self.target}), not a convolution"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainingMode(Reason):
-    """A batch norm that updates or uses batch statistics cannot be folded."""
-
-    code: ClassVar[str] = "bn-training-mode"
-
-    @property
-    def message(self) -> str:
-        return f"{self.node} runs in training mode (batch statistics)"
+        if self.consumer:
+            return f"output of {self.node} goes to {self.producer} ({self.target}), not {self.expected}"
+        return f"{self.role} of {self.node} comes from {self.producer} ({self.target}), not {self.expected}"
 
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputShared(Reason):
-    """The conv output is read by other nodes too, so it must stay unfused."""
+    """A node the rewrite would remove is also read by other nodes."""
 
-    code: ClassVar[str] = "conv-output-shared"
+    code: str = "output-shared"
     users: tuple[str, ...]
 
     @property
@@ -110,15 +114,16 @@ class OutputShared(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StatsUsed(Reason):
-    """A user reads the batch norm's saved mean/invstd, not just its output."""
+class TupleUsed(Reason):
+    """A user reads another element of a tuple-output op than the one the rewrite keeps."""
 
-    code: ClassVar[str] = "bn-stats-used"
+    code: str = "tuple-output-used"
     user: str
+    index: int
 
     @property
     def message(self) -> str:
-        return f"{self.user} reads more than output 0 of {self.node}"
+        return f"{self.user} reads more than output {self.index} of {self.node}"
 
 
 @final
@@ -126,7 +131,7 @@ class StatsUsed(Reason):
 class NotConstant(Reason):
     """An operand the rule must fold is computed at run time."""
 
-    code: ClassVar[str] = "not-constant"
+    code: str = "not-constant"
     role: str
     source: str
 
@@ -137,12 +142,64 @@ class NotConstant(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NotScalar(Reason):
+    """An operand the rule needs as a Python number is something else."""
+
+    code: str = "not-scalar"
+    role: str
+    value: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.role} of {self.node} is {self.value}, not a number"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArgMismatch(Reason):
+    """A non-tensor argument has a value the rule does not handle. ``text``, when given, is the
+    message with ``{node}``, ``{role}``, ``{value}`` and ``{expected}`` filled in."""
+
+    code: str = "arg-mismatch"
+    role: str
+    value: Arg
+    expected: tuple[Arg, ...]
+    text: str = ""
+
+    @property
+    def message(self) -> str:
+        expected = " or ".join(repr(e) for e in self.expected)
+        if self.text:
+            return self.text.format(node=self.node, role=self.role, value=self.value, expected=expected)
+        return f"{self.role} of {self.node} is {self.value!r}, expected {expected}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BindingConflict(Reason):
+    """A pattern variable used twice would bind two different values."""
+
+    code: str = "binding-conflict"
+    name: str
+    first: str
+    second: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.name} is {self.first} in one place and {self.second} at {self.node}"
+
+
+# --- failures of typed checks on bound values -----------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SymbolicShape(Reason):
     """A dimension the rule needs is symbolic."""
 
-    code: ClassVar[str] = "symbolic-shape"
+    code: str = "symbolic-shape"
     role: str
-    shape: tuple[int | str, ...]
+    shape: tuple[Dim, ...]
 
     @property
     def message(self) -> str:
@@ -154,7 +211,7 @@ class SymbolicShape(Reason):
 class UnsupportedDtype(Reason):
     """The rule only handles some dtypes."""
 
-    code: ClassVar[str] = "unsupported-dtype"
+    code: str = "unsupported-dtype"
     role: str
     dtype: str
 
@@ -165,10 +222,25 @@ class UnsupportedDtype(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnsupportedRank(Reason):
+    """The rule handles only some ranks (``of``: what is counted, e.g. "spatial dims")."""
+
+    code: str = "unsupported-rank"
+    rank: int
+    allowed: tuple[int, ...]
+    of: str = "spatial dims"
+
+    @property
+    def message(self) -> str:
+        return f"{self.node} has {self.rank} {self.of}, the rule handles {self.allowed}"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ChannelMismatch(Reason):
     """Channel counts of the fused operands disagree."""
 
-    code: ClassVar[str] = "channel-mismatch"
+    code: str = "channel-mismatch"
     expected: int
     found: int
 
@@ -179,10 +251,25 @@ class ChannelMismatch(Reason):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Declined(Reason):
+    """A rule's own check said no; ``detail`` is the whole message."""
+
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return self.detail
+
+
+# --- failures outside matching --------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanConflict(_Detailed):
     """Two plans claim the same node, or a plan does not fit the graph."""
 
-    code: ClassVar[str] = "plan-conflict"
+    code: str = "plan-conflict"
 
 
 @final
@@ -190,7 +277,7 @@ class PlanConflict(_Detailed):
 class BadExpr(Reason):
     """A weight expression is ill-typed (shape or dtype)."""
 
-    code: ClassVar[str] = "bad-weight-expr"
+    code: str = "bad-weight-expr"
     detail: str
 
     @property
@@ -203,111 +290,7 @@ class BadExpr(Reason):
 class InvalidSnapshot(_Detailed):
     """A snapshot breaks an invariant (order, users, constants)."""
 
-    code: ClassVar[str] = "invalid-snapshot"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupsOutOfRange(Reason):
-    """The number of groups is outside the rule's policy range."""
-
-    code: ClassVar[str] = "groups-out-of-range"
-    groups: int
-    low: int
-    high: int
-
-    @property
-    def message(self) -> str:
-        return f"groups={self.groups}, allowed {self.low}..{self.high}"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Depthwise(Reason):
-    """A depthwise convolution (in == out == groups) runs natively; nothing to split."""
-
-    code: ClassVar[str] = "depthwise-conv"
-    groups: int
-
-    @property
-    def message(self) -> str:
-        return f"{self.node} is depthwise (in = out = groups = {self.groups})"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TransposedConv(Reason):
-    """The rule handles only regular (not transposed) convolutions."""
-
-    code: ClassVar[str] = "transposed-conv"
-
-    @property
-    def message(self) -> str:
-        return f"{self.node} is a transposed convolution"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UnsupportedRank(Reason):
-    """The rule handles only some numbers of spatial dims."""
-
-    code: ClassVar[str] = "unsupported-rank"
-    rank: int
-    allowed: tuple[int, ...]
-
-    @property
-    def message(self) -> str:
-        return f"{self.node} has {self.rank} spatial dims, the rule handles {self.allowed}"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NotQuantized(Reason):
-    """An operand is not in the quantized form the rule rewrites (dequantize in, quantize out)."""
-
-    code: ClassVar[str] = "not-quantized"
-    role: str
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.role} of {self.node} {self.detail}"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AsymmetricWeight(Reason):
-    """The weight has non-zero (or unknown) zero points; the int8 kernels assume symmetric weights."""
-
-    code: ClassVar[str] = "asymmetric-weight"
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"weight of {self.node}: {self.detail}"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChannelAlignment(Reason):
-    """A channel count the kernel needs aligned to its texel width is not."""
-
-    code: ClassVar[str] = "channel-alignment"
-    what: str
-    channels: int
-    align: int
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: {self.what} is {self.channels}, not a multiple of {self.align}"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NoKernel(_Detailed):
-    """No target kernel implements this configuration."""
-
-    code: ClassVar[str] = "no-kernel"
+    code: str = "invalid-snapshot"
 
 
 @final
@@ -315,10 +298,15 @@ class NoKernel(_Detailed):
 class NonFinite(Reason):
     """A derived constant computes to inf or NaN (e.g. a fold that overflows float16)."""
 
-    code: ClassVar[str] = "non-finite-weight"
+    code: str = "non-finite-weight"
     constant: str
     dtype: str
 
     @property
     def message(self) -> str:
         return f"{self.node}: folding gives inf or NaN in {self.constant} ({self.dtype})"
+
+
+GENERIC_CODES = frozenset({"malformed-node", "plan-conflict", "bad-weight-expr", "non-finite-weight"})
+"""Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
+overlaps another, a derived weight that is ill-typed or (found by the adapter) not finite."""

@@ -174,6 +174,7 @@ class GraphSnapshot:
     # derived from ``nodes`` (so left out of equality and hashing); read-only views
     users: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False)
     index: Mapping[str, int] = field(compare=False, hash=False)
+    targets: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False, repr=False)
     # names the program already uses besides its nodes (state-dict keys, module attributes): new
     # constants must not take them
     reserved: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
@@ -181,6 +182,13 @@ class GraphSnapshot:
     def node(self, name: str) -> NodeSnapshot:
         """The node called ``name`` (KeyError if there is none)."""
         return self.nodes[self.index[name]]
+
+    def calls(self, targets: Iterable[str]) -> tuple[NodeSnapshot, ...]:
+        """The nodes calling any of ``targets``, in topological order (through an index, no scan)."""
+        names = [n for t in targets for n in self.targets.get(t, ())]
+        if len(names) > 1:
+            names.sort(key=self.index.__getitem__)
+        return tuple(self.nodes[self.index[n]] for n in names)
 
     def users_of(self, name: str) -> tuple[NodeSnapshot, ...]:
         """Nodes that read ``name``, in topological order, each once."""
@@ -216,7 +224,7 @@ def snapshot(
     (('out',), ('x',))
     """
     vec = pvector(nodes)
-    users, index, _ = derive(vec)
+    users, index, targets, _ = derive(vec)
     return GraphSnapshot(
         nodes=vec,
         constants=constants if isinstance(constants, pyrsistent.PMap) else pmap(constants),
@@ -224,24 +232,29 @@ def snapshot(
         lifted=lifted,
         users=MappingProxyType(users),
         index=MappingProxyType(index),
+        targets=MappingProxyType(targets),
         reserved=frozenset(reserved),
     )
 
 
 def derive(
     nodes: Iterable[NodeSnapshot],
-) -> tuple[dict[str, tuple[str, ...]], dict[str, int], InvalidSnapshot | None]:
-    """Users, the name index, and the first order violation (if any), in one pass over the nodes.
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int], dict[str, tuple[str, ...]], InvalidSnapshot | None]:
+    """Users, the name index, the calls by target, and the first order violation (if any), in one
+    pass over the nodes.
 
-    >>> users, index, bad = derive([NodeSnapshot(name="y", op="call_function", target="t",
-    ...                                          args=(NodeRef("x"),))])
-    >>> users, index, bad.message
-    ({'y': (), 'x': ('y',)}, {'y': 0}, "y: reads 'x' before it is defined")
+    >>> users, index, targets, bad = derive([NodeSnapshot(name="y", op="call_function", target="t",
+    ...                                                   args=(NodeRef("x"),))])
+    >>> users, index, targets, bad.message
+    ({'y': (), 'x': ('y',)}, {'y': 0}, {'t': ('y',)}, "y: reads 'x' before it is defined")
     """
     users: dict[str, list[str]] = {}
     index: dict[str, int] = {}
+    targets: dict[str, list[str]] = {}
     bad: InvalidSnapshot | None = None
     for i, n in enumerate(nodes):
+        if n.op == "call_function":
+            targets.setdefault(n.target, []).append(n.name)
         if bad is None and n.name in index:
             bad = InvalidSnapshot(node=n.name, detail="duplicate node name")
         users.setdefault(n.name, [])
@@ -250,7 +263,7 @@ def derive(
                 bad = InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined")
             users.setdefault(r, []).append(n.name)
         index[n.name] = i
-    return {k: tuple(v) for k, v in users.items()}, index, bad
+    return {k: tuple(v) for k, v in users.items()}, index, {k: tuple(v) for k, v in targets.items()}, bad
 
 
 def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
@@ -261,7 +274,7 @@ def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
     >>> verify(bad).failure().message
     "y: reads 'x' before it is defined"
     """
-    users, index, bad = derive(snap.nodes)
+    users, index, targets, bad = derive(snap.nodes)
     missing = [k for k in snap.constants if k not in index]
     if bad is not None:
         return Failure(bad)
@@ -271,4 +284,6 @@ def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
         return Failure(InvalidSnapshot(node="<graph>", detail="users disagree with arguments"))
     if index != dict(snap.index):
         return Failure(InvalidSnapshot(node="<graph>", detail="name index disagrees with node order"))
+    if targets != dict(snap.targets):
+        return Failure(InvalidSnapshot(node="<graph>", detail="target index disagrees with the nodes"))
     return Success(snap)

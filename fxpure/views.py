@@ -1,148 +1,16 @@
-"""Views: one normalised record for the many spellings of an op."""
+"""Views: one normalised record for the many spellings of an op (read through its family)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import final
 
-from pyrsistent import pmap
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.reasons import Malformed, first_failure
+from fxpure.families import BATCH_NORM, CONV
+from fxpure.reasons import Malformed
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class _Schema:
-    """Positional parameter names, defaults, and values the spelling itself implies."""
-
-    params: tuple[str, ...]
-    defaults: Mapping[str, Arg]
-    fixed: Mapping[str, Arg]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
-        object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
-
-
-_CONV_DEFAULTS: Mapping[str, Arg] = {
-    "bias": None,
-    "stride": 1,
-    "padding": 0,
-    "dilation": 1,
-    "groups": 1,
-    "output_padding": 0,
-}
-_CONV_N = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-_CONV_T = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
-_CONVOLUTION = (
-    "input",
-    "weight",
-    "bias",
-    "stride",
-    "padding",
-    "dilation",
-    "transposed",
-    "output_padding",
-    "groups",
-)
-
-# canonical target -> argument schema; rank is read from the weight when absent
-CONV_SCHEMAS: Mapping[str, _Schema] = {
-    **{
-        f"aten.conv{r}d.{ov}": _Schema(_CONV_N, _CONV_DEFAULTS, {"transposed": False})
-        for r in (1, 2, 3)
-        for ov in ("default", "padding")
-    },
-    **{
-        f"aten.conv_transpose{r}d.{ov}": _Schema(_CONV_T, _CONV_DEFAULTS, {"transposed": True})
-        for r in (1, 2, 3)
-        for ov in ("default", "input")
-    },
-    "aten.convolution.default": _Schema(_CONVOLUTION, _CONV_DEFAULTS, {}),
-}
-
-_BN_NATIVE = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
-BATCH_NORM_SCHEMAS: Mapping[str, _Schema] = {
-    "aten.batch_norm.default": _Schema(
-        (*_BN_NATIVE, "cudnn_enabled"), {"weight": None, "bias": None}, {"tuple_output": False}
-    ),
-    "aten.native_batch_norm.default": _Schema(_BN_NATIVE, {}, {"tuple_output": True}),
-    "aten._native_batch_norm_legit.default": _Schema(_BN_NATIVE, {}, {"tuple_output": True}),
-    "aten._native_batch_norm_legit_no_training.default": _Schema(
-        ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps"),
-        {},
-        {"tuple_output": True, "training": False},
-    ),
-}
-
-
-def respell(node: NodeSnapshot, updates: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], PMap[str, Arg]]:
-    """The node's arguments with some replaced by name, in the node's own spelling.
-
-    >>> n = NodeSnapshot(name="c", op="call_function", target="aten.conv2d.default",
-    ...                  args=(NodeRef("x"), NodeRef("w")))
-    >>> respell(n, {"weight": NodeRef("w2"), "bias": NodeRef("b2")})[0]
-    (NodeRef(name='x'), NodeRef(name='w2'), NodeRef(name='b2'))
-    """
-    params = CONV_SCHEMAS[node.target].params
-    args, kwargs = list(node.args), dict(node.kwargs)
-    for name in sorted(updates, key=params.index):
-        i = params.index(name)
-        if i < len(args):
-            args[i] = updates[name]
-        elif i == len(args) and name not in kwargs:
-            args.append(updates[name])
-        else:
-            kwargs[name] = updates[name]
-    return tuple(args), pmap(kwargs)
-
-
-def bind(node: NodeSnapshot, schema: _Schema) -> Result[dict[str, Arg], Malformed]:
-    """Arguments of ``node`` by parameter name, with defaults and fixed values."""
-    if len(node.args) > len(schema.params):
-        return Failure(Malformed(node=node.name, detail=f"{len(node.args)} positional arguments"))
-    bound: dict[str, Arg] = dict(schema.fixed)
-    for name, value in zip(schema.params, node.args, strict=False):
-        bound[name] = value
-    for name, value in node.kwargs.items():
-        if name not in schema.params:
-            return Failure(Malformed(node=node.name, detail=f"unexpected keyword {name!r}"))
-        bound[name] = value
-    for name in schema.params:
-        if name not in bound:
-            if name not in schema.defaults:
-                return Failure(Malformed(node=node.name, detail=f"missing argument {name!r}"))
-            bound[name] = schema.defaults[name]
-    return Success({**schema.defaults, **bound})
-
-
-def _ref(node: str, name: str, value: Arg, *, optional: bool) -> Result[NodeRef | None, Malformed]:
-    if isinstance(value, NodeRef) or (optional and value is None):
-        return Success(value)
-    return Failure(Malformed(node=node, detail=f"{name} is {value!r}, expected a tensor"))
-
-
-def _tensor(node: str, name: str, value: Arg) -> Result[NodeRef, Malformed]:
-    if isinstance(value, NodeRef):
-        return Success(value)
-    return Failure(Malformed(node=node, detail=f"{name} is {value!r}, expected a tensor"))
-
-
-def _ints(node: str, name: str, value: Arg, rank: int) -> Result[tuple[int, ...], Malformed]:
-    items = value if isinstance(value, tuple) else (value,)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-        return Failure(Malformed(node=node, detail=f"{name}={value!r} is not a list of ints"))
-    ints = tuple(v for v in items if isinstance(v, int))
-    if len(ints) == 1:
-        return Success(ints * rank)
-    if len(ints) != rank:
-        return Failure(Malformed(node=node, detail=f"{name}={value!r} does not fit {rank} spatial dims"))
-    return Success(ints)
 
 
 @final
@@ -167,12 +35,8 @@ class ConvView:
         return len(self.stride)
 
 
-def _conv_rank(snap: GraphSnapshot, node: NodeSnapshot, w: Arg) -> int | None:
-    digit = node.target.removeprefix("aten.conv_transpose").removeprefix("aten.conv")[:1]
-    if digit in ("1", "2", "3"):
-        return int(digit)
-    spec = snap.node(w.name).tensor_spec if isinstance(w, NodeRef) and w.name in snap.index else None
-    return len(spec.shape) - 2 if spec is not None and len(spec.shape) >= 3 else None
+def _ints(value: Arg) -> tuple[int, ...]:
+    return tuple(v for v in value if isinstance(v, int)) if isinstance(value, tuple) else ()
 
 
 def conv_view(snap: GraphSnapshot, node: NodeSnapshot) -> Result[ConvView, Malformed]:
@@ -185,39 +49,32 @@ def conv_view(snap: GraphSnapshot, node: NodeSnapshot) -> Result[ConvView, Malfo
     >>> v.stride, v.padding, v.groups, v.transposed
     ((2, 2), (0, 0), 1, False)
     """
-    schema = CONV_SCHEMAS.get(node.target)
-    if schema is None or node.op != "call_function":
-        return Failure(Malformed(node=node.name, detail=f"{node.target} is not a convolution"))
-    return bind(node, schema).bind(lambda a: _conv_from(snap, node, a))
+    return CONV.bind(snap, node).bind(lambda a: _conv_from(node.name, a))
 
 
-def _conv_from(snap: GraphSnapshot, node: NodeSnapshot, a: dict[str, Arg]) -> Result[ConvView, Malformed]:
-    n = node.name
-    rank = _conv_rank(snap, node, a["weight"])
-    transposed, groups, padding = a["transposed"], a["groups"], a["padding"]
-    if rank is None or not isinstance(transposed, bool) or not isinstance(groups, int) or groups < 1:
-        return Failure(Malformed(node=n, detail="cannot tell rank, transposed or groups"))
-    x, w = _tensor(n, "input", a["input"]), _tensor(n, "weight", a["weight"])
-    b = _ref(n, "bias", a["bias"], optional=True)
-    stride, dilation = _ints(n, "stride", a["stride"], rank), _ints(n, "dilation", a["dilation"], rank)
-    out_pad = _ints(n, "output_padding", a["output_padding"], rank)
-    pad: Result[tuple[int, ...] | str, Malformed] = (
-        Success(padding) if isinstance(padding, str) else _ints(n, "padding", padding, rank)
+def _conv_from(n: str, a: PMap[str, Arg]) -> Result[ConvView, Malformed]:
+    x, w, b, transposed, groups, padding = (
+        a["input"],
+        a["weight"],
+        a["bias"],
+        a["transposed"],
+        a["groups"],
+        a["padding"],
     )
-    if (err := first_failure((x, w, b, stride, dilation, out_pad, pad))) is not None:
-        return Failure(err)
+    if not isinstance(x, NodeRef) or not isinstance(w, NodeRef) or not isinstance(b, NodeRef | None):
+        return Failure(Malformed(node=n, detail=f"bias is {b!r}, expected a tensor"))
     return Success(
         ConvView(
             node=n,
-            x=x.unwrap(),
-            w=w.unwrap(),
-            b=b.unwrap(),
-            stride=stride.unwrap(),
-            padding=pad.unwrap(),
-            dilation=dilation.unwrap(),
-            transposed=transposed,
-            output_padding=out_pad.unwrap(),
-            groups=groups,
+            x=x,
+            w=w,
+            b=b,
+            stride=_ints(a["stride"]),
+            padding=padding if isinstance(padding, str) else _ints(padding),
+            dilation=_ints(a["dilation"]),
+            transposed=transposed is True,
+            output_padding=_ints(a["output_padding"]),
+            groups=groups if isinstance(groups, int) else 1,
         )
     )
 
@@ -249,35 +106,27 @@ def batch_norm_view(snap: GraphSnapshot, node: NodeSnapshot) -> Result[BatchNorm
     >>> v.training, v.eps, v.tuple_output, v.weight
     (False, 1e-05, True, None)
     """
-    schema = BATCH_NORM_SCHEMAS.get(node.target)
-    if schema is None or node.op != "call_function":
-        return Failure(Malformed(node=node.name, detail=f"{node.target} is not a batch norm"))
-    return bind(node, schema).bind(lambda a: _bn_from(node.name, a))
-
-
-def _bn_from(n: str, a: dict[str, Arg]) -> Result[BatchNormView, Malformed]:
-    training, eps, tuple_output = a["training"], a["eps"], a["tuple_output"]
-    if not isinstance(training, bool) or not isinstance(tuple_output, bool):
-        return Failure(Malformed(node=n, detail=f"training={training!r} is not a bool"))
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        return Failure(Malformed(node=n, detail=f"eps={eps!r} is not a number"))
-    refs = {k: _ref(n, k, a[k], optional=True) for k in ("input", "weight", "bias", "running_mean", "running_var")}
-    if (err := first_failure(refs.values())) is not None:
-        return Failure(err)
-    got = {k: r.unwrap() for k, r in refs.items()}
-    x = got["input"]
-    if x is None:
-        return Failure(Malformed(node=n, detail="input is None"))
+    bound = BATCH_NORM.bind(snap, node)
+    if isinstance(bound, Failure):
+        return Failure(bound.failure())
+    a = bound.unwrap()
+    refs = {k: a[k] for k in ("input", "weight", "bias", "running_mean", "running_var")}
+    x, eps, training = refs.pop("input"), a["eps"], a["training"]
+    if not isinstance(x, NodeRef) or not all(isinstance(v, NodeRef | None) for v in refs.values()):
+        return Failure(Malformed(node=node.name, detail="an operand is not a tensor"))
+    if not isinstance(eps, (int, float)) or not isinstance(training, bool):
+        return Failure(Malformed(node=node.name, detail=f"eps={eps!r}, training={training!r}"))
+    ref = {k: v if isinstance(v, NodeRef) else None for k, v in refs.items()}
     return Success(
         BatchNormView(
-            node=n,
+            node=node.name,
             x=x,
-            weight=got["weight"],
-            bias=got["bias"],
-            mean=got["running_mean"],
-            var=got["running_var"],
+            weight=ref["weight"],
+            bias=ref["bias"],
+            mean=ref["running_mean"],
+            var=ref["running_var"],
             training=training,
             eps=float(eps),
-            tuple_output=tuple_output,
+            tuple_output=BATCH_NORM.schemas[node.target].tuple_output,
         )
     )

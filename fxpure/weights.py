@@ -1,13 +1,21 @@
 """WeightExpr: a small closed algebra of derived constants, with spec inference.
 
-Expressions are structural values: equal expressions denote one tensor, so a
-rewrite that derives the same weight twice gets one constant. Nothing here
-computes data; ``adapters.materialize`` does, once, for live constants only.
+A rule author composes derived weights from this vocabulary and writes no adapter
+code: layout (``Permute``, ``Reshape``, ``Unsqueeze``, ``Slice``, ``PadTo``, ``Concat``),
+reduction (``SumOver``), ``Cast``, constants (``Fill``), elementwise arithmetic
+(``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal) and
+``Quantize``/``Dequantize`` with per-tensor or per-channel parameters. Folds are
+built from these (:func:`fold_batch_norm`).
+
+Expressions are structural values: equal expressions denote one tensor, so a rewrite
+that derives the same weight twice gets one constant, and a subexpression shared by
+several constants is computed once. Nothing here computes data;
+``adapters.materialize`` does, once, for live constants only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, TypeAlias, final
 
 from returns.result import Failure, Result, Success
@@ -16,6 +24,7 @@ from fxpure.reasons import BadExpr
 from fxpure.snapshot import Dim, TensorSpec
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
 
 
 @final
@@ -43,6 +52,15 @@ class Reshape:
 
     x: WeightExpr
     shape: tuple[int, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unsqueeze:
+    """``x.unsqueeze(dim)``: a new dim of size 1 (for broadcasting, or a conv1d weight as conv2d)."""
+
+    x: WeightExpr
+    dim: int
 
 
 @final
@@ -97,7 +115,7 @@ class Concat:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fill:
-    """A new tensor of ``shape`` holding ``value`` everywhere (e.g. a per-tensor scale per channel)."""
+    """A new tensor of ``shape`` holding ``value`` everywhere; ``shape=()`` is a scalar."""
 
     shape: tuple[int, ...]
     value: float
@@ -106,28 +124,66 @@ class Fill:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FoldBatchNorm:
-    """Conv weight or bias with an eval-mode batch norm folded in.
+class Binary:
+    """Elementwise ``a (op) b`` with numpy broadcasting; both operands of one dtype (``Cast`` first)."""
 
-    ``part="weight"``: ``w * gamma / sqrt(var + eps)`` per output channel, laid
-    out for a (transposed, grouped) conv weight. ``part="bias"``:
-    ``(b - mean) * gamma / sqrt(var + eps) + beta``. Computed in float32 and
-    cast back to the weight's dtype. Missing gamma/beta/bias mean 1/0/0.
-    """
-
-    part: Literal["weight", "bias"]
-    weight: WeightExpr
-    bias: WeightExpr | None
-    mean: WeightExpr
-    var: WeightExpr
-    gamma: WeightExpr | None
-    beta: WeightExpr | None
-    eps: float
-    transposed: bool
-    groups: int
+    op: Literal["add", "sub", "mul", "div"]
+    a: WeightExpr
+    b: WeightExpr
 
 
-WeightExpr: TypeAlias = Source | Permute | Reshape | Slice | PadTo | SumOver | Cast | Concat | Fill | FoldBatchNorm
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unary:
+    """Elementwise ``op(x)``; sqrt, rsqrt and reciprocal need a floating ``x``."""
+
+    op: Literal["sqrt", "rsqrt", "neg", "reciprocal"]
+    x: WeightExpr
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quantize:
+    """``clamp(round(x / scale) + zero_point, quant_min, quant_max)`` as ``dtype``; ``axis=None``:
+    one scale and zero point (shape ``()`` or ``(1,)``), else one per index of dim ``axis``."""
+
+    x: WeightExpr
+    scale: WeightExpr
+    zero_point: WeightExpr
+    axis: int | None
+    quant_min: int
+    quant_max: int
+    dtype: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dequantize:
+    """``(x - zero_point) * scale`` as ``dtype``; parameters laid out as for :class:`Quantize`."""
+
+    x: WeightExpr
+    scale: WeightExpr
+    zero_point: WeightExpr
+    axis: int | None
+    dtype: str = "float32"
+
+
+WeightExpr: TypeAlias = (
+    Source
+    | Permute
+    | Reshape
+    | Unsqueeze
+    | Slice
+    | PadTo
+    | SumOver
+    | Cast
+    | Concat
+    | Fill
+    | Binary
+    | Unary
+    | Quantize
+    | Dequantize
+)
 
 
 def _bad(detail: str) -> Result[TensorSpec, BadExpr]:
@@ -156,64 +212,50 @@ def out_channels(weight: TensorSpec, *, transposed: bool, groups: int) -> Dim:
     return d * groups if isinstance(d, int) else d
 
 
-def _permute(e: Permute) -> Result[TensorSpec, BadExpr]:
-    def go(s: TensorSpec) -> Result[TensorSpec, BadExpr]:
-        if sorted(e.dims) != list(range(len(s.shape))):
-            return _bad(f"permute {e.dims} does not fit rank {len(s.shape)}")
-        return Success(TensorSpec(shape=tuple(s.shape[d] for d in e.dims), dtype=s.dtype))
-
-    return infer_spec(e.x).bind(go)
+def _permute(e: Permute, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    if sorted(e.dims) != list(range(len(s.shape))):
+        return _bad(f"permute {e.dims} does not fit rank {len(s.shape)}")
+    return Success(TensorSpec(shape=tuple(s.shape[d] for d in e.dims), dtype=s.dtype))
 
 
-def _reshape(e: Reshape) -> Result[TensorSpec, BadExpr]:
-    def go(s: TensorSpec) -> Result[TensorSpec, BadExpr]:
-        n = 1
-        for d in e.shape:
-            n *= d
-        if _static(s) is None or n != s.numel:
-            return _bad(f"cannot reshape {s.shape} to {e.shape}")
-        return Success(TensorSpec(shape=e.shape, dtype=s.dtype))
-
-    return infer_spec(e.x).bind(go)
+def _reshape(e: Reshape, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    n = 1
+    for d in e.shape:
+        n *= d
+    if _static(s) is None or n != s.numel or any(d < 0 for d in e.shape):
+        return _bad(f"cannot reshape {s.shape} to {e.shape}")
+    return Success(TensorSpec(shape=e.shape, dtype=s.dtype))
 
 
-def _slice(e: Slice) -> Result[TensorSpec, BadExpr]:
-    def go(s: TensorSpec) -> Result[TensorSpec, BadExpr]:
-        d = _norm_dim(e.dim, len(s.shape))
-        size = s.shape[d] if d is not None else None
-        if d is None or not isinstance(size, int) or not 0 <= e.start <= e.stop <= size:
-            return _bad(f"slice {e.start}:{e.stop} on dim {e.dim} does not fit {s.shape}")
-        shape = s.shape[:d] + (e.stop - e.start,) + s.shape[d + 1 :]
-        return Success(TensorSpec(shape=shape, dtype=s.dtype))
-
-    return infer_spec(e.x).bind(go)
+def _unsqueeze(e: Unsqueeze, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    d = _norm_dim(e.dim, len(s.shape) + 1)
+    if d is None:
+        return _bad(f"unsqueeze at {e.dim} does not fit rank {len(s.shape)}")
+    return Success(TensorSpec(shape=(*s.shape[:d], 1, *s.shape[d:]), dtype=s.dtype))
 
 
-def _pad_to(e: PadTo) -> Result[TensorSpec, BadExpr]:
-    def go(s: TensorSpec) -> Result[TensorSpec, BadExpr]:
-        d = _norm_dim(e.dim, len(s.shape))
-        size = s.shape[d] if d is not None else None
-        if d is None or not isinstance(size, int) or e.multiple < 1:
-            return _bad(f"cannot pad dim {e.dim} of {s.shape} to a multiple of {e.multiple}")
-        padded = -(-size // e.multiple) * e.multiple
-        return Success(TensorSpec(shape=s.shape[:d] + (padded,) + s.shape[d + 1 :], dtype=s.dtype))
-
-    return infer_spec(e.x).bind(go)
+def _slice(e: Slice, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    d = _norm_dim(e.dim, len(s.shape))
+    size = s.shape[d] if d is not None else None
+    if d is None or not isinstance(size, int) or not 0 <= e.start <= e.stop <= size:
+        return _bad(f"slice {e.start}:{e.stop} on dim {e.dim} does not fit {s.shape}")
+    return Success(TensorSpec(shape=(*s.shape[:d], e.stop - e.start, *s.shape[d + 1 :]), dtype=s.dtype))
 
 
-def _sum_over(e: SumOver) -> Result[TensorSpec, BadExpr]:
-    def go(s: TensorSpec) -> Result[TensorSpec, BadExpr]:
-        dims = {_norm_dim(d, len(s.shape)) for d in e.dims}
-        if None in dims:
-            return _bad(f"sum over {e.dims} does not fit rank {len(s.shape)}")
-        shape = tuple(x for i, x in enumerate(s.shape) if i not in dims)
-        return Success(TensorSpec(shape=shape, dtype=e.dtype))
-
-    return infer_spec(e.x).bind(go)
+def _pad_to(e: PadTo, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    d = _norm_dim(e.dim, len(s.shape))
+    size = s.shape[d] if d is not None else None
+    if d is None or not isinstance(size, int) or e.multiple < 1:
+        return _bad(f"cannot pad dim {e.dim} of {s.shape} to a multiple of {e.multiple}")
+    padded = -(-size // e.multiple) * e.multiple
+    return Success(TensorSpec(shape=(*s.shape[:d], padded, *s.shape[d + 1 :]), dtype=s.dtype))
 
 
-def _cast(e: Cast) -> Result[TensorSpec, BadExpr]:
-    return infer_spec(e.x).map(lambda s: TensorSpec(shape=s.shape, dtype=e.dtype))
+def _sum_over(e: SumOver, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    dims = {_norm_dim(d, len(s.shape)) for d in e.dims}
+    if None in dims:
+        return _bad(f"sum over {e.dims} does not fit rank {len(s.shape)}")
+    return Success(TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=e.dtype))
 
 
 def _concat(e: Concat) -> Result[TensorSpec, BadExpr]:
@@ -236,28 +278,72 @@ def _concat(e: Concat) -> Result[TensorSpec, BadExpr]:
     if not all(isinstance(x, int) for x in sizes):
         return _bad("concat along a symbolic dim")
     total = sum(x for x in sizes if isinstance(x, int))
-    return Success(TensorSpec(shape=first.shape[:d] + (total,) + first.shape[d + 1 :], dtype=first.dtype))
+    return Success(TensorSpec(shape=(*first.shape[:d], total, *first.shape[d + 1 :]), dtype=first.dtype))
 
 
-def _fold_bn(e: FoldBatchNorm) -> Result[TensorSpec, BadExpr]:
-    def go(w: TensorSpec) -> Result[TensorSpec, BadExpr]:
-        oc = out_channels(w, transposed=e.transposed, groups=e.groups)
-        if _static(w) is None or not isinstance(oc, int):
-            return _bad(f"fold needs a static weight shape, got {w.shape}")
-        if e.transposed and w.shape[0] % e.groups != 0:
-            return _bad(f"weight {w.shape} does not split into {e.groups} groups")
-        if w.dtype not in FLOAT_DTYPES:
-            return _bad(f"fold needs a floating weight, got {w.dtype}")
-        for part in (e.bias, e.mean, e.var, e.gamma, e.beta):
-            r = infer_spec(part) if part is not None else Success(TensorSpec(shape=(oc,), dtype=w.dtype))
-            if isinstance(r, Failure):
-                return r
-            if r.unwrap().shape != (oc,):
-                return _bad(f"per-channel operand {r.unwrap().shape} does not match {oc} channels")
-        shape = w.shape if e.part == "weight" else (oc,)
-        return Success(TensorSpec(shape=shape, dtype=w.dtype))
+def broadcast(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
+    """The numpy broadcast of two shapes, or None when they do not broadcast.
 
-    return infer_spec(e.weight).bind(go)
+    >>> broadcast((8, 1, 3), (4, 1)), broadcast((2,), (3,))
+    ((8, 4, 3), None)
+    """
+    out: list[Dim] = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x, y = a[-i] if i <= len(a) else 1, b[-i] if i <= len(b) else 1
+        if x != y and x != 1 and y != 1:
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(reversed(out))
+
+
+def _binary(e: Binary) -> Result[TensorSpec, BadExpr]:
+    a, b = infer_spec(e.a), infer_spec(e.b)
+    if isinstance(a, Failure):
+        return a
+    if isinstance(b, Failure):
+        return b
+    sa, sb = a.unwrap(), b.unwrap()
+    shape = broadcast(sa.shape, sb.shape)
+    if sa.dtype != sb.dtype:
+        return _bad(f"{e.op} of {sa.dtype} and {sb.dtype} (cast one first)")
+    if shape is None:
+        return _bad(f"{e.op} of shapes {sa.shape} and {sb.shape} that do not broadcast")
+    return Success(TensorSpec(shape=shape, dtype=sa.dtype))
+
+
+def _unary(e: Unary, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    if e.op != "neg" and s.dtype not in FLOAT_DTYPES:
+        return _bad(f"{e.op} of {s.dtype} (needs a floating dtype)")
+    return Success(s)
+
+
+def _qparams(x: TensorSpec, e: Quantize | Dequantize) -> BadExpr | None:
+    for role, part in (("scale", e.scale), ("zero point", e.zero_point)):
+        r = infer_spec(part)
+        if isinstance(r, Failure):
+            err: BadExpr = r.failure()
+            return err
+        shape = r.unwrap().shape
+        if e.axis is None and shape not in ((), (1,)):
+            return BadExpr(node="<expr>", detail=f"per-tensor {role} of shape {shape}")
+        d = _norm_dim(e.axis, len(x.shape)) if e.axis is not None else None
+        if e.axis is not None and (d is None or shape != (x.shape[d],)):
+            return BadExpr(node="<expr>", detail=f"{role} of shape {shape} for axis {e.axis} of {x.shape}")
+    return None
+
+
+def _quantize(e: Quantize, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    if s.dtype not in FLOAT_DTYPES or e.dtype not in INT_DTYPES or e.quant_min > e.quant_max:
+        return _bad(f"quantize {s.dtype} to {e.dtype} in [{e.quant_min}, {e.quant_max}]")
+    err = _qparams(s, e)
+    return Failure(err) if err is not None else Success(TensorSpec(shape=s.shape, dtype=e.dtype))
+
+
+def _dequantize(e: Dequantize, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+    if s.dtype not in INT_DTYPES or e.dtype not in FLOAT_DTYPES:
+        return _bad(f"dequantize {s.dtype} to {e.dtype}")
+    err = _qparams(s, e)
+    return Failure(err) if err is not None else Success(TensorSpec(shape=s.shape, dtype=e.dtype))
 
 
 def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
@@ -266,63 +352,60 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
     >>> w = Source(key="w", spec=TensorSpec(shape=(4, 3), dtype="int8"))
     >>> infer_spec(PadTo(x=Permute(x=w, dims=(1, 0)), dim=0, multiple=4)).unwrap().shape
     (4, 4)
+    >>> infer_spec(Binary(op="mul", a=w, b=Fill(shape=(), value=2.0, dtype="float32"))).failure().message
+    'mul of int8 and float32 (cast one first)'
     """
     match expr:
         case Source():
             return Success(expr.spec)
-        case Permute():
-            return _permute(expr)
-        case Reshape():
-            return _reshape(expr)
-        case Slice():
-            return _slice(expr)
-        case PadTo():
-            return _pad_to(expr)
-        case SumOver():
-            return _sum_over(expr)
-        case Cast():
-            return _cast(expr)
-        case Concat():
-            return _concat(expr)
         case Fill():
             return Success(TensorSpec(shape=expr.shape, dtype=expr.dtype))
-        case FoldBatchNorm():
-            return _fold_bn(expr)
-
-
-def sources(expr: WeightExpr) -> frozenset[str]:
-    """Keys of the existing constants an expression reads.
-
-    >>> s = TensorSpec(shape=(2,), dtype="float32")
-    >>> sorted(sources(Concat(xs=(Source(key="a", spec=s), Source(key="b", spec=s)), dim=0)))
-    ['a', 'b']
-    """
-    match expr:
-        case Source():
-            return frozenset({expr.key})
-        case Permute() | Reshape() | Slice() | PadTo() | SumOver() | Cast():
-            return sources(expr.x)
         case Concat():
-            return frozenset().union(*(sources(x) for x in expr.xs))
-        case Fill():
-            return frozenset()
-        case FoldBatchNorm():
-            parts = (expr.weight, expr.bias, expr.mean, expr.var, expr.gamma, expr.beta)
-            return frozenset().union(*(sources(p) for p in parts if p is not None))
+            return _concat(expr)
+        case Binary():
+            return _binary(expr)
+        case Cast():
+            dtype = expr.dtype
+            return infer_spec(expr.x).map(lambda s: TensorSpec(shape=s.shape, dtype=dtype))
+        case Permute():
+            return infer_spec(expr.x).bind(lambda s: _permute(expr, s))
+        case Reshape():
+            return infer_spec(expr.x).bind(lambda s: _reshape(expr, s))
+        case Unsqueeze():
+            return infer_spec(expr.x).bind(lambda s: _unsqueeze(expr, s))
+        case Slice():
+            return infer_spec(expr.x).bind(lambda s: _slice(expr, s))
+        case PadTo():
+            return infer_spec(expr.x).bind(lambda s: _pad_to(expr, s))
+        case SumOver():
+            return infer_spec(expr.x).bind(lambda s: _sum_over(expr, s))
+        case Unary():
+            return infer_spec(expr.x).bind(lambda s: _unary(expr, s))
+        case Quantize():
+            return infer_spec(expr.x).bind(lambda s: _quantize(expr, s))
+        case Dequantize():
+            return infer_spec(expr.x).bind(lambda s: _dequantize(expr, s))
 
 
 def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
-    """The expressions ``expr`` is computed from, in field order."""
-    match expr:
-        case Source() | Fill():
-            return ()
-        case Permute() | Reshape() | Slice() | PadTo() | SumOver() | Cast():
-            return (expr.x,)
-        case Concat():
-            return expr.xs
-        case FoldBatchNorm():
-            parts = (expr.weight, expr.bias, expr.mean, expr.var, expr.gamma, expr.beta)
-            return tuple(p for p in parts if p is not None)
+    """The expressions ``expr`` is computed from, in field order.
+
+    >>> s = Source(key="w", spec=TensorSpec(shape=(4,), dtype="float32"))
+    >>> children(Binary(op="add", a=s, b=Unary(op="neg", x=s))) == (s, Unary(op="neg", x=s))
+    True
+    """
+    out: list[WeightExpr] = []
+    for f in fields(expr):
+        value = getattr(expr, f.name)
+        if isinstance(value, tuple):
+            out.extend(v for v in value if _is_expr(v))
+        elif _is_expr(value):
+            out.append(value)
+    return tuple(out)
+
+
+def _is_expr(value: object) -> bool:
+    return isinstance(value, WeightExpr)
 
 
 def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
@@ -342,11 +425,75 @@ def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
     return frozenset(seen)
 
 
+def sources(expr: WeightExpr) -> frozenset[str]:
+    """Keys of the existing constants an expression reads.
+
+    >>> s = TensorSpec(shape=(2,), dtype="float32")
+    >>> sorted(sources(Concat(xs=(Source(key="a", spec=s), Source(key="b", spec=s)), dim=0)))
+    ['a', 'b']
+    """
+    return frozenset(e.key for e in subexpressions(expr) if isinstance(e, Source))
+
+
+def _f32(x: WeightExpr) -> WeightExpr:
+    return Cast(x=x, dtype="float32")
+
+
+def fold_batch_norm(
+    *,
+    weight: WeightExpr,
+    bias: WeightExpr | None,
+    mean: WeightExpr,
+    var: WeightExpr,
+    gamma: WeightExpr | None,
+    beta: WeightExpr | None,
+    eps: float,
+    transposed: bool = False,
+    groups: int = 1,
+) -> Result[tuple[WeightExpr, WeightExpr], BadExpr]:
+    """Weight and bias of a conv (or linear: ``transposed=False``, ``groups=1``) with an eval batch
+    norm over its output channels folded in. ``s = gamma / sqrt(var + eps)``; weight ``W * s``
+    per output channel (laid out for a transposed, grouped weight too), bias ``(b - mean) * s + beta``.
+    Computed in float32 and cast back to the weight's dtype; missing gamma, beta, bias mean 1, 0, 0.
+
+    >>> spec = TensorSpec(shape=(4, 2, 3, 3), dtype="float16")
+    >>> vec = lambda k: Source(key=k, spec=TensorSpec(shape=(4,), dtype="float16"))
+    >>> w, b = fold_batch_norm(weight=Source(key="w", spec=spec), bias=None, mean=vec("m"), var=vec("v"),
+    ...                        gamma=None, beta=None, eps=1e-5).unwrap()
+    >>> infer_spec(w).unwrap() == spec, infer_spec(b).unwrap().shape, b.dtype
+    (True, (4,), 'float16')
+    """
+    spec = infer_spec(weight)
+    if isinstance(spec, Failure):
+        return Failure(spec.failure())
+    w = spec.unwrap()
+    dims, oc = _static(w), out_channels(w, transposed=transposed, groups=groups)
+    if dims is None or not isinstance(oc, int) or len(dims) < 2 or dims[0] % groups:
+        return Failure(BadExpr(node="<expr>", detail=f"cannot fold into a weight of shape {w.shape}"))
+    scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_f32(var), b=Fill(shape=(), value=eps, dtype="float32")))
+    if gamma is not None:
+        scale = Binary(op="mul", a=_f32(gamma), b=scale)
+    ones = (1,) * (len(dims) - 2)
+    if transposed:  # (IC, OC/g, ...): output channel g*(OC/g)+j sits at [g*(IC/g)+i, j]
+        grouped = Reshape(x=_f32(weight), shape=(groups, dims[0] // groups, *dims[1:]))
+        per_out = Reshape(x=scale, shape=(groups, 1, dims[1], *ones))
+        folded: WeightExpr = Reshape(x=Binary(op="mul", a=grouped, b=per_out), shape=dims)
+    else:
+        folded = Binary(op="mul", a=_f32(weight), b=Reshape(x=scale, shape=(oc, *(1,) * (len(dims) - 1))))
+    shifted: WeightExpr = (
+        Unary(op="neg", x=_f32(mean)) if bias is None else Binary(op="sub", a=_f32(bias), b=_f32(mean))
+    )
+    new_bias: WeightExpr = Binary(op="mul", a=shifted, b=scale)
+    if beta is not None:
+        new_bias = Binary(op="add", a=new_bias, b=_f32(beta))
+    return Success((Cast(x=folded, dtype=w.dtype), Cast(x=new_bias, dtype=w.dtype)))
+
+
 def inverse(expr: WeightExpr, y: WeightExpr) -> Result[WeightExpr, BadExpr]:
     """Given ``y`` equal to ``expr``'s value, an expression for ``expr.x``.
 
-    Exact inverses exist for the layout ops (Permute, Reshape, PadTo); the rest
-    lose information and fail.
+    Exact inverses exist for the layout ops (Permute, Reshape, Unsqueeze, PadTo); the
+    rest lose information and fail.
 
     >>> w = Source(key="w", spec=TensorSpec(shape=(3, 5), dtype="int8"))
     >>> padded = PadTo(x=w, dim=0, multiple=4)
@@ -357,18 +504,18 @@ def inverse(expr: WeightExpr, y: WeightExpr) -> Result[WeightExpr, BadExpr]:
         case Permute():
             back = tuple(sorted(range(len(expr.dims)), key=lambda i: expr.dims[i]))
             return Success(Permute(x=y, dims=back))
-        case Reshape() | PadTo():
+        case Reshape() | PadTo() | Unsqueeze():
             inner = expr.x
             return infer_spec(inner).bind(lambda s: _undo_shape(expr, y, s))
         case _:
             return Failure(BadExpr(node="<expr>", detail=f"{type(expr).__name__} has no inverse"))
 
 
-def _undo_shape(expr: Reshape | PadTo, y: WeightExpr, s: TensorSpec) -> Result[WeightExpr, BadExpr]:
+def _undo_shape(expr: Reshape | PadTo | Unsqueeze, y: WeightExpr, s: TensorSpec) -> Result[WeightExpr, BadExpr]:
     dims = _static(s)
     if dims is None:
         return Failure(BadExpr(node="<expr>", detail=f"cannot invert over symbolic shape {s.shape}"))
-    if isinstance(expr, Reshape):
+    if not isinstance(expr, PadTo):
         return Success(Reshape(x=y, shape=dims))
     d = _norm_dim(expr.dim, len(dims))
     if d is None:
@@ -377,8 +524,8 @@ def _undo_shape(expr: Reshape | PadTo, y: WeightExpr, s: TensorSpec) -> Result[W
 
 
 def unpack(expr: WeightExpr, y: WeightExpr) -> Result[tuple[WeightExpr, WeightExpr], BadExpr]:
-    """Peel the layout ops (Permute, Reshape, PadTo) off ``expr``, whose value is ``y``: the inner
-    expression and one that recomputes it from ``y``. Evaluating both proves a packing lossless.
+    """Peel the layout ops (Permute, Reshape, Unsqueeze, PadTo) off ``expr``, whose value is ``y``:
+    the inner expression and one that recomputes it from ``y``.
 
     >>> w = Source(key="w", spec=TensorSpec(shape=(6, 1, 3, 3), dtype="int8"))
     >>> packed = PadTo(x=Reshape(x=Permute(x=w, dims=(2, 3, 1, 0)), shape=(3, 3, 6)), dim=2, multiple=4)
@@ -386,7 +533,7 @@ def unpack(expr: WeightExpr, y: WeightExpr) -> Result[tuple[WeightExpr, WeightEx
     >>> inner == w, infer_spec(back).unwrap().shape
     (True, (6, 1, 3, 3))
     """
-    if not isinstance(expr, Permute | Reshape | PadTo):
+    if not isinstance(expr, Permute | Reshape | PadTo | Unsqueeze):
         return Success((expr, y))
     inner = expr.x
     return inverse(expr, y).bind(lambda x: unpack(inner, x))

@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 
 import adapters
 from fxpure.rules import fuse_conv_bn
-from fxpure.weights import FoldBatchNorm
+from fxpure.weights import Binary
 from tests.models import ResNetish, example, randomize_bn
 from tests.programs import build, validate
 
@@ -65,16 +65,16 @@ def test_failure_while_materialising_touches_nothing(monkeypatch: pytest.MonkeyP
     assert isinstance(program, ExportedProgram)
     calls = {"n": 0}
     mat = importlib.import_module("adapters.weights")
-    real = mat._RULES[FoldBatchNorm]
+    real = mat._RULES[Binary]
 
-    def flaky(e: Any, ev: Any, memo: Any) -> torch.Tensor:
+    def flaky(e: Any, ev: Any) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("out of memory")
-        out: torch.Tensor = real(e, ev, memo)
+        out: torch.Tensor = real(e, ev)
         return out
 
-    monkeypatch.setitem(mat._RULES, FoldBatchNorm, flaky)
+    monkeypatch.setitem(mat._RULES, Binary, flaky)
     before = state(program)
     result = adapters.transform(program, [fuse_conv_bn()])
     assert result.failure().code == "materialize-failed"

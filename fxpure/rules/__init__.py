@@ -3,9 +3,9 @@
 from collections.abc import Callable, Mapping
 
 from fxpure.plan import Rule
-from fxpure.rules.fuse_conv_bn import FuseConvBn, fuse_conv_bn
-from fxpure.rules.quantized_conv import QuantizedConv, quantized_conv
-from fxpure.rules.split_group_conv import SplitGroupConv, split_group_conv
+from fxpure.rules.fuse_conv_bn import fuse_conv_bn
+from fxpure.rules.quantized_conv import quantized_conv
+from fxpure.rules.split_group_conv import split_group_conv
 
 # stable kebab-case name -> rule with its default policy
 RULES: Mapping[str, Callable[[], Rule]] = {
@@ -14,12 +14,4 @@ RULES: Mapping[str, Callable[[], Rule]] = {
     "quantized-conv": quantized_conv,
 }
 
-__all__ = [
-    "RULES",
-    "FuseConvBn",
-    "QuantizedConv",
-    "SplitGroupConv",
-    "fuse_conv_bn",
-    "quantized_conv",
-    "split_group_conv",
-]
+__all__ = ["RULES", "fuse_conv_bn", "quantized_conv", "split_group_conv"]

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import final
+from collections.abc import Mapping
 
-from returns.result import Failure, Result, Success
-
-from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_operand
-from fxpure.reasons import (
-    Depthwise,
-    GroupsOutOfRange,
-    Malformed,
-    Reason,
-    SymbolicShape,
-    TransposedConv,
-    UnsupportedRank,
-    first_failure,
-)
-from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
-from fxpure.views import CONV_SCHEMAS, ConvView, conv_view, respell
+from fxpure.families import CONV
+from fxpure.pattern import Bound, Const, Lit, Match, Op, PatternRule, Planner, Var, need, rule
+from fxpure.plan import RewritePlan
+from fxpure.reasons import Declined, Malformed, Reason
+from fxpure.snapshot import NodeRef, TensorSpec
 from fxpure.weights import Slice, WeightExpr
 
 NAME = "split-group-conv"
@@ -34,156 +22,84 @@ SOURCE_FN: Mapping[str, str] = {
     "aten.convolution.default": "convolution",
 }
 
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Match:
-    conv: ConvView
-    node: NodeSnapshot
-    x: TensorSpec
-    out: TensorSpec
-    w: WeightExpr
-    b: WeightExpr | None
-    w_spec: TensorSpec
-    cg: int = 0  # input channels per group, set by _check_groups
-    og: int = 0  # output channels per group
+# conv(x, w, b?, groups=G), not transposed
+PATTERN = Op(
+    CONV,
+    name="conv",
+    transposed=Lit(False, code="transposed-conv", text="{node} is a transposed convolution"),
+    input=Var("x"),
+    weight=Const("w"),
+    bias=Const("b", optional=True),
+)
 
 
-def _channels(spec: TensorSpec | None, node: str, role: str) -> Result[TensorSpec, Reason]:
-    if spec is None or len(spec.shape) < 3:
-        return Failure(Malformed(node=node, detail=f"{role} has no known (N, C, ...) shape"))
-    if not isinstance(spec.shape[1], int):
-        return Failure(SymbolicShape(node=node, role=role, shape=spec.shape))
-    return Success(spec)
+def _channels(spec: TensorSpec | None, index: int) -> int:
+    d = spec.shape[index] if spec is not None and len(spec.shape) > index else 0
+    return d if isinstance(d, int) else 0
 
 
-def _match(snap: GraphSnapshot, node: NodeSnapshot, low: int, high: int) -> Result[_Match, Reason]:
-    view = conv_view(snap, node)
-    if isinstance(view, Failure):
-        return Failure(view.failure())
-    c = view.unwrap()
-    if c.transposed:
-        return Failure(TransposedConv(node=c.node))
-    if c.rank not in (1, 2):
-        return Failure(UnsupportedRank(node=c.node, rank=c.rank, allowed=(1, 2)))
-    weight = constant_operand(snap, c.node, "weight", c.w)
-    bias = constant_operand(snap, c.node, "bias", c.b) if c.b is not None else Success(None)
-    if (err := first_failure((weight, bias))) is not None:
-        return Failure(err)
-    w, b = weight.unwrap(), bias.unwrap()
-    x, out = _channels(snap.node(c.x.name).tensor_spec, c.node, "input"), _channels(node.tensor_spec, c.node, "output")
-    w_spec = snap.constants[c.w.name].spec
-    if (err := first_failure((x, out))) is not None:
-        return Failure(err)
-    if not w_spec.is_static:
-        return Failure(SymbolicShape(node=c.node, role="weight", shape=w_spec.shape))
-    return Success(_Match(conv=c, node=node, x=x.unwrap(), out=out.unwrap(), w=w, b=b, w_spec=w_spec)).bind(
-        lambda m: _check_groups(m, low, high)
-    )
-
-
-def _check_groups(m: _Match, low: int, high: int) -> Result[_Match, Reason]:
-    g, cin, cout = m.conv.groups, m.x.shape[1], m.w_spec.shape[0]
+def _fit(node: str, g: int, cin: int, cout: int, low: int, high: int) -> Reason | None:
+    """Not depthwise, channels divisible by the groups, groups within the policy range."""
     if cin == cout == g:
-        return Failure(Depthwise(node=m.conv.node, groups=g))
-    if not isinstance(cin, int) or not isinstance(cout, int) or cin % g or cout % g:
-        return Failure(Malformed(node=m.conv.node, detail=f"channels {cin}->{cout} do not split into {g} groups"))
+        return Declined(code="depthwise-conv", node=node, detail=f"{node} is depthwise (in = out = groups = {g})")
+    if cin % g or cout % g:
+        return Malformed(node=node, detail=f"channels {cin}->{cout} do not split into {g} groups")
     if not low <= g <= high:
-        return Failure(GroupsOutOfRange(node=m.conv.node, groups=g, low=low, high=high))
-    return Success(replace(m, cg=cin // g, og=cout // g))
+        return Declined(code="groups-out-of-range", node=node, detail=f"groups={g}, allowed {low}..{high}")
+    return None
 
 
 def _with_channels(spec: TensorSpec, channels: int) -> TensorSpec:
     return TensorSpec(shape=(spec.shape[0], channels, *spec.shape[2:]), dtype=spec.dtype)
 
 
-def _plan(snap: GraphSnapshot, m: _Match) -> RewritePlan:
+def _plan(p: Planner, conv: Bound, x: NodeRef, w: WeightExpr, b: WeightExpr | None) -> RewritePlan:
     # split(x) -> getitem_i -> conv_i(w[i], b[i], groups=1) -> cat(dim=1)
-    g, base, conv, cg, og = m.conv.groups, m.conv.node, m.node, m.cg, m.og
-    piece, out = _with_channels(m.x, cg), _with_channels(m.out, og)
-    split = NewNode(
-        name=f"{base}_split",
-        target=SPLIT_OP[snap.dialect],
-        args=(m.conv.x, (cg,) * g, 1),
-        spec=(piece,) * g,
-        provenance=base,
-        source_fn="split",
-    )
-    consts: list[NewConstant] = []
-    nodes: list[NewNode] = [split]
+    g, base, x_spec, out_spec = conv.int("groups"), conv.name, p.match.spec("x"), conv.spec
+    assert x_spec is not None and out_spec is not None  # need.static checked both
+    cg, og = _channels(x_spec, 1) // g, _channels(out_spec, 1) // g
+    piece, out = _with_channels(x_spec, cg), _with_channels(out_spec, og)
+    split = p.node(SPLIT_OP[p.dialect], (x, (cg,) * g, 1), name=f"{base}_split", spec=(piece,) * g, source_fn="split")
     convs: list[NodeRef] = []
     for i in range(g):
-        consts.append(NewConstant(name=f"{base}_w{i}", expr=Slice(x=m.w, dim=0, start=i * og, stop=(i + 1) * og)))
-        bias: NodeRef | None = None
-        if m.b is not None:
-            consts.append(NewConstant(name=f"{base}_b{i}", expr=Slice(x=m.b, dim=0, start=i * og, stop=(i + 1) * og)))
-            bias = NodeRef(f"{base}_b{i}")
-        item = NewNode(
-            name=f"{base}_x{i}",
-            target="getitem",
-            args=(NodeRef(split.name), i),
-            spec=piece,
-            provenance=base,
-            source_fn="getitem",
+        item = p.node("getitem", (split, i), name=f"{base}_x{i}", spec=piece, source_fn="getitem")
+        weight = p.const(Slice(x=w, dim=0, start=i * og, stop=(i + 1) * og), f"{base}_w{i}")
+        bias = None if b is None else p.const(Slice(x=b, dim=0, start=i * og, stop=(i + 1) * og), f"{base}_b{i}")
+        new = p.respell(
+            conv,
+            name=f"{base}_g{i}",
+            spec=out,
+            source_fn=SOURCE_FN.get(conv.node.target),
+            input=item,
+            weight=weight,
+            bias=bias,
+            groups=1,
         )
-        args, kwargs = respell(
-            conv, {"input": NodeRef(item.name), "weight": NodeRef(f"{base}_w{i}"), "bias": bias, "groups": 1}
-        )
-        nodes += [
-            item,
-            NewNode(
-                name=f"{base}_g{i}",
-                target=conv.target,
-                args=args,
-                kwargs=kwargs,
-                spec=out,
-                provenance=base,
-                source_fn=SOURCE_FN.get(conv.target),
-            ),
-        ]
-        convs.append(NodeRef(f"{base}_g{i}"))
-    cat = NewNode(
-        name=f"{base}_cat",
-        target="aten.cat.default",
-        args=(tuple(convs), 1),
-        spec=m.out,
-        provenance=base,
-        source_fn="cat",
-    )
-    return RewritePlan(
-        rule=NAME, anchor=base, constants=tuple(consts), nodes=(*nodes, cat), replace=((base, cat.name),), erase=(base,)
-    )
+        convs.append(new)
+    cat = p.node("aten.cat.default", (tuple(convs), 1), name=f"{base}_cat", spec=out_spec, source_fn="cat")
+    return p.replace(conv, cat)
 
 
-def _is_candidate(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
-    if node.op != "call_function" or node.target not in CONV_SCHEMAS:
-        return False
-    view = conv_view(snap, node)
-    return isinstance(view, Failure) or view.unwrap().groups != 1
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SplitGroupConv:
-    """Split grouped convolutions with ``min_groups <= groups <= max_groups`` into parallel ones."""
-
-    min_groups: int = 2
-    max_groups: int = 10
-    name: str = NAME
-
-    def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
-        """Every convolution with groups != 1 (and any whose arguments do not parse)."""
-        return (n for n in snap.nodes if _is_candidate(snap, n))
-
-    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
-        """The split plan at a grouped conv, or the reason it stays as it is."""
-        return _match(snap, node, self.min_groups, self.max_groups).map(lambda m: _plan(snap, m))
-
-
-def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> SplitGroupConv:
+def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
     """The grouped-convolution splitting rule; 2..10 is upstream's empirical Neutron limit.
 
-    >>> split_group_conv(max_groups=4)
-    SplitGroupConv(min_groups=2, max_groups=4, name='split-group-conv')
+    >>> sorted(split_group_conv(max_groups=4).codes - {"malformed-node", "plan-conflict", "bad-weight-expr",
+    ...                                                 "non-finite-weight"})
+    ['depthwise-conv', 'groups-out-of-range', 'not-constant', 'symbolic-shape', 'transposed-conv', 'unsupported-rank']
     """
-    return SplitGroupConv(min_groups=min_groups, max_groups=max_groups)
+
+    def groups_fit(conv: Bound, match: Match) -> Reason | None:
+        cin, cout = _channels(match.spec("x"), 1), _channels(conv.spec, 1)
+        return _fit(conv.name, conv.int("groups"), cin, cout, min_groups, max_groups)
+
+    return rule(
+        NAME,
+        PATTERN,
+        need.spatial_rank("conv", (1, 2)),
+        need.static("x", dims=(1,)),
+        need.static("conv", dims=(1,)),
+        need.static("w"),
+        need.check(groups_fit, codes=("depthwise-conv", "groups-out-of-range", "malformed-node")),
+        plan=_plan,
+        candidate=lambda conv: conv.args.get("groups") != 1,
+    )

@@ -1,16 +1,18 @@
-"""Hand-built snapshots for core tests: no torch, microseconds each."""
+"""The core tests' snapshots, each with knobs for every plan shape and rejection; built with
+the public, torch-free ``fxpure.testing.GraphBuilder``."""
 
 from __future__ import annotations
 
-from pyrsistent import pmap
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
+from fxpure.testing import GraphBuilder, spec
 
-from fxpure.snapshot import Arg, ConstantInfo, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, snapshot
+__all__ = ["BN_TARGETS", "CONV_TARGETS", "conv_bn", "grouped_conv", "qconv", "spec"]
 
-BN_ARGS = {
-    "aten.batch_norm.default": lambda bn, t: (*bn, t, 0.1, 1e-5, False),
-    "aten.native_batch_norm.default": lambda bn, t: (*bn, t, 0.1, 1e-5),
-    "aten._native_batch_norm_legit_no_training.default": lambda bn, t: (*bn, 0.1, 1e-5),
-}
+BN_TARGETS = (
+    "aten.batch_norm.default",
+    "aten.native_batch_norm.default",
+    "aten._native_batch_norm_legit_no_training.default",
+)
 CONV_TARGETS = (
     "aten.conv2d.default",
     "aten.convolution.default",
@@ -18,17 +20,17 @@ CONV_TARGETS = (
 )
 
 
-def spec(*shape: int | str, dtype: str = "float32") -> TensorSpec:
-    return TensorSpec(shape=shape, dtype=dtype)
-
-
-def _conv_args(target: str, x: Arg, w: Arg, b: Arg, groups: int) -> tuple[Arg, ...]:
+def _conv(
+    target: str, x: Arg, w: Arg, b: Arg, groups: int, *, transposed: bool = False, rank: int = 2
+) -> dict[str, Arg]:
+    """Arguments of a conv in the spelling ``target``, stride 1, no padding."""
+    one, zero = (1,) * rank, (0,) * rank
+    args: dict[str, Arg] = {"input": x, "weight": w, "bias": b, "stride": one, "padding": zero, "dilation": one}
     if target == "aten.convolution.default":
-        transposed = False
-        return (x, w, b, (1, 1), (0, 0), (1, 1), transposed, (0, 0), groups)
-    if target == "aten.conv_transpose2d.input":
-        return (x, w, b, (1, 1), (0, 0), (0, 0), groups)
-    return (x, w, b, (1, 1), (0, 0), (1, 1), groups)
+        args.update(transposed=transposed, output_padding=zero)
+    elif target.startswith("aten.conv_transpose"):
+        args.update(output_padding=zero)
+    return {**args, "groups": groups}
 
 
 def conv_bn(
@@ -48,50 +50,42 @@ def conv_bn(
     channels: int | str = 8,
 ) -> GraphSnapshot:
     """x -> conv(W, b) -> batch_norm -> output, with knobs for every rejection reason."""
+    g = GraphBuilder(lifted=lifted)
     transposed = conv_target == "aten.conv_transpose2d.input"
     oc = 8
-    w_shape = (4, oc // groups, 3, 3) if transposed else (oc, 4 // groups, 3, 3)
+    w_shape: tuple[int | str, ...] = (4, oc // groups, 3, 3) if transposed else (oc, 4 // groups, 3, 3)
     if isinstance(channels, str):
-        w_shape = (channels, *w_shape[1:])  # type: ignore[assignment]
-    out = spec(1, oc, 6, 6)
-    const_op = "placeholder" if lifted else "get_attr"
-    consts: dict[str, TensorSpec] = {"w": spec(*w_shape, dtype=weight_dtype)}
-    if bias:
-        consts["b"] = spec(oc)
-    consts.update({"mean": spec(bn_channels), "var": spec(bn_channels)})
-    if affine:
-        consts.update({"gamma": spec(bn_channels), "beta": spec(bn_channels)})
-    if weight_is_input:
-        del consts["w"]
-    nodes = [NodeSnapshot(name=k, op=const_op, target=k, spec=s) for k, s in consts.items()]
-    nodes.append(NodeSnapshot(name="x", op="placeholder", target="x", spec=spec(1, 4, 8, 8)))
-    if weight_is_input:
-        nodes.append(NodeSnapshot(name="w", op="placeholder", target="w", spec=spec(*w_shape)))
-    conv_args = _conv_args(conv_target, NodeRef("x"), NodeRef("w"), NodeRef("b") if bias else None, groups)
-    if conv_target == "aten.convolution.default" and transposed:
-        conv_args = conv_args[:6] + (True,) + conv_args[7:]
-    nodes.append(NodeSnapshot(name="conv", op="call_function", target=conv_target, args=conv_args, spec=out))
-    g, bt = (NodeRef("gamma"), NodeRef("beta")) if affine else (None, None)
-    bn_in = (NodeRef("conv"), g, bt, NodeRef("mean"), NodeRef("var"))
-    tuple_out = bn_target != "aten.batch_norm.default"
-    bn_spec = (out, spec(0), spec(0)) if tuple_out else out
-    nodes.append(
-        NodeSnapshot(
-            name="bn", op="call_function", target=bn_target, args=BN_ARGS[bn_target](bn_in, training), spec=bn_spec
-        )
+        w_shape = (channels, *w_shape[1:])
+    w = None if weight_is_input else g.parameter("w", w_shape, weight_dtype, key="m.w")
+    b = g.parameter("b", (oc,), key="m.b") if bias else None
+    mean, var = g.parameter("mean", (bn_channels,), key="m.mean"), g.parameter("var", (bn_channels,), key="m.var")
+    gamma, beta = (
+        (g.parameter("gamma", (bn_channels,), key="m.gamma"), g.parameter("beta", (bn_channels,), key="m.beta"))
+        if affine
+        else (None, None)
     )
-    result: list[Arg] = [NodeRef("bn")]
-    if tuple_out:
-        nodes.append(NodeSnapshot(name="bn_0", op="call_function", target="getitem", args=(NodeRef("bn"), 0), spec=out))
-        result = [NodeRef("bn_0")]
+    x = g.input("x", (1, 4, 8, 8))
+    if w is None:
+        w = g.input("w", w_shape)
+    out = spec(1, oc, 6, 6)
+    conv = g.call(conv_target, name="conv", out=out, **_conv(conv_target, x, w, b, groups))
+    bn_args: dict[str, Arg] = {"input": conv, "weight": gamma, "bias": beta, "running_mean": mean, "running_var": var}
+    if bn_target != "aten._native_batch_norm_legit_no_training.default":
+        bn_args["training"] = training
+    bn_args.update(momentum=0.1, eps=1e-5)
+    if bn_target == "aten.batch_norm.default":
+        bn_args["cudnn_enabled"] = False
+        bn = g.call(bn_target, name="bn", out=out, **bn_args)
+        result: list[Arg] = [bn]
+    else:
+        bn = g.call(bn_target, name="bn", out=(out, spec(0), spec(0)), **bn_args)
+        result = [g.getitem(bn, 0, name="bn_0", out=out)]
         if stats_used:
-            nodes.append(NodeSnapshot(name="bn_1", op="call_function", target="getitem", args=(NodeRef("bn"), 1)))
-            result.append(NodeRef("bn_1"))
+            result.append(g.getitem(bn, 1, name="bn_1"))
     if conv_extra_user:
-        result.append(NodeRef("conv"))
-    nodes.append(NodeSnapshot(name="output", op="output", target="output", args=(tuple(result),), kwargs=pmap()))
-    constants = {k: ConstantInfo(kind="parameter", key=f"m.{k}", spec=s) for k, s in consts.items()}
-    return snapshot(nodes, constants, lifted=lifted)
+        result.append(conv)
+    g.output(*result)
+    return g.build()
 
 
 def grouped_conv(
@@ -110,34 +104,16 @@ def grouped_conv(
     lifted: bool = True,
 ) -> GraphSnapshot:
     """x -> conv(W, b, groups) -> output, in the spelling ``target``."""
-    sp = (6,) * rank
+    g = GraphBuilder(lifted=lifted)
     w_shape = (cin, cout // groups, *(3,) * rank) if transposed else (cout, cin // groups, *(3,) * rank)
-    x_spec = spec(batch, cin if channels is None else channels, *sp)
-    out = spec(batch, cout, *(4,) * rank)
-    const_op = "placeholder" if lifted else "get_attr"
-    nodes = [NodeSnapshot(name="w", op="placeholder" if weight_is_input else const_op, target="w", spec=spec(*w_shape))]
-    consts = {} if weight_is_input else {"w": ConstantInfo(kind="parameter", key="m.w", spec=spec(*w_shape))}
+    w = g.input("w", w_shape) if weight_is_input else g.parameter("w", w_shape, key="m.w")
+    b = None
     if bias:
-        nodes.append(
-            NodeSnapshot(name="b", op="placeholder" if bias_is_input else const_op, target="b", spec=spec(cout))
-        )
-        if not bias_is_input:
-            consts["b"] = ConstantInfo(kind="parameter", key="m.b", spec=spec(cout))
-    nodes.append(NodeSnapshot(name="x", op="placeholder", target="x", spec=x_spec))
-    one, zero = (1,) * rank, (0,) * rank
-    b: Arg = NodeRef("b") if bias else None
-    if target == "aten.convolution.default":
-        args: tuple[Arg, ...] = (NodeRef("x"), NodeRef("w"), b, one, zero, one, transposed, zero, groups)
-    else:
-        args = (NodeRef("x"), NodeRef("w"), b, one, zero, one, groups)
-    nodes.append(NodeSnapshot(name="conv", op="call_function", target=target, args=args, spec=out))
-    nodes.append(NodeSnapshot(name="output", op="output", target="output", args=((NodeRef("conv"),),)))
-    return snapshot(nodes, consts, lifted=lifted)
-
-
-DQ_T = "quantized_decomposed.dequantize_per_tensor.default"
-DQ_C = "quantized_decomposed.dequantize_per_channel.default"
-Q_T = "quantized_decomposed.quantize_per_tensor.default"
+        b = g.input("b", (cout,)) if bias_is_input else g.parameter("b", (cout,), key="m.b")
+    x = g.input("x", (batch, cin if channels is None else channels, *(6,) * rank))
+    args = _conv(target, x, w, b, groups, transposed=transposed, rank=rank)
+    g.output(g.call(target, name="conv", out=(batch, cout, *(4,) * rank), **args))
+    return g.build()
 
 
 def qconv(
@@ -168,77 +144,69 @@ def qconv(
 ) -> GraphSnapshot:
     """int8 x -> dq -> conv(dq(int8 W), b) -> [relu] -> q -> output, repeated ``convs`` times on one
     weight (``cin == cout``); knobs for every kernel and every rejection."""
+    g = GraphBuilder(dialect="edge")
     sp = (k,) * rank
     w_shape = (cin, cout // groups, *sp) if transposed else (cout, cin // groups, *sp)
     n_scales = w_shape[1 if transposed else 0]
     i8 = DTypeArg(act_dtype)
-    consts: dict[str, ConstantInfo] = {
-        "scales": ConstantInfo(kind="buffer", key="s", spec=spec(n_scales)),
-        "zp": ConstantInfo(kind="buffer", key="z", spec=spec(n_scales, dtype="int64"), values=zeros or (0,) * n_scales),
-    }
-    if not weight_is_input:
-        consts["w"] = ConstantInfo(kind="buffer", key="w", spec=spec(*w_shape, dtype="int8"))
-    if bias and not bias_is_input:
-        consts["b"] = ConstantInfo(kind="parameter", key="b", spec=spec(cout))
-    nodes = [NodeSnapshot(name=k_, op="placeholder", target=k_, spec=c.spec) for k_, c in consts.items()]
-    if weight_is_input:
-        nodes.append(NodeSnapshot(name="w", op="placeholder", target="w", spec=spec(*w_shape, dtype="int8")))
-    if bias_is_input:
-        nodes.append(NodeSnapshot(name="b", op="placeholder", target="b", spec=spec(cout)))
+    scales = g.buffer("scales", (n_scales,), key="s")
+    zp = g.buffer("zp", (n_scales,), "int64", key="z", values=zeros or (0,) * n_scales)
+    w = g.input("w", w_shape, "int8") if weight_is_input else g.buffer("w", w_shape, "int8")
+    b = None
+    if bias:
+        b = g.input("b", (cout,)) if bias_is_input else g.parameter("b", (cout,))
     x_c = cin if channels is None else channels
-    nodes.append(NodeSnapshot(name="x", op="placeholder", target="x", spec=spec(1, x_c, 8, 8, dtype=act_dtype)))
-    w_dq: tuple[Arg, ...] = (
-        (NodeRef("w"), NodeRef("scales"), NodeRef("zp"), 1 if transposed else 0 if axis is None else axis)
-        if per_channel
-        else (NodeRef("w"), 0.01, zeros[0] if zeros else 0)
-    )
-    prev = "x"
+    prev = g.input("x", (1, x_c, 8, 8), act_dtype)
     for i in range(convs):
-        c, out = f"conv{i}" if convs > 1 else "conv", spec(1, cout, 8, 8)
-        nodes.append(
-            NodeSnapshot(
-                name=f"dqx{i}",
-                op="call_function",
-                target=DQ_T,
-                args=(NodeRef(prev), 0.02, 3, -128, 127, i8),
-                spec=spec(1, x_c, 8, 8),
-            )
+        name = f"conv{i}" if convs > 1 else "conv"
+        act = spec(1, x_c, 8, 8)
+        dqx = g.call(
+            "quantized_decomposed.dequantize_per_tensor.default",
+            name=f"dqx{i}",
+            out=act,
+            **_qparams(prev, 0.02, 3, i8),
         )
-        target = DQ_C if per_channel else DQ_T
-        nodes.append(
-            NodeSnapshot(
+        if per_channel:
+            dqw = g.call(
+                "quantized_decomposed.dequantize_per_channel.default",
                 name=f"dqw{i}",
-                op="call_function",
-                target=target,
-                args=(*w_dq, -127, 127, DTypeArg("int8")),
-                spec=spec(*w_shape),
+                out=w_shape,
+                input=w,
+                scale=scales,
+                zero_point=zp,
+                axis=1 if transposed else 0 if axis is None else axis,
+                quant_min=-127,
+                quant_max=127,
+                dtype=DTypeArg("int8"),
             )
+        else:
+            dqw = g.call(
+                "quantized_decomposed.dequantize_per_tensor.default",
+                name=f"dqw{i}",
+                out=w_shape,
+                **_qparams(w, 0.01, zeros[0] if zeros else 0, DTypeArg("int8"), low=-127),
+            )
+        x_in, w_in = prev if float_input else dqx, w if float_weight else dqw
+        args = _conv("aten.convolution.default", x_in, w_in, b, groups, rank=rank)
+        args.update(
+            stride=(stride,) * rank, padding=(padding,) * rank, dilation=(dilation,) * rank, transposed=transposed
         )
-        x_in = NodeRef(prev) if float_input else NodeRef(f"dqx{i}")
-        w_in = NodeRef("w") if float_weight else NodeRef(f"dqw{i}")
-        b: Arg = NodeRef("b") if bias else None
-        args: tuple[Arg, ...] = (x_in, w_in, b, (stride,) * rank, (padding,) * rank, (dilation,) * rank)
-        args += (transposed, (0,) * rank, groups)
-        nodes.append(NodeSnapshot(name=c, op="call_function", target="aten.convolution.default", args=args, spec=out))
-        last = c
+        out = spec(1, cout, 8, 8)
+        last = g.call("aten.convolution.default", name=name, out=out, **args)
         if relu:
-            nodes.append(
-                NodeSnapshot(
-                    name=f"relu{i}", op="call_function", target="aten.relu.default", args=(NodeRef(c),), spec=out
-                )
-            )
-            last = f"relu{i}"
+            last = g.call("aten.relu.default", name=f"relu{i}", out=out, self=last)
         if not float_output:
-            q_args = (NodeRef(last), 0.05, -1, -128, 127, i8)
-            nodes.append(
-                NodeSnapshot(
-                    name=f"q{i}", op="call_function", target=Q_T, args=q_args, spec=spec(1, cout, 8, 8, dtype=act_dtype)
-                )
+            q = _qparams(last, 0.05, -1, i8)
+            last = g.call(
+                "quantized_decomposed.quantize_per_tensor.default",
+                name=f"q{i}",
+                out=spec(1, cout, 8, 8, dtype=act_dtype),
+                **q,
             )
-            last = f"q{i}"
         prev = last
-    result: list[Arg] = [NodeRef(prev)]
-    if extra_user:
-        result.append(NodeRef("conv"))
-    nodes.append(NodeSnapshot(name="output", op="output", target="output", args=(tuple(result),)))
-    return snapshot(nodes, consts, dialect="edge")
+    g.output(prev, *([NodeRef("conv")] if extra_user else []))
+    return g.build()
+
+
+def _qparams(x: NodeRef, scale: float, zero: int, dtype: DTypeArg, *, low: int = -128) -> dict[str, Arg]:
+    return {"input": x, "scale": scale, "zero_point": zero, "quant_min": low, "quant_max": 127, "dtype": dtype}

@@ -106,7 +106,7 @@ def test_no_relu_and_no_bias() -> None:
         ({"extra_user": True, "relu": False}, "conv-output-shared", "output of conv is also used by q0, output"),
         ({"float_input": True}, "not-quantized", "input of conv comes from x (x)"),
         ({"float_weight": True}, "not-quantized", "weight of conv comes from w (w)"),
-        ({"float_output": True}, "not-quantized", "output of conv goes to output (output)"),
+        ({"float_output": True}, "not-quantized", "output of relu0 goes to output (output)"),
         ({"weight_is_input": True}, "not-constant", "weight of conv is not a constant"),
         ({"bias_is_input": True}, "not-constant", "bias of conv is not a constant"),
         ({"channels": "s0"}, "symbolic-shape", "input of conv has symbolic shape (1, 's0', 8, 8)"),

@@ -1,0 +1,334 @@
+"""Op families: every spelling of one op across the GraphModule, aten and edge forms, with
+argument names from torch's own schemas.
+
+A pattern names a family (``CONV``), never a target, and reads arguments by schema name,
+never by position. A backend author adds a family with :func:`family` from schema text
+copied from ``native_functions.yaml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import final
+
+from pyrsistent.typing import PMap
+from returns.result import Failure, Result, Success
+
+from fxpure.reasons import Malformed
+from fxpure.schema import Schema, bind, parse_schema
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
+
+Normalizer = Callable[[GraphSnapshot, NodeSnapshot, PMap[str, Arg]], Result[PMap[str, Arg], Malformed]]
+"""Turns bound arguments into a family's normal form (e.g. ``stride=1`` -> ``(1, 1)``)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Family:
+    """Every spelling of one op: canonical target -> schema, a noun for messages, an optional
+    normaliser, and the pair of arguments that commute (``("self", "other")`` for mul/add)."""
+
+    name: str
+    noun: str
+    schemas: Mapping[str, Schema]
+    normalize: Normalizer | None = None
+    commutes: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schemas", MappingProxyType(dict(self.schemas)))
+
+    @property
+    def targets(self) -> frozenset[str]:
+        """The canonical targets of every spelling."""
+        return frozenset(self.schemas)
+
+    @property
+    def params(self) -> frozenset[str]:
+        """Every argument name a pattern may use with this family."""
+        return frozenset().union(*(s.names for s in self.schemas.values()))
+
+    def kinds(self, name: str) -> frozenset[str]:
+        """The kinds argument ``name`` has across the spellings (empty: fixed by the spelling)."""
+        return frozenset(p.kind for s in self.schemas.values() if (p := s.param(name)) is not None)
+
+    def bind(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[PMap[str, Arg], Malformed]:
+        """The node's arguments by name in the family's normal form, or why they do not fit."""
+        schema = self.schemas.get(node.target)
+        if schema is None or node.op != "call_function":
+            return Failure(Malformed(node=node.name, detail=f"{node.target} is not {self.noun}"))
+        bound = bind(node, schema)
+        normalize = self.normalize
+        return bound if normalize is None else bound.bind(lambda args: normalize(snap, node, args))
+
+    def __or__(self, other: Family) -> Family:
+        """Both families as one (e.g. ``ADD | SUB``)."""
+        commutes = self.commutes if self.commutes == other.commutes else None
+        return Family(
+            f"{self.name}|{other.name}",
+            f"{self.noun} or {other.noun}",
+            {**self.schemas, **other.schemas},
+            self.normalize if self.normalize is other.normalize else _both(self, other),
+            commutes,
+        )
+
+
+def _both(a: Family, b: Family) -> Normalizer | None:
+    if a.normalize is None and b.normalize is None:
+        return None
+
+    def go(snap: GraphSnapshot, node: NodeSnapshot, args: PMap[str, Arg]) -> Result[PMap[str, Arg], Malformed]:
+        own = a if node.target in a.schemas else b
+        return own.normalize(snap, node, args) if own.normalize is not None else Success(args)
+
+    return go
+
+
+def family(
+    name: str,
+    noun: str,
+    schemas: Iterable[str | Schema],
+    *,
+    normalize: Normalizer | None = None,
+    commutes: tuple[str, str] | None = None,
+) -> Family:
+    """A family from schema text (or parsed schemas), one per spelling.
+
+    >>> mm = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
+    >>> sorted(mm.params), sorted(mm.targets)
+    (['mat2', 'self'], ['aten.mm.default'])
+    """
+    parsed = [s if isinstance(s, Schema) else parse_schema(s) for s in schemas]
+    return Family(name, noun, {s.target: s for s in parsed}, normalize, commutes)
+
+
+def _ints(node: str, name: str, value: Arg, rank: int) -> Result[tuple[int, ...], Malformed]:
+    items = value if isinstance(value, tuple) else (value,)
+    ints = tuple(v for v in items if isinstance(v, int) and not isinstance(v, bool))
+    if len(ints) != len(items):
+        return Failure(Malformed(node=node, detail=f"{name}={value!r} is not a list of ints"))
+    if len(ints) == 1:
+        return Success(ints * rank)
+    if len(ints) != rank:
+        return Failure(Malformed(node=node, detail=f"{name}={value!r} does not fit {rank} spatial dims"))
+    return Success(ints)
+
+
+def _conv_rank(snap: GraphSnapshot, node: NodeSnapshot, w: Arg) -> int | None:
+    digit = node.target.removeprefix("aten.conv_transpose").removeprefix("aten.conv")[:1]
+    if digit in ("1", "2", "3"):
+        return int(digit)
+    spec = snap.node(w.name).tensor_spec if isinstance(w, NodeRef) and w.name in snap.index else None
+    return len(spec.shape) - 2 if spec is not None and len(spec.shape) >= 3 else None
+
+
+def _normalize_conv(snap: GraphSnapshot, node: NodeSnapshot, a: PMap[str, Arg]) -> Result[PMap[str, Arg], Malformed]:
+    """Rank from the spelling (or the weight), int lists of that rank, a bool ``transposed``."""
+    n = node.name
+    rank, transposed, groups = _conv_rank(snap, node, a["weight"]), a["transposed"], a["groups"]
+    if rank is None or not isinstance(transposed, bool) or not isinstance(groups, int) or groups < 1:
+        return Failure(Malformed(node=n, detail="cannot tell rank, transposed or groups"))
+    if not isinstance(a["input"], NodeRef) or not isinstance(a["weight"], NodeRef):
+        bad = "input" if not isinstance(a["input"], NodeRef) else "weight"
+        return Failure(Malformed(node=n, detail=f"{bad} is {a[bad]!r}, expected a tensor"))
+    out = a.evolver()
+    for key in ("stride", "dilation", "output_padding", *(() if isinstance(a["padding"], str) else ("padding",))):
+        ints = _ints(n, key, a[key], rank)
+        if isinstance(ints, Failure):
+            return Failure(ints.failure())
+        out[key] = ints.unwrap()
+    out["rank"] = rank
+    return Success(out.persistent())
+
+
+_CONV_ARGS = "Tensor input, Tensor weight, Tensor? bias=None, SymInt[{r}] stride=1"
+_CONV_N = _CONV_ARGS + ", SymInt[{r}] padding=0, SymInt[{r}] dilation=1, SymInt groups=1) -> Tensor"
+_CONV_PAD = _CONV_ARGS + ', str padding="valid", SymInt[{r}] dilation=1, SymInt groups=1) -> Tensor'
+_CONV_T = (
+    _CONV_ARGS + ", SymInt[{r}] padding=0, SymInt[{r}] output_padding=0, SymInt groups=1, SymInt[{r}] dilation=1)"
+    " -> Tensor"
+)
+_REGULAR = {"transposed": False, "output_padding": 0}
+
+CONV = family(
+    "conv",
+    "a convolution",
+    [
+        *(parse_schema(f"aten.conv{r}d.default({_CONV_N.format(r=r)}", fixed=_REGULAR) for r in (1, 2, 3)),
+        *(parse_schema(f"aten.conv{r}d.padding({_CONV_PAD.format(r=r)}", fixed=_REGULAR) for r in (1, 2, 3)),
+        *(
+            parse_schema(f"aten.conv_transpose{r}d.{ov}({_CONV_T.format(r=r)}", fixed={"transposed": True})
+            for r in (1, 2, 3)
+            for ov in ("default", "input")
+        ),
+        "aten.convolution.default(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,"
+        " SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
+    ],
+    normalize=_normalize_conv,
+)
+"""Every convolution: ``conv{1,2,3}d`` (``.default``, ``.padding``), ``conv_transpose{1,2,3}d``,
+``convolution`` (aten and edge). Normal form: int tuples of the conv's rank for stride, padding
+(unless a string), dilation and output_padding; ``transposed``; ``rank`` (spatial dims)."""
+
+_BN = "Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training"
+BATCH_NORM = family(
+    "batch_norm",
+    "a batch norm",
+    [
+        parse_schema(f"aten.batch_norm.default({_BN}, float momentum, float eps, bool cudnn_enabled) -> Tensor"),
+        f"aten.native_batch_norm.default({_BN}, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+        f"aten._native_batch_norm_legit.default({_BN}, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+        f"aten._native_batch_norm_legit_functional.default({_BN}, float momentum, float eps)"
+        " -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        parse_schema(
+            "aten._native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training,"
+            " float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+            fixed={"running_mean": None, "running_var": None},
+        ),
+        parse_schema(
+            "aten._native_batch_norm_legit_no_training.default(Tensor input, Tensor? weight, Tensor? bias,"
+            " Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+            fixed={"training": False},
+        ),
+    ],
+)
+"""Every batch norm: ``batch_norm``, ``native_batch_norm``, the ``_legit`` forms (training,
+functional, no stats, no training). Tuple-output spellings are read through ``getitem``."""
+
+LINEAR = family("linear", "a linear", ["aten.linear.default(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"])
+ADDMM = family(
+    "addmm",
+    "a matrix product plus bias",
+    ["aten.addmm.default(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
+)
+MM = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
+PERMUTE = family(
+    "permute",
+    "a permute",
+    [f"aten.{op}.default(Tensor self, int[] dims) -> Tensor" for op in ("permute", "permute_copy")],
+)
+TRANSPOSE = family("t", "a transpose", [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("t", "t_copy")])
+VIEW = family(
+    "view",
+    "a view",
+    [
+        *(f"aten.{op}.default(Tensor self, SymInt[] size) -> Tensor" for op in ("view", "view_copy", "_unsafe_view")),
+        parse_schema("aten.reshape.default(Tensor self, SymInt[] shape) -> Tensor", rename={"shape": "size"}),
+    ],
+)
+UNSQUEEZE = family(
+    "unsqueeze",
+    "an unsqueeze",
+    [f"aten.{op}.default(Tensor self, int dim) -> Tensor" for op in ("unsqueeze", "unsqueeze_copy")],
+)
+SQUEEZE = family(
+    "squeeze",
+    "a squeeze",
+    [
+        f"aten.{op}.{ov}(Tensor self, {t} dim) -> Tensor"
+        for op in ("squeeze", "squeeze_copy")
+        for ov, t in (("dim", "int"), ("dims", "int[]"))
+    ],
+)
+CAT = family("cat", "a concatenation", ["aten.cat.default(Tensor[] tensors, int dim=0) -> Tensor"])
+SPLIT = family(
+    "split",
+    "a split",
+    [
+        f"aten.{op}.default(Tensor self, SymInt[] split_sizes, int dim=0) -> Tensor[]"
+        for op in ("split_with_sizes", "split_with_sizes_copy")
+    ],
+)
+RELU = family("relu", "a relu", ["aten.relu.default(Tensor self) -> Tensor"])
+GETITEM = family("getitem", "a tuple projection", ["getitem(Any self, int index) -> Any"])
+
+_BINARY = "(Tensor self, {other} other{alpha}) -> Tensor"
+MUL = family(
+    "mul",
+    "a multiplication",
+    [f"aten.mul.{ov}{_BINARY.format(other=t, alpha='')}" for ov, t in (("Tensor", "Tensor"), ("Scalar", "Scalar"))],
+    commutes=("self", "other"),
+)
+DIV = family(
+    "div",
+    "a division",
+    [f"aten.div.{ov}{_BINARY.format(other=t, alpha='')}" for ov, t in (("Tensor", "Tensor"), ("Scalar", "Scalar"))],
+)
+ADD = family(
+    "add",
+    "an addition",
+    [
+        f"aten.add.Tensor{_BINARY.format(other='Tensor', alpha=', *, Scalar alpha=1')}",
+        f"aten.add.Scalar{_BINARY.format(other='Scalar', alpha=', Scalar alpha=1')}",
+    ],
+    commutes=("self", "other"),
+)
+SUB = family(
+    "sub",
+    "a subtraction",
+    [
+        f"aten.sub.Tensor{_BINARY.format(other='Tensor', alpha=', *, Scalar alpha=1')}",
+        f"aten.sub.Scalar{_BINARY.format(other='Scalar', alpha=', Scalar alpha=1')}",
+    ],
+)
+
+_QD = "quantized_decomposed"
+_QARGS = "int quant_min, int quant_max, ScalarType dtype"
+DEQUANTIZE_PER_TENSOR = family(
+    "dequantize_per_tensor",
+    "a dequantize",
+    [
+        parse_schema(
+            f"{_QD}.dequantize_per_tensor.default(Tensor input, float scale, int zero_point, {_QARGS},"
+            " *, ScalarType? out_dtype=None) -> Tensor",
+            fixed={"axis": None},
+        )
+    ],
+)
+DEQUANTIZE_PER_CHANNEL = family(
+    "dequantize_per_channel",
+    "a dequantize",
+    [
+        parse_schema(
+            f"{_QD}.dequantize_per_channel.default(Tensor input, Tensor scales, Tensor? zero_points, int axis,"
+            f" {_QARGS}, *, ScalarType? out_dtype=None) -> Tensor",
+            rename={"scales": "scale", "zero_points": "zero_point"},
+        )
+    ],
+)
+DEQUANTIZE = replace(DEQUANTIZE_PER_TENSOR | DEQUANTIZE_PER_CHANNEL, name="dequantize")
+"""Per-tensor and per-channel dequantize, with common names: ``input``, ``scale`` (a float, or a
+tensor per channel), ``zero_point``, ``axis`` (None per tensor), ``quant_min``, ``quant_max``, ``dtype``."""
+QUANTIZE_PER_TENSOR = family(
+    "quantize_per_tensor",
+    "a quantize",
+    [f"{_QD}.quantize_per_tensor.default(Tensor input, float scale, int zero_point, {_QARGS}) -> Tensor"],
+)
+
+STANDARD: tuple[Family, ...] = (
+    CONV,
+    BATCH_NORM,
+    LINEAR,
+    ADDMM,
+    MM,
+    PERMUTE,
+    TRANSPOSE,
+    VIEW,
+    UNSQUEEZE,
+    SQUEEZE,
+    CAT,
+    SPLIT,
+    RELU,
+    GETITEM,
+    MUL,
+    DIV,
+    ADD,
+    SUB,
+    DEQUANTIZE,
+    QUANTIZE_PER_TENSOR,
+)
+"""The families fxpure ships."""
+
+SCHEMAS: Mapping[str, Schema] = MappingProxyType({t: s for f in STANDARD for t, s in f.schemas.items()})
+"""Every known spelling's schema by canonical target (what ``fxpure.testing`` builds calls with)."""

@@ -1,0 +1,1065 @@
+"""fxpure.pattern: rules as declarative patterns with typed reasons, located in the graph and
+in the pattern.
+
+A pattern is frozen data built from a few primitives; each owns one failure mode and one
+reason record, so a rule made only of primitives cannot decline without a typed reason:
+
+=================  =======================================  ===================================
+primitive          matches                                   fails with
+=================  =======================================  ===================================
+``Op(FAMILY, …)``  a node of an op family, arguments by      ``WrongOp`` (another op),
+                   schema name; inner nodes single-use       ``OutputShared`` (another reader),
+                   (``users=ANY`` to share); ``out=i``       ``TupleUsed`` (another element read),
+                   projects a tuple output; ``user=`` its    ``Malformed`` (arguments do not fit)
+                   one consumer; ``commute=True``
+``Const(name)``    a constant (or an earlier rule's          ``NotConstant``
+                   derived one); ``optional=True``: or None
+``Scalar(name)``   a Python number                           ``NotScalar``
+``Lit(*values)``   a non-tensor argument with one of values  ``ArgMismatch``
+``Var(name)``      anything; a repeated name, the same one   ``BindingConflict``
+``OneOf(*alts)``   the first alternative that matches        the reason of the one that got furthest
+``need.*``         typed checks on bound values              ``SymbolicShape``, ``UnsupportedDtype``,
+                                                             ``UnsupportedRank``, ``ChannelMismatch``,
+                                                             or a rule's own (``need.check``)
+=================  =======================================  ===================================
+
+Matching is pure, deterministic and depth-first in declaration order, from a root found
+through the snapshot's index by target. Every reason carries ``path``: ``bn.input/conv.weight``
+is the ``weight`` argument of the op called ``conv``, itself the ``input`` of ``bn``. A pattern
+that names an argument its family does not have, or a planner or check that reads a name the
+pattern never binds, raises :class:`PatternError` when the rule is built (at import).
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeAlias, final
+
+from pyrsistent import pmap
+from pyrsistent.typing import PMap
+from returns.result import Failure, Result, Success
+
+from fxpure.families import DEQUANTIZE, SCHEMAS, Family
+from fxpure.plan import NewConstant, NewNode, RewritePlan, RewriteReport, Rule, constant_expr, rewrite
+from fxpure.reasons import (
+    GENERIC_CODES,
+    ArgMismatch,
+    BindingConflict,
+    ChannelMismatch,
+    Malformed,
+    NotConstant,
+    NotScalar,
+    OutputShared,
+    Reason,
+    SymbolicShape,
+    TupleUsed,
+    UnsupportedDtype,
+    UnsupportedRank,
+    WrongOp,
+)
+from fxpure.schema import TENSOR_KINDS, arguments, respell
+from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec
+from fxpure.weights import WeightExpr, infer_spec, out_channels
+
+ONE: Literal["one"] = "one"
+ANY: Literal["any"] = "any"
+Users: TypeAlias = Literal["one", "any"]
+
+
+class PatternError(TypeError):
+    """A pattern or rule that cannot work, found when it is built (not on some later model)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Const:
+    """A constant operand (parameter, buffer, lifted or derived constant), bound as a ``WeightExpr``.
+    ``optional=True``: an absent operand (None) binds None; a computed one still fails."""
+
+    name: str
+    optional: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    """A Python number in an operand slot (``x * 2.0``), bound as the number."""
+
+    name: str
+
+
+@final
+@dataclass(frozen=True, slots=True, init=False)
+class Lit:
+    """A non-tensor argument that must equal one of ``values`` (type and value: ``False`` is not
+    ``0``). ``code`` and ``text`` (a message with ``{node}``, ``{role}``, ``{value}``, ``{expected}``)
+    name the reason; ``name`` binds the value."""
+
+    values: tuple[Arg, ...]
+    name: str | None
+    code: str
+    text: str
+
+    def __init__(self, *values: Arg, name: str | None = None, code: str = "arg-mismatch", text: str = "") -> None:
+        if not values:
+            raise PatternError("Lit needs at least one allowed value")
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "text", text)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Var:
+    """Any argument (a node reference, usually), bound as it is; a name used twice must bind the
+    same value."""
+
+    name: str
+
+
+@final
+@dataclass(frozen=True, slots=True, init=False)
+class OneOf:
+    """Alternatives, tried in order; on failure, the reason of the one that got furthest."""
+
+    alternatives: tuple[Pattern, ...]
+
+    def __init__(self, *alternatives: Pattern) -> None:
+        if len(alternatives) < 2:
+            raise PatternError("OneOf needs two or more alternatives")
+        object.__setattr__(self, "alternatives", alternatives)
+
+
+@final
+@dataclass(frozen=True, slots=True, init=False)
+class Op:
+    """A node of ``family`` whose arguments (by schema name) match sub-patterns; a plain value is
+    ``Lit(value)``. An inner node must be read by its parent only (``users=ONE``) unless
+    ``users=ANY``; ``user=`` matches the node's one consumer; ``out=i`` reads a tuple-output op
+    through ``getitem(·, i)`` (all its users must); ``commute=True`` tries the family's two
+    commuting arguments both ways. ``code``/``shared``/``out_code`` name the three reasons.
+    ``transparent=True``: reasons about its operands name the node and argument that read it
+    (a dequantized weight that is not a constant is "weight of conv", not "input of dq")."""
+
+    family: Family
+    name: str | None
+    args: tuple[tuple[str, Pattern], ...]
+    users: Users
+    user: Pattern | None
+    out: int | None
+    commute: bool
+    code: str
+    shared: str
+    out_code: str
+    transparent: bool
+
+    def __init__(
+        self,
+        family: Family,
+        /,
+        *,
+        name: str | None = None,
+        users: Users = ONE,
+        user: Pattern | None = None,
+        out: int | None = None,
+        commute: bool = False,
+        code: str = "wrong-op",
+        shared: str = "output-shared",
+        out_code: str = "tuple-output-used",
+        transparent: bool = False,
+        **args: Pattern | Arg,
+    ) -> None:
+        for key, value in (
+            ("family", family),
+            ("name", name),
+            (
+                "args",
+                tuple(
+                    (k, v if isinstance(v, Op | Const | Scalar | Lit | Var | OneOf) else Lit(v))
+                    for k, v in args.items()
+                ),
+            ),
+            ("users", users),
+            ("user", user),
+            ("out", out),
+            ("commute", commute),
+            ("code", code),
+            ("shared", shared),
+            ("out_code", out_code),
+            ("transparent", transparent),
+        ):
+            object.__setattr__(self, key, value)
+
+    @property
+    def label(self) -> str:
+        """The op's name in paths: its binding name, else its family's."""
+        return self.name or self.family.name
+
+
+Pattern: TypeAlias = Op | Const | Scalar | Lit | Var | OneOf
+
+
+def _make_op(family: Family, args: Mapping[str, Pattern | Arg], *, name: str | None, users: Users, code: str) -> Op:
+    """A transparent Op from arguments in a mapping (their names cannot clash with Op's own options)."""
+    op = Op(family, name=name, users=users, code=code, transparent=True)
+    wrapped = tuple(
+        (k, v if isinstance(v, Op | Const | Scalar | Lit | Var | OneOf) else Lit(v)) for k, v in args.items()
+    )
+    object.__setattr__(op, "args", wrapped)
+    return op
+
+
+def dequantized(
+    value: Pattern,
+    *,
+    name: str | None = None,
+    family: Family = DEQUANTIZE,
+    users: Users = ANY,
+    code: str = "wrong-op",
+    **qparams: Pattern | Arg,
+) -> Op:
+    """A constant behind a dequantize: ``dequantized(Const("w"), name="dq")`` binds the integer
+    weight as ``w`` and the dequantize as ``dq`` (its ``scale``, ``zero_point``, ``axis``, ...);
+    ``qparams`` match those too. Shared by default: two convs may read one dequantized weight.
+    Transparent: a reason about its operands names the op that reads the dequantized value."""
+    return _make_op(family, {"input": value, **qparams}, name=name, users=users, code=code)
+
+
+# --- what a match binds ----------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bound:
+    """An op node the pattern matched: its arguments by name in the family's normal form, and
+    ``uses``, the nodes whose uses a replacement takes (the node, or its ``getitem(·, i)``)."""
+
+    node: NodeSnapshot
+    family: Family = field(compare=False)
+    args: PMap[str, Arg]
+    uses: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """The node's name."""
+        return self.node.name
+
+    @property
+    def spec(self) -> TensorSpec | None:
+        """The node's output spec when it is one tensor."""
+        return self.node.tensor_spec
+
+    def int(self, arg: str) -> int:
+        """An int argument (TypeError if it is not one: a bug in the rule)."""
+        v = self.args.get(arg)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{self.name}.{arg} is {v!r}, not an int")
+        return v
+
+    def ints(self, arg: str) -> tuple[builtins.int, ...]:
+        """An int-list argument."""
+        v = self.args.get(arg)
+        if not isinstance(v, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise TypeError(f"{self.name}.{arg} is {v!r}, not a tuple of ints")
+        return tuple(i for i in v if isinstance(i, int))
+
+    def float(self, arg: str) -> builtins.float:
+        """A float argument (an int is accepted)."""
+        v = self.args.get(arg)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise TypeError(f"{self.name}.{arg} is {v!r}, not a number")
+        return float(v)
+
+    def bool(self, arg: str) -> builtins.bool:
+        """A bool argument."""
+        v = self.args.get(arg)
+        if not isinstance(v, bool):
+            raise TypeError(f"{self.name}.{arg} is {v!r}, not a bool")
+        return v
+
+    def ref(self, arg: str) -> NodeRef:
+        """A tensor argument given by a node."""
+        v = self.args.get(arg)
+        if not isinstance(v, NodeRef):
+            raise TypeError(f"{self.name}.{arg} is {v!r}, not a node")
+        return v
+
+
+Binding: TypeAlias = Bound | WeightExpr | Arg
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Site:
+    """Where a name was bound: the node that reads it, the argument, the pattern path."""
+
+    node: str
+    role: str
+    path: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Match:
+    """A successful match at ``anchor``: bindings by name, where each was bound, the matched nodes
+    a replacement erases (``erase``) and the shared ones it drops once unused (``prune``)."""
+
+    snap: GraphSnapshot
+    anchor: str
+    bindings: PMap[str, Binding]
+    sites: PMap[str, Site]
+    erase: tuple[str, ...]
+    prune: tuple[str, ...]
+
+    def spec(self, name: str) -> TensorSpec | None:
+        """Shape and dtype of a bound value (a constant expression, an op's output, a node)."""
+        value = self.bindings.get(name)
+        if isinstance(value, Bound):
+            return value.spec
+        if isinstance(value, NodeRef):
+            return self.snap.node(value.name).tensor_spec if value.name in self.snap.index else None
+        if isinstance(value, WeightExpr):
+            spec = infer_spec(value)
+            return spec.unwrap() if isinstance(spec, Success) else None
+        return None
+
+    def values(self, name: str) -> tuple[int, ...] | None:
+        """The data of a bound constant when it is a small integer vector (zero points, say)."""
+        value = self.bindings.get(name)
+        key = getattr(value, "key", None)
+        info = self.snap.constants.get(key) if isinstance(key, str) else None
+        return info.values if info is not None and info.source is None else None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """How far a rule got at one node: the reason it declined (None: it would rewrite), the
+    bindings made before that, and how many primitives matched (``depth``)."""
+
+    rule: str
+    anchor: str
+    reason: Reason | None
+    bindings: PMap[str, Binding]
+    depth: int
+
+
+# --- matching --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _State:
+    """Working state of one match (local, never escapes); ``fork`` for alternatives."""
+
+    snap: GraphSnapshot
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    sites: dict[str, Site] = field(default_factory=dict)
+    erase: list[str] = field(default_factory=list)
+    prune: list[str] = field(default_factory=list)
+    depth: int = 0
+
+    def fork(self) -> _State:
+        return _State(self.snap, dict(self.bindings), dict(self.sites), list(self.erase), list(self.prune), self.depth)
+
+    def bind(self, name: str | None, value: Binding, site: Site) -> Reason | None:
+        self.depth += 1
+        if name is None:
+            return None
+        if name in self.bindings:
+            first = self.bindings[name]
+            if first != value:
+                return BindingConflict(
+                    node=site.node, name=name, first=_show(first), second=_show(value), path=site.path
+                )
+            return None
+        self.bindings[name] = value
+        self.sites[name] = site
+        return None
+
+
+def _show(value: Binding) -> str:
+    if isinstance(value, Bound):
+        return value.name
+    if isinstance(value, NodeRef):
+        return value.name
+    return repr(value)
+
+
+def _strict_equal(a: Arg, b: Arg) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_strict_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Reason | None:
+    """Run alternatives on forks of ``st``; adopt the first that succeeds, else the furthest failure."""
+    best: tuple[_State, Reason] | None = None
+    for attempt in tries:
+        fork = st.fork()
+        err = attempt(fork)
+        if err is None:
+            _adopt(st, fork)
+            return None
+        if best is None or fork.depth > best[0].depth:
+            best = (fork, err)
+    assert best is not None
+    _adopt(st, best[0])
+    return best[1]
+
+
+def _adopt(st: _State, fork: _State) -> None:
+    st.bindings, st.sites, st.erase, st.prune, st.depth = fork.bindings, fork.sites, fork.erase, fork.prune, fork.depth
+
+
+def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State) -> Reason | None:
+    """Match ``p`` against ``value``, argument ``role`` of node ``parent``."""
+    site = Site(parent, role, path)
+    match p:
+        case Op():
+            return _producer(p, value, parent, role, path, st)
+        case OneOf():
+            return _best(st, (_alt(a, value, parent, role, path) for a in p.alternatives))
+        case Const():
+            if value is None and p.optional:
+                return st.bind(p.name, None, site)
+            expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
+            if expr is None:
+                source = value.name if isinstance(value, NodeRef) else str(value)
+                return NotConstant(node=parent, role=role, source=source, path=path)
+            return st.bind(p.name, expr, site)
+        case Scalar():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return st.bind(p.name, value, site)
+            shown = f"computed by {value.name!r}" if isinstance(value, NodeRef) else repr(value)
+            return NotScalar(node=parent, role=role, value=shown, path=path)
+        case Lit():
+            if any(_strict_equal(value, v) for v in p.values):
+                return st.bind(p.name, value, site)
+            return ArgMismatch(
+                code=p.code, node=parent, role=role, value=value, expected=p.values, text=p.text, path=path
+            )
+        case Var():
+            return st.bind(p.name, value, site)
+
+
+def _alt(p: Pattern, value: Arg, parent: str, role: str, path: str) -> Callable[[_State], Reason | None]:
+    return lambda st: _match(p, value, parent, role, path, st)
+
+
+def _producer(p: Op, value: Arg, parent: str, role: str, path: str, st: _State) -> Reason | None:
+    here = f"{path}/{p.label}"
+    node = st.snap.node(value.name) if isinstance(value, NodeRef) and value.name in st.snap.index else None
+    if node is None or node.op != "call_function" or node.target not in p.family.schemas:
+        producer, target = (node.name, node.target) if node is not None else (repr(value), "a literal")
+        return WrongOp(
+            code=p.code, node=parent, role=role, producer=producer, target=target, expected=p.family.noun, path=here
+        )
+    return _op(p, node, here, st, reader=parent, seen_as=(parent, role) if p.transparent else None)
+
+
+def _op(
+    p: Op, node: NodeSnapshot, path: str, st: _State, reader: str | None, seen_as: tuple[str, str] | None = None
+) -> Reason | None:
+    """Match the op itself (``reader``: the node that reads it, None for the root and a consumer;
+    ``seen_as``: the node and argument its operands' reasons name, for a transparent op)."""
+    bound = p.family.bind(st.snap, node)
+    if isinstance(bound, Failure):
+        bad: Malformed = bound.failure()
+        return replace(bad, path=path)
+    args = bound.unwrap()
+    uses: tuple[str, ...] = (node.name,)
+    if p.out is not None and p.family.schemas[node.target].tuple_output:
+        items = st.snap.users_of(node.name)
+        for u in items:
+            if u.target != "getitem" or u.args[1:2] != (p.out,):
+                return TupleUsed(code=p.out_code, node=node.name, user=u.name, index=p.out, path=f"{path}.out")
+        uses = tuple(u.name for u in items)
+    if reader is not None and p.users == ONE:
+        others = tuple(u for u in st.snap.users.get(node.name, ()) if u != reader)
+        if others:
+            return OutputShared(code=p.shared, node=node.name, users=others, path=path)
+    err = st.bind(p.name, Bound(node=node, family=p.family, args=args, uses=uses), Site(node.name, "output", path))
+    if err is not None:
+        return err
+    (st.erase if reader is None or p.users == ONE else st.prune).append(node.name)
+    st.erase.extend(u for u in uses if u != node.name)
+    err = _arguments(p, args, node, path, st, seen_as)
+    if err is None and p.user is not None:
+        err = _consumer(p, node, uses, path, st)
+    return err
+
+
+def _arguments(
+    p: Op, args: PMap[str, Arg], node: NodeSnapshot, path: str, st: _State, seen_as: tuple[str, str] | None
+) -> Reason | None:
+    names = p.family.schemas[node.target].names
+    pairs = [(k, sub) for k, sub in p.args if k in names]  # an argument a spelling lacks: not checked
+
+    def run(order: Sequence[tuple[str, Pattern]]) -> Callable[[_State], Reason | None]:
+        def go(s: _State) -> Reason | None:
+            for arg, sub in order:
+                parent, role = seen_as or (node.name, arg)
+                err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", s)
+                if err is not None:
+                    return err
+            return None
+
+        return go
+
+    if not p.commute or p.family.commutes is None:
+        return run(pairs)(st)
+    a, b = p.family.commutes
+    swap = {a: b, b: a}
+    return _best(st, (run(pairs), run([(swap.get(k, k), sub) for k, sub in pairs])))
+
+
+def _consumer(p: Op, node: NodeSnapshot, uses: tuple[str, ...], path: str, st: _State) -> Reason | None:
+    readers = tuple(dict.fromkeys(u for n in uses for u in st.snap.users.get(n, ())))
+    if len(readers) != 1:
+        return OutputShared(code=p.shared, node=node.name, users=readers, path=f"{path}.user")
+    user = st.snap.node(readers[0])
+    return _user_pattern(p.user, user, node.name, f"{path}.user", st)
+
+
+def _user_pattern(p: Pattern | None, user: NodeSnapshot, of: str, path: str, st: _State) -> Reason | None:
+    if isinstance(p, OneOf):
+        return _best(st, (_user_alt(a, user, of, path) for a in p.alternatives))
+    assert isinstance(p, Op)  # checked when the rule is built
+    here = f"{path}/{p.label}"
+    if user.op != "call_function" or user.target not in p.family.schemas:
+        return WrongOp(
+            code=p.code,
+            node=of,
+            role="output",
+            producer=user.name,
+            target=user.target,
+            expected=p.family.noun,
+            consumer=True,
+            path=here,
+        )
+    return _op(p, user, here, st, reader=None)
+
+
+def _user_alt(p: Pattern, user: NodeSnapshot, of: str, path: str) -> Callable[[_State], Reason | None]:
+    return lambda st: _user_pattern(p, user, of, path, st)
+
+
+def match(pattern: Op, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Match, Reason]:
+    """Match ``pattern`` rooted at ``node`` (for rules that find their own anchors, such as one per
+    group of parallel linears): the match, or the typed, located reason it fails."""
+    m, err, _ = _matched(pattern, snap, node)
+    return Success(m) if m is not None else Failure(err or Malformed(node=node.name, detail="no match"))
+
+
+def _matched(pattern: Op, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Match | None, Reason | None, _State]:
+    """The match, or the reason and the partial state."""
+    st = _State(snap)
+    if node.op != "call_function" or node.target not in pattern.family.schemas:
+        return None, Malformed(node=node.name, detail=f"{node.target} is not {pattern.family.noun}"), st
+    err = _op(pattern, node, pattern.label, st, reader=None)
+    if err is not None:
+        return None, err, st
+    m = Match(
+        snap=snap,
+        anchor=node.name,
+        bindings=pmap(st.bindings),
+        sites=pmap(st.sites),
+        erase=tuple(dict.fromkeys(st.erase)),
+        prune=tuple(dict.fromkeys(n for n in st.prune if n not in st.erase)),
+    )
+    return m, None, st
+
+
+# --- typed checks on bound values ------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Check:
+    """A typed check on bound values: runs on a match, returns a Reason or None. ``reads`` are the
+    names it needs (checked against the pattern when the rule is built); ``codes`` the reasons it
+    may return."""
+
+    label: str
+    reads: tuple[str, ...]
+    codes: frozenset[str]
+    run: Callable[[Match], Reason | None] = field(compare=False)
+
+    def __call__(self, m: Match) -> Reason | None:
+        reason = self.run(m)
+        if reason is None or reason.path:
+            return reason
+        site = next((m.sites[r] for r in self.reads if r in m.sites), None)
+        return replace(reason, path=site.path if site is not None else f"need.{self.label}")
+
+
+def _site(m: Match, name: str) -> Site:
+    return m.sites.get(name, Site(m.anchor, name, ""))
+
+
+def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
+    sig = inspect.signature(fn)
+    ret = sig.return_annotation
+    if ret is inspect.Signature.empty:
+        raise PatternError(f"check {_name(fn)} must declare its return type (a Reason or None)")
+    if ret is bool or ret == "bool":
+        raise PatternError(f"check {_name(fn)} returns a bare bool: return a Reason (with a code) or None")
+    declared = frozenset(codes)
+    if not declared:
+        raise PatternError(f"check {_name(fn)} must list the reason codes it may return")
+    reads = tuple(n for n in sig.parameters if n != "match")
+    wants_match = "match" in sig.parameters
+
+    def run(m: Match) -> Reason | None:
+        kwargs: dict[str, object] = {n: m.bindings[n] for n in reads if n in m.bindings}
+        if wants_match:
+            kwargs["match"] = m
+        out: object = fn(**kwargs)
+        if out is not None and not isinstance(out, Reason):
+            raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
+        return out
+
+    return Check(label=_name(fn), reads=reads, codes=declared, run=run)
+
+
+def _name(fn: Callable[..., object]) -> str:
+    return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", repr(fn)))
+
+
+@final
+class _Need:
+    """Typed checks on bound values; each returns one reason record or nothing."""
+
+    @staticmethod
+    def static(name: str, *, dims: Sequence[int] | None = None) -> Check:
+        """The bound value's shape (or just ``dims`` of it) is known and has no symbolic size."""
+
+        def run(m: Match) -> Reason | None:
+            spec, site = m.spec(name), _site(m, name)
+            if spec is None:
+                return Malformed(node=site.node, detail=f"{site.role} has no known shape")
+            rank = len(spec.shape)
+            picked = spec.shape if dims is None else tuple(spec.shape[d] for d in dims if -rank <= d < rank)
+            if dims is not None and len(picked) != len(dims):
+                return Malformed(node=site.node, detail=f"{site.role} has no dims {tuple(dims)}: {spec.shape}")
+            if all(isinstance(d, int) for d in picked):
+                return None
+            return SymbolicShape(node=site.node, role=site.role, shape=spec.shape)
+
+        codes = frozenset({"symbolic-shape", "malformed-node"})
+        return Check(label=f"static({name})", reads=(name,), codes=codes, run=run)
+
+    @staticmethod
+    def dtype(name: str, allowed: Iterable[str]) -> Check:
+        """The bound value's dtype is one of ``allowed``."""
+        ok = frozenset(allowed)
+
+        def run(m: Match) -> Reason | None:
+            spec, site = m.spec(name), _site(m, name)
+            if spec is None or spec.dtype in ok:
+                return None
+            return UnsupportedDtype(node=site.node, role=site.role, dtype=spec.dtype)
+
+        return Check(label=f"dtype({name})", reads=(name,), codes=frozenset({"unsupported-dtype"}), run=run)
+
+    @staticmethod
+    def rank(name: str, allowed: Iterable[int]) -> Check:
+        """The bound value's rank (number of dims) is one of ``allowed``."""
+        ok = tuple(sorted(allowed))
+
+        def run(m: Match) -> Reason | None:
+            spec, site = m.spec(name), _site(m, name)
+            if spec is None or len(spec.shape) in ok:
+                return None
+            return UnsupportedRank(node=site.node, rank=len(spec.shape), allowed=ok, of="dims")
+
+        return Check(label=f"rank({name})", reads=(name,), codes=frozenset({"unsupported-rank"}), run=run)
+
+    @staticmethod
+    def spatial_rank(conv: str, allowed: Iterable[int]) -> Check:
+        """A bound convolution's number of spatial dims is one of ``allowed``."""
+        ok = tuple(sorted(allowed))
+
+        def run(m: Match) -> Reason | None:
+            op = m.bindings.get(conv)
+            rank = op.args.get("rank") if isinstance(op, Bound) else None
+            if not isinstance(rank, int) or rank in ok:
+                return None
+            return UnsupportedRank(node=_site(m, conv).node, rank=rank, allowed=ok)
+
+        return Check(label=f"spatial_rank({conv})", reads=(conv,), codes=frozenset({"unsupported-rank"}), run=run)
+
+    @staticmethod
+    def channels(name: str, *, of: str, conv: str | None = None) -> Check:
+        """Bound vector ``name`` has one entry per output channel of weight ``of`` (laid out as the
+        bound convolution ``conv`` says: transposed, grouped; else output channels lead)."""
+
+        def run(m: Match) -> Reason | None:
+            vec, w, site = m.spec(name), m.spec(of), _site(m, name)
+            op = m.bindings.get(conv) if conv is not None else None
+            transposed = isinstance(op, Bound) and op.args.get("transposed") is True
+            groups = op.args.get("groups", 1) if isinstance(op, Bound) else 1
+            if vec is None or w is None or not w.shape or not isinstance(groups, int):
+                return None
+            oc = out_channels(w, transposed=transposed, groups=groups)
+            lead = w.shape[0]
+            if vec.shape == (oc,) and isinstance(oc, int) and isinstance(lead, int) and lead % groups == 0:
+                return None
+            return ChannelMismatch(node=site.node, expected=oc if isinstance(oc, int) else -1, found=vec.numel)
+
+        reads = (name, of) if conv is None else (name, of, conv)
+        return Check(label=f"channels({name})", reads=reads, codes=frozenset({"channel-mismatch"}), run=run)
+
+    @staticmethod
+    def check(fn: Callable[..., Reason | None], *, codes: Iterable[str]) -> Check:
+        """A rule's own check: ``fn`` takes bound values by name (and ``match`` for the whole match)
+        and returns a Reason or None; ``codes`` are the codes it may return. A function annotated to
+        return ``bool`` (or not annotated) is refused here."""
+        return _check_fn(fn, codes)
+
+
+need = _Need()
+
+
+# --- planning --------------------------------------------------------------------------------------
+
+
+@final
+class Planner:
+    """Builds the plan for one match: new constants and nodes by name, then ``replace``.
+
+    Names are local to the plan (``rewrite`` makes them unique); new nodes inherit metadata
+    from ``provenance`` (by default the matched node they re-spell, else the anchor)."""
+
+    def __init__(self, rule: str, m: Match) -> None:
+        self.rule = rule
+        self.match = m
+        self._constants: list[NewConstant] = []
+        self._nodes: list[NewNode] = []
+
+    @property
+    def dialect(self) -> str:
+        """``"aten"`` or ``"edge"``: which spelling new nodes should use."""
+        return self.match.snap.dialect
+
+    def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind = "parameter") -> NodeRef:
+        """A derived constant (computed by the adapter, once, if it survives)."""
+        self._constants.append(NewConstant(name=name, expr=expr, kind=kind))
+        return NodeRef(name)
+
+    def node(
+        self,
+        target: str,
+        args: tuple[Arg, ...],
+        kwargs: Mapping[str, Arg] | None = None,
+        *,
+        name: str,
+        spec: Spec,
+        provenance: str | None = None,
+        source_fn: str | None = None,
+    ) -> NodeRef:
+        """A new node with positional arguments as given."""
+        self._nodes.append(
+            NewNode(
+                name=name,
+                target=target,
+                args=args,
+                kwargs=pmap(kwargs or {}),
+                spec=spec,
+                provenance=provenance or self.match.anchor,
+                source_fn=source_fn,
+            )
+        )
+        return NodeRef(name)
+
+    def call(
+        self,
+        target: str,
+        /,
+        *,
+        name: str,
+        spec: Spec,
+        provenance: str | None = None,
+        source_fn: str | None = None,
+        **values: Arg,
+    ) -> NodeRef:
+        """A new call of a known target (``fxpure.families.SCHEMAS``) with arguments by schema name."""
+        schema = SCHEMAS.get(target)
+        if schema is None:
+            raise PatternError(f"no schema for {target}: use Planner.node with positional arguments")
+        args, kwargs = arguments(schema, values)
+        return self.node(target, args, kwargs, name=name, spec=spec, provenance=provenance, source_fn=source_fn)
+
+    def respell(
+        self,
+        op: Bound,
+        /,
+        *,
+        name: str | None = None,
+        spec: Spec | None = None,
+        source_fn: str | None = None,
+        **updates: Arg,
+    ) -> NodeRef:
+        """A copy of a matched node with some arguments replaced by name, in the node's own spelling."""
+        schema = op.family.schemas[op.node.target]
+        args, kwargs = respell(op.node, schema, updates)
+        return self.node(
+            op.node.target,
+            args,
+            kwargs,
+            name=name or op.name,
+            spec=op.node.spec if spec is None else spec,
+            provenance=op.name,
+            source_fn=source_fn,
+        )
+
+    def replace(self, op: Bound, new: NodeRef) -> RewritePlan:
+        """The plan: ``op``'s uses move to ``new``; the matched nodes are erased (shared ones
+        dropped once nothing reads them)."""
+        return self.finish([(op, new)])
+
+    def finish(self, moves: Sequence[tuple[Bound, NodeRef]]) -> RewritePlan:
+        """The plan with several moves of uses (each matched op's uses to its new node)."""
+        m = self.match
+        return RewritePlan(
+            rule=self.rule,
+            anchor=m.anchor,
+            constants=tuple(self._constants),
+            nodes=tuple(self._nodes),
+            replace=tuple((u, new.name) for op, new in moves for u in op.uses),
+            erase=m.erase,
+            prune=m.prune,
+        )
+
+
+PlanFn: TypeAlias = Callable[..., RewritePlan | Result[RewritePlan, Reason]]
+
+
+# --- rules -----------------------------------------------------------------------------------------
+
+
+def _walk(p: Pattern | None) -> Iterator[Pattern]:
+    if p is None:
+        return
+    yield p
+    if isinstance(p, Op):
+        for _, sub in p.args:
+            yield from _walk(sub)
+        yield from _walk(p.user)
+    elif isinstance(p, OneOf):
+        for a in p.alternatives:
+            yield from _walk(a)
+
+
+def _names(p: Pattern | None) -> tuple[frozenset[str], frozenset[str]]:
+    """Names bound on every successful match, and names bound on some only (inside alternatives)."""
+    if p is None:
+        return frozenset(), frozenset()
+    if isinstance(p, OneOf):
+        each = [_names(a) for a in p.alternatives]
+        common = frozenset.intersection(*(a for a, _ in each))
+        anywhere = frozenset().union(*(a | s for a, s in each))
+        return common, anywhere - common
+    own = frozenset({n} if (n := getattr(p, "name", None)) else set())
+    if not isinstance(p, Op):
+        return own, frozenset()
+    always: set[str] = set(own)
+    some: set[str] = set()
+    for sub in [s for _, s in p.args] + ([p.user] if p.user is not None else []):
+        a, s = _names(sub)
+        always |= a
+        some |= s
+    return frozenset(always), frozenset(some - always)
+
+
+def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
+    """Refuse patterns that cannot work, naming the mistake."""
+    if isinstance(p, OneOf):
+        for a in p.alternatives:
+            _lint(a, consumer=consumer)
+        return
+    if consumer and not isinstance(p, Op):
+        raise PatternError(f"user= takes an Op (or OneOf of Ops), got {type(p).__name__}")
+    if not isinstance(p, Op):
+        return
+    fam = p.family
+    if p.out is not None and not (root or consumer):
+        raise PatternError(f"{p.label}: out= reads a tuple through getitem; use it on the root or a user= op")
+    if p.commute and fam.commutes is None:
+        raise PatternError(f"{p.label}: {fam.name} does not commute")
+    for arg, sub in p.args:
+        if arg not in fam.params:
+            raise PatternError(f"{fam.name} has no argument {arg!r} (it has: {', '.join(sorted(fam.params))})")
+        kinds = fam.kinds(arg)
+        if isinstance(sub, Op | Const) and kinds and not kinds & TENSOR_KINDS:
+            raise PatternError(f"{p.label}.{arg} is not a tensor argument: {type(sub).__name__} cannot match it")
+        _lint(sub)
+    if p.user is not None:
+        _lint(p.user, consumer=True)
+
+
+def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str]:
+    out: set[str] = set()
+    match p:
+        case OneOf():
+            for a in p.alternatives:
+                out |= _codes(a, consumer=consumer)
+        case Op():
+            if not root:
+                out.add(p.code)
+            if p.out is not None:
+                out.add(p.out_code)
+            if (not root and not consumer and p.users == ONE) or p.user is not None:
+                out.add(p.shared)
+            for _, sub in p.args:
+                out |= _codes(sub)
+            if p.user is not None:
+                out |= _codes(p.user, consumer=True)
+        case Const():
+            out.add("not-constant")
+        case Scalar():
+            out.add("not-scalar")
+        case Lit():
+            out.add(p.code)
+        case Var():
+            pass
+    return out
+
+
+def _bound_twice(p: Pattern | None) -> dict[str, int]:
+    """How many times each name can be bound in one match (alternatives: the most of any one)."""
+    counts: dict[str, int] = {}
+    if isinstance(p, OneOf):
+        for a in p.alternatives:
+            for k, v in _bound_twice(a).items():
+                counts[k] = max(counts.get(k, 0), v)
+    elif isinstance(p, Op):
+        for sub in [s for _, s in p.args] + [p.user]:
+            for k, v in _bound_twice(sub).items():
+                counts[k] = counts.get(k, 0) + v
+    if p is not None and (n := getattr(p, "name", None)):
+        counts[n] = counts.get(n, 0) + 1
+    return counts
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PatternRule:
+    """A rule made of a pattern, typed checks, and a planner from the match to a ``RewritePlan``.
+    Implements ``fxpure.Rule``; build one with :func:`rule`."""
+
+    name: str
+    pattern: Op
+    checks: tuple[Check, ...]
+    planner: PlanFn = field(compare=False)
+    reads: tuple[str, ...] = ()
+    codes: frozenset[str] = frozenset()
+    candidate: Callable[[Bound], bool] | None = field(default=None, compare=False)
+
+    def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
+        """Every call of the root's family (through the snapshot's index by target) that is a candidate."""
+        calls = snap.calls(self.pattern.family.targets)
+        keep = self.candidate
+        return calls if keep is None else [n for n in calls if _is_candidate(self.pattern.family, snap, n, keep)]
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        """The plan at ``node``, or the typed, located reason there is none."""
+        return match(self.pattern, snap, node).bind(self._finish)
+
+    def _finish(self, m: Match) -> Result[RewritePlan, Reason]:
+        for check in self.checks:
+            reason = check(m)
+            if reason is not None:
+                return Failure(reason)
+        kwargs = {n: m.bindings[n] for n in self.reads if n in m.bindings}
+        out = self.planner(Planner(self.name, m), **kwargs)
+        result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
+        return result.bind(_typed)
+
+    def attempt(self, snap: GraphSnapshot, node: NodeSnapshot) -> Attempt:
+        """How far the rule gets at ``node`` (for ``fxpure explain --node``)."""
+        m, err, st = _matched(self.pattern, snap, node)
+        if m is not None:
+            err = self._finish(m).swap().value_or(None)
+        return Attempt(rule=self.name, anchor=node.name, reason=err, bindings=pmap(st.bindings), depth=st.depth)
+
+
+def _is_candidate(family: Family, snap: GraphSnapshot, node: NodeSnapshot, keep: Callable[[Bound], bool]) -> bool:
+    """A node whose arguments do not even bind is a candidate: it is reported as malformed."""
+    args = family.bind(snap, node)
+    return isinstance(args, Failure) or keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)))
+
+
+def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
+    for c in p.constants:
+        spec = infer_spec(c.expr)
+        if isinstance(spec, Failure):
+            return Failure(replace(spec.failure(), node=p.anchor, path=f"plan.{c.name}"))
+    return Success(p)
+
+
+def rule(
+    name: str, pattern: Op, *checks: Check, plan: PlanFn, candidate: Callable[[Bound], bool] | None = None
+) -> PatternRule:
+    """A rule from a pattern, checks (``need.*``) run in order after it matches, and a planner.
+
+    ``plan(p, **bindings)`` takes a :class:`Planner` first, then bound values by keyword: its
+    parameter names must be names the pattern binds (those bound only in some alternatives need
+    a default). ``candidate(root)`` narrows which calls of the root's family the rule considers
+    at all (a grouped-conv rule ignores convs with ``groups=1``); every candidate ends as a plan
+    or a typed reason. Everything is checked here, when the rule is built.
+    """
+    if not isinstance(pattern, Op):
+        raise PatternError(f"{name}: a rule's pattern is rooted at an Op, got {type(pattern).__name__}")
+    _lint(pattern, root=True)
+    always, some = _names(pattern)
+    for check in checks:
+        if not isinstance(check, Check):
+            raise PatternError(f"{name}: {check!r} is not a Check (wrap functions with need.check)")
+        for r in check.reads:
+            if r not in always | some:
+                raise PatternError(f"{name}: check {check.label} reads {r!r}, which the pattern never binds")
+    params = list(inspect.signature(plan).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise PatternError(f"{name}: the planner takes the Planner as its first parameter")
+    reads = []
+    for param in params[1:]:
+        if param.name not in always | some:
+            raise PatternError(f"{name}: the planner reads {param.name!r}, which the pattern never binds")
+        if param.name in some and param.default is param.empty:
+            raise PatternError(f"{name}: {param.name!r} is bound in some alternatives only: give it a default")
+        reads.append(param.name)
+    codes = set(GENERIC_CODES) | _codes(pattern, root=True)
+    for check in checks:
+        codes |= check.codes
+    if any(v > 1 for v in _bound_twice(pattern).values()):
+        codes.add("binding-conflict")
+    return PatternRule(name, pattern, tuple(checks), plan, tuple(reads), frozenset(codes), candidate)
+
+
+def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot) -> Attempt:
+    """How far ``rule`` gets at ``node``: a pattern rule reports its partial bindings and depth;
+    a hand-written one just its reason."""
+    if isinstance(rule, PatternRule):
+        return rule.attempt(snap, node)
+    result = rule.plan_at(snap, node)
+    reason = result.failure() if isinstance(result, Failure) else None
+    return Attempt(rule=rule.name, anchor=node.name, reason=reason, bindings=pmap(), depth=0)
+
+
+def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[Attempt, ...]:
+    """For each rule that considered ``node``, how far it got there, on the snapshot it planned on
+    (rules run in stages, each on the previous one's result); ``report`` comes from ``plan``."""
+    current, out = report.before, []
+    stages = report.stages or tuple(() for _ in rules)
+    for r, stage in zip(rules, stages, strict=False):
+        if node in current.index and any(a.name == node for a in r.anchors(current)):
+            attempt = explain(current, r, current.node(node))
+            late = next((j.reason for j in report.rejections if j.rule == r.name and j.node == node), None)
+            out.append(attempt if attempt.reason is not None or late is None else replace(attempt, reason=late))
+        current = rewrite(current, stage).value_or(current)
+    return tuple(out)

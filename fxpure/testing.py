@@ -1,0 +1,184 @@
+"""fxpure.testing: hand-made snapshots for planner tests, without torch.
+
+>>> from fxpure.testing import GraphBuilder
+>>> g = GraphBuilder()
+>>> x = g.input("x", (1, 4, 8, 8))
+>>> w = g.parameter("w", (8, 4, 3, 3))
+>>> y = g.call("aten.conv2d.default", input=x, weight=w, out=(1, 8, 6, 6))
+>>> g.output(y)
+>>> snap = g.build()
+>>> snap.node("conv2d").args, snap.outputs
+((NodeRef(name='x'), NodeRef(name='w')), ('conv2d',))
+
+Calls name their target canonically and their arguments by schema name (the schemas of
+``fxpure.families``, or ``GraphBuilder(schemas=...)`` for others); constants are lifted placeholders or,
+with ``lifted=False``, ``get_attr`` nodes, as in the program forms the adapters capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
+
+from pyrsistent import pmap
+
+from fxpure.families import SCHEMAS
+from fxpure.schema import Schema, arguments
+from fxpure.snapshot import (
+    Arg,
+    ConstantInfo,
+    ConstantKind,
+    GraphSnapshot,
+    NodeRef,
+    NodeSnapshot,
+    Spec,
+    TensorSpec,
+    snapshot,
+)
+
+Shape: TypeAlias = tuple[int | str, ...]
+Out: TypeAlias = Shape | TensorSpec | tuple[TensorSpec | None, ...] | None
+
+
+def spec(*shape: int | str, dtype: str = "float32") -> TensorSpec:
+    """A tensor spec; ``spec(8, "s0", dtype="int8")``.
+
+    >>> spec(2, "s0")
+    TensorSpec(shape=(2, 's0'), dtype='float32')
+    """
+    return TensorSpec(shape=shape, dtype=dtype)
+
+
+def _spec(out: Out) -> Spec:
+    if out is None or isinstance(out, TensorSpec):
+        return out
+    if all(isinstance(o, TensorSpec | None) for o in out) and out and not all(o is None for o in out):
+        return tuple(o if isinstance(o, TensorSpec) else None for o in out)
+    return TensorSpec(shape=tuple(d for d in out if isinstance(d, int | str)), dtype="float32")
+
+
+class GraphBuilder:
+    """Builds a ``GraphSnapshot`` node by node; each method returns a reference to the new node."""
+
+    def __init__(self, *, dialect: str = "aten", lifted: bool = True, schemas: Sequence[Schema] = ()) -> None:
+        self.dialect, self.lifted = dialect, lifted
+        self.schemas: dict[str, Schema] = {**SCHEMAS, **{s.target: s for s in schemas}}
+        self._consts: list[NodeSnapshot] = []
+        self._inputs: list[NodeSnapshot] = []
+        self._calls: list[NodeSnapshot] = []
+        self._infos: dict[str, ConstantInfo] = {}
+        self._output: NodeSnapshot | None = None
+        self._counts: dict[str, int] = {}
+
+    def _name(self, name: str | None, base: str) -> str:
+        if name is not None:
+            return name
+        n = self._counts.get(base, 0)
+        self._counts[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def input(self, name: str, shape: Shape, dtype: str = "float32") -> NodeRef:
+        """A user input (placeholder)."""
+        self._inputs.append(NodeSnapshot(name=name, op="placeholder", target=name, spec=spec(*shape, dtype=dtype)))
+        return NodeRef(name)
+
+    def constant(
+        self,
+        name: str,
+        shape: Shape,
+        dtype: str = "float32",
+        *,
+        kind: ConstantKind = "constant",
+        key: str | None = None,
+        values: Sequence[int] | None = None,
+        storage: str | None = None,
+        lifted: bool | None = None,
+    ) -> NodeRef:
+        """A constant tensor of ``kind``: a lifted placeholder, or ``get_attr`` when not lifted.
+        ``values``: the data of a small integer vector (zero points); ``storage``: give two
+        constants one storage to make them aliases."""
+        lift = self.lifted if lifted is None else lifted
+        s = spec(*shape, dtype=dtype)
+        self._consts.append(NodeSnapshot(name=name, op="placeholder" if lift else "get_attr", target=name, spec=s))
+        self._infos[name] = ConstantInfo(
+            kind=kind,
+            key=key or name,
+            spec=s,
+            storage=storage,
+            values=tuple(values) if values is not None else None,
+        )
+        return NodeRef(name)
+
+    def parameter(
+        self, name: str, shape: Shape, dtype: str = "float32", *, key: str | None = None, storage: str | None = None
+    ) -> NodeRef:
+        """A parameter (see :meth:`constant`)."""
+        return self.constant(name, shape, dtype, kind="parameter", key=key, storage=storage)
+
+    def buffer(
+        self,
+        name: str,
+        shape: Shape,
+        dtype: str = "float32",
+        *,
+        key: str | None = None,
+        values: Sequence[int] | None = None,
+        storage: str | None = None,
+    ) -> NodeRef:
+        """A buffer (see :meth:`constant`)."""
+        return self.constant(name, shape, dtype, kind="buffer", key=key, values=values, storage=storage)
+
+    def call(
+        self,
+        target: str,
+        /,
+        *,
+        name: str | None = None,
+        out: Out = None,
+        **values: Arg,
+    ) -> NodeRef:
+        """A ``call_function`` node; arguments by schema name, ``out`` its output shape (float32),
+        or spec, or a tuple of specs for a tuple-output op."""
+        known = self.schemas.get(target)
+        if known is None:
+            raise KeyError(f"no schema for {target}: give GraphBuilder(schemas=[parse_schema(...)]) or use node()")
+        args, kwargs = arguments(known, values)
+        base = target.split(".")[-2] if target.count(".") >= 2 else target
+        return self.node(target, args, kwargs, name=self._name(name, base), out=out)
+
+    def node(
+        self,
+        target: str,
+        args: tuple[Arg, ...] = (),
+        kwargs: Mapping[str, Arg] | None = None,
+        *,
+        name: str,
+        out: Out = None,
+    ) -> NodeRef:
+        """A ``call_function`` node with positional arguments as given."""
+        self._calls.append(
+            NodeSnapshot(
+                name=name,
+                op="call_function",
+                target=target,
+                args=args,
+                kwargs=pmap(kwargs or {}),
+                spec=_spec(out),
+            )
+        )
+        return NodeRef(name)
+
+    def getitem(self, of: NodeRef, index: int, *, name: str | None = None, out: Out = None) -> NodeRef:
+        """Element ``index`` of a tuple-output node."""
+        return self.node("getitem", (of, index), name=self._name(name, "getitem"), out=out)
+
+    def output(self, *results: Arg) -> None:
+        """The graph's outputs."""
+        self._output = NodeSnapshot(name="output", op="output", target="output", args=(tuple(results),))
+
+    def build(self, *, reserved: Sequence[str] = ()) -> GraphSnapshot:
+        """The snapshot, ordered as programs are: lifted constants before the inputs, ``get_attr``
+        nodes after them, then the calls and the output."""
+        head = [*self._consts, *self._inputs] if self.lifted else [*self._inputs, *self._consts]
+        nodes = [*head, *self._calls, *([self._output] if self._output else [])]
+        return snapshot(nodes, self._infos, dialect=self.dialect, lifted=self.lifted, reserved=reserved)

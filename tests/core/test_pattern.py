@@ -1,0 +1,334 @@
+"""The rule-authoring kit itself: each primitive's one failure, with its exact (code, path);
+rules refused when they are built; near misses; planning helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from fxpure import plan, verify
+from fxpure.families import ADD, BATCH_NORM, CONV, MUL, RELU, SUB
+from fxpure.pattern import (
+    ANY,
+    Bound,
+    Const,
+    Lit,
+    Match,
+    OneOf,
+    Op,
+    PatternError,
+    Planner,
+    Scalar,
+    Var,
+    explain,
+    need,
+    rule,
+)
+from fxpure.plan import RewritePlan, Rule
+from fxpure.reasons import Declined, Reason
+from fxpure.snapshot import Arg, GraphSnapshot
+from fxpure.testing import GraphBuilder, spec
+from fxpure.weights import Binary, WeightExpr
+
+CONV_ARGS: dict[str, Arg] = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}
+
+# mul(conv(x, w, b?, groups=1), s) in either operand order, s a constant or a number
+SCALED = Op(
+    MUL,
+    name="mul",
+    commute=True,
+    self=Op(
+        CONV,
+        name="conv",
+        input=Var("x"),
+        weight=Const("w"),
+        bias=Const("b", optional=True),
+        groups=Lit(1, code="grouped-conv"),
+    ),
+    other=OneOf(Const("s"), Scalar("s")),
+)
+
+
+def _scale(p: Planner, mul: Bound, conv: Bound, w: WeightExpr, s: WeightExpr | float) -> RewritePlan:
+    del s
+    return p.replace(mul, p.respell(conv, weight=p.const(Binary(op="mul", a=w, b=w), "w2")))
+
+
+SCALE_RULE = rule("scale", SCALED, need.static("w"), need.dtype("w", {"float32"}), plan=_scale)
+
+
+def scaled(
+    *,
+    order: str = "conv-first",
+    other: str = "scalar",
+    weight: str = "param",
+    bias: str = "absent",
+    groups: int = 1,
+    conv_shared: bool = False,
+    producer: str = "conv",
+    w_dtype: str = "float32",
+    w_shape: tuple[int | str, ...] = (4, 3, 3, 3),
+    malformed: bool = False,
+) -> GraphSnapshot:
+    """x -> conv -> mul(., s) -> output, with one knob per way the SCALED pattern can fail."""
+    g = GraphBuilder()
+    w = g.parameter("w", w_shape, w_dtype) if weight == "param" else g.input("w", w_shape)
+    b: Arg = {"absent": None, "param": None, "input": None}[bias]
+    if bias == "param":
+        b = g.parameter("b", (4,))
+    s_const = g.parameter("s", (4, 1, 1)) if other == "const" else None
+    x = g.input("x", (1, 3, 8, 8))
+    if bias == "input":
+        b = g.input("b", (4,))
+    y = g.input("y", (1, 4, 6, 6))
+    if producer == "conv":
+        args = {**CONV_ARGS, "groups": groups}
+        if malformed:
+            args["stride"] = "two"
+        c = g.call("aten.conv2d.default", name="conv", out=(1, 4, 6, 6), input=x, weight=w, bias=b, **args)
+    else:
+        c = g.call("aten.relu.default", name="conv", out=(1, 4, 6, 6), self=y)
+    s: Arg = {"scalar": 2.0, "const": s_const, "computed": y}[other]
+    pair = (c, s) if order == "conv-first" else (s, c)
+    out = g.call("aten.mul.Tensor", name="mul", out=(1, 4, 6, 6), self=pair[0], other=pair[1])
+    g.output(out, *((c,) if conv_shared else ()))
+    return g.build()
+
+
+def only_rejection(snap: GraphSnapshot, r: Rule) -> Reason:
+    report = plan(snap, [r])
+    assert report.plans == () and report.after == snap
+    (rejection,) = report.rejections
+    return rejection.reason
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code", "path", "node"),
+    [
+        ({"producer": "relu"}, "wrong-op", "mul.self/conv", "mul"),
+        ({"conv_shared": True}, "output-shared", "mul.self/conv", "conv"),
+        ({"weight": "input"}, "not-constant", "mul.self/conv.weight", "conv"),
+        ({"bias": "input"}, "not-constant", "mul.self/conv.bias", "conv"),
+        ({"groups": 2, "w_shape": (4, 1, 3, 3)}, "grouped-conv", "mul.self/conv.groups", "conv"),
+        ({"other": "computed"}, "not-constant", "mul.other", "mul"),
+        ({"malformed": True}, "malformed-node", "mul.self/conv", "conv"),
+        ({"w_shape": ("s0", 3, 3, 3)}, "symbolic-shape", "mul.self/conv.weight", "conv"),
+        ({"w_dtype": "float16"}, "unsupported-dtype", "mul.self/conv.weight", "conv"),
+    ],
+)
+def test_each_primitive_fails_with_its_code_and_path(knobs: dict[str, object], code: str, path: str, node: str) -> None:
+    reason = only_rejection(scaled(**knobs), SCALE_RULE)  # type: ignore[arg-type]
+    assert (reason.code, reason.path, reason.node) == (code, path, node)
+    assert code in SCALE_RULE.codes and reason.message
+
+
+@pytest.mark.parametrize("order", ["conv-first", "scale-first"])
+@pytest.mark.parametrize("other", ["scalar", "const"])
+@pytest.mark.parametrize("bias", ["absent", "param"])
+def test_commutative_operands_and_alternatives_match_in_one_pattern(order: str, other: str, bias: str) -> None:
+    snap = scaled(order=order, other=other, bias=bias)
+    report = plan(snap, [SCALE_RULE])
+    (p,) = report.plans
+    assert report.rejections == () and p.anchor == "mul"
+    assert set(p.erase) == {"mul", "conv"} and p.replace == (("mul", "conv"),)
+    after = verify(report.after).unwrap()
+    assert [n.target for n in after.nodes if n.op == "call_function"] == ["aten.conv2d.default"]
+
+
+def test_the_failed_alternative_reported_is_the_one_that_got_furthest() -> None:
+    # relu(x) + conv(x): alternative 1 wants a conv first (fails at once); alternative 2 gets
+    # through the relu and the conv and fails on the conv's weight
+    pattern = OneOf(
+        Op(ADD, name="add", self=Op(CONV, name="c1", weight=Const("w")), other=Var("y")),
+        Op(ADD, name="add", self=Op(RELU, name="r"), other=Op(CONV, name="c2", weight=Const("w"))),
+    )
+    root = Op(MUL, name="m", self=pattern, other=Scalar("k"))
+    g = GraphBuilder()
+    x, w = g.input("x", (1, 3, 8, 8)), g.input("w", (3, 3, 1, 1))
+    r = g.call("aten.relu.default", name="relu", out=(1, 3, 8, 8), self=x)
+    c = g.call("aten.conv2d.default", name="conv", out=(1, 3, 8, 8), input=x, weight=w)
+    a = g.call("aten.add.Tensor", name="sum", out=(1, 3, 8, 8), self=r, other=c)
+    g.output(g.call("aten.mul.Tensor", name="m", out=(1, 3, 8, 8), self=a, other=2.0))
+    keep = rule("t", root, plan=lambda p: p.finish([]))
+    reason = only_rejection(g.build(), keep)
+    assert (reason.code, reason.path, reason.node) == ("not-constant", "m.self/add.other/c2.weight", "conv")
+    attempt = explain(g.build(), keep, g.build().node("m"))
+    assert attempt.reason == reason and set(attempt.bindings) == {"m", "add", "r", "c2"} and attempt.depth == 4
+
+
+def bn_graph(*, stats_used: bool) -> GraphSnapshot:
+    g = GraphBuilder()
+    x = g.input("x", (1, 4, 6, 6))
+    m, v = g.buffer("m", (4,)), g.buffer("v", (4,))
+    out = spec(1, 4, 6, 6)
+    bn = g.call(
+        "aten._native_batch_norm_legit_no_training.default",
+        name="bn",
+        out=(out, spec(0), spec(0)),
+        input=x,
+        weight=None,
+        bias=None,
+        running_mean=m,
+        running_var=v,
+        momentum=0.1,
+        eps=1e-5,
+    )
+    g.output(g.getitem(bn, 0, name="y", out=out), *((g.getitem(bn, 1, name="s"),) if stats_used else ()))
+    return g.build()
+
+
+BN_ONLY = rule(
+    "bn-only",
+    Op(BATCH_NORM, name="bn", out=0, input=Var("x"), running_mean=Const("m"), running_var=Const("v")),
+    plan=lambda p, bn, x: p.replace(bn, x),
+)
+
+
+def test_tuple_output_projection() -> None:
+    reason = only_rejection(bn_graph(stats_used=True), BN_ONLY)
+    assert (reason.code, reason.path, reason.node) == ("tuple-output-used", "bn.out", "bn")
+    (p,) = plan(bn_graph(stats_used=False), [BN_ONLY]).plans
+    assert p.replace == (("y", "x"),) and set(p.erase) == {"bn", "y"}
+
+
+def test_repeated_variable_must_bind_the_same_node() -> None:
+    # x + relu(x): the two x must be one node
+    same = rule(
+        "same",
+        Op(ADD, name="add", self=Var("x"), other=Op(RELU, name="r", self=Var("x"))),
+        plan=lambda p, add, x: p.replace(add, x),
+    )
+    assert "binding-conflict" in same.codes
+    g = GraphBuilder()
+    x, y = g.input("x", (2,)), g.input("y", (2,))
+    g.output(g.call("aten.add.Tensor", name="add", self=x, other=g.call("aten.relu.default", name="r", self=y)))
+    reason = only_rejection(g.build(), same)
+    assert (reason.code, reason.path, reason.node) == ("binding-conflict", "add.other/r.self", "r")
+    g2 = GraphBuilder()
+    x2 = g2.input("x", (2,))
+    g2.output(g2.call("aten.add.Tensor", name="add", self=x2, other=g2.call("aten.relu.default", name="r", self=x2)))
+    assert len(plan(g2.build(), [same]).plans) == 1
+
+
+def user_graph(*, users: int, consumer: str) -> GraphSnapshot:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    s = g.call("aten.sub.Tensor", name="sub", self=x, other=1.0)
+    outs = [g.node(consumer, (s,), name=f"u{i}") for i in range(users)]
+    g.output(*outs)
+    return g.build()
+
+
+USER_RULE = rule(
+    "sub-relu",
+    Op(SUB, name="sub", shared="sub-shared", user=Op(RELU, name="relu", code="not-relu"), self=Var("x")),
+    plan=lambda p, relu, x: p.replace(relu, x),
+)
+
+
+def test_user_pattern_matches_the_one_consumer() -> None:
+    assert len(plan(user_graph(users=1, consumer="aten.relu.default"), [USER_RULE]).plans) == 1
+    shared = only_rejection(user_graph(users=2, consumer="aten.relu.default"), USER_RULE)
+    assert (shared.code, shared.path, shared.node) == ("sub-shared", "sub.user", "sub")
+    wrong = only_rejection(user_graph(users=1, consumer="aten.neg.default"), USER_RULE)
+    assert (wrong.code, wrong.path, wrong.node) == ("not-relu", "sub.user/relu", "sub")
+    assert wrong.message == "output of sub goes to u0 (aten.neg.default), not a relu"
+
+
+def test_shared_inner_node_is_pruned_not_erased() -> None:
+    shared_relu = rule(
+        "shared",
+        Op(ADD, name="add", self=Op(RELU, name="r", users=ANY, self=Var("x")), other=Var("y")),
+        plan=lambda p, add, x: p.replace(add, x),
+    )
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    r = g.call("aten.relu.default", name="r", self=x)
+    g.output(g.call("aten.add.Tensor", name="add", self=r, other=x), r)
+    (p,) = plan(g.build(), [shared_relu]).plans
+    assert p.erase == ("add",) and p.prune == ("r",)
+    assert "r" in verify(plan(g.build(), [shared_relu]).after).unwrap().index
+
+
+def test_custom_check_returns_a_located_typed_reason() -> None:
+    def square(w: WeightExpr, match: Match) -> Reason | None:
+        shape = match.spec("w")
+        assert shape is not None
+        return None if shape.shape[2] == shape.shape[3] else Declined(code="not-square", node="conv", detail="no")
+
+    r = rule("sq", SCALED, need.check(square, codes=("not-square",)), plan=_scale)
+    assert "not-square" in r.codes
+    reason = only_rejection(scaled(w_shape=(4, 3, 3, 1)), r)
+    assert (reason.code, reason.path) == ("not-square", "mul.self/conv.weight")
+
+
+def test_rank_and_channel_checks() -> None:
+    assert only_rejection(scaled(), rule("r", SCALED, need.rank("w", (2,)), plan=_scale)).code == "unsupported-rank"
+    spatial = rule("s", SCALED, need.spatial_rank("conv", (1,)), plan=_scale)
+    assert only_rejection(scaled(), spatial).message == "conv has 2 spatial dims, the rule handles (1,)"
+    channels = rule("c", SCALED, need.channels("s", of="w"), plan=_scale)
+    mismatch = only_rejection(scaled(other="const"), channels)
+    assert (mismatch.code, mismatch.path) == ("channel-mismatch", "mul.other")
+
+
+def _plan_nothing(p: Planner) -> RewritePlan:
+    return p.finish([])
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Op(CONV, wieght=Const("w")), "conv has no argument 'wieght'"),
+        (lambda: Op(CONV, groups=Const("g")), "conv.groups is not a tensor argument"),
+        (lambda: Op(BATCH_NORM, input=Op(CONV, out=0)), "out= reads a tuple"),
+        (lambda: Op(SUB, commute=True), "sub does not commute"),
+        (lambda: Op(CONV, user=Const("w")), "user= takes an Op"),
+    ],
+)
+def test_patterns_that_cannot_work_are_refused_when_the_rule_is_built(build: Callable[[], Op], message: str) -> None:
+    with pytest.raises(PatternError, match=message):
+        rule("bad", build(), plan=_plan_nothing)
+
+
+def test_planners_and_checks_that_read_unbound_names_are_refused() -> None:
+    with pytest.raises(PatternError, match="the planner reads 'weight'"):
+        rule("bad", SCALED, plan=lambda p, weight: p.finish([]))
+    with pytest.raises(PatternError, match="check static\\(bias\\) reads 'bias'"):
+        rule("bad", SCALED, need.static("bias"), plan=_plan_nothing)
+    alt = Op(MUL, name="m", self=OneOf(Const("a"), Scalar("k")), other=Var("y"))
+    with pytest.raises(PatternError, match="'a' is bound in some alternatives only"):
+        rule("bad", alt, plan=lambda p, a: p.finish([]))
+    assert rule("ok", alt, plan=lambda p, a=None: p.finish([])).reads == ("a",)
+
+
+def test_checks_must_return_a_typed_reason_not_a_bool() -> None:
+    def is_big(w: WeightExpr) -> bool:
+        return True
+
+    with pytest.raises(PatternError, match="returns a bare bool"):
+        need.check(is_big, codes=("big",))  # type: ignore[arg-type]
+    with pytest.raises(PatternError, match="must declare its return type"):
+        need.check(lambda w: None, codes=("x",))
+    with pytest.raises(PatternError, match="must list the reason codes"):
+
+        def fine(w: WeightExpr) -> Reason | None:
+            return None
+
+        need.check(fine, codes=())
+
+
+def test_lit_is_strict_about_types() -> None:
+    # alpha=1 does not match alpha=1.0 (nor would False match 0): list every spelling you accept
+    def graph() -> GraphSnapshot:
+        g = GraphBuilder()
+        x = g.input("x", (2,))
+        g.output(g.call("aten.add.Tensor", name="add", self=x, other=x, alpha=1.0))
+        return g.build()
+
+    strict = rule("s", Op(ADD, name="add", self=Var("x"), alpha=Lit(1)), plan=lambda p, add, x: p.replace(add, x))
+    reason = only_rejection(graph(), strict)
+    assert (reason.code, reason.path) == ("arg-mismatch", "add.alpha")
+    assert reason.message == "alpha of add is 1.0, expected 1"
+    loose = rule("l", Op(ADD, name="add", self=Var("x"), alpha=Lit(1, 1.0)), plan=lambda p, add, x: p.replace(add, x))
+    assert len(plan(graph(), [loose]).plans) == 1
