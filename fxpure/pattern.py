@@ -199,18 +199,44 @@ class Op:
         """The op's name in paths: its binding name, else its family's."""
         return self.name or self.family.name
 
+    @staticmethod
+    def of(
+        family: Family,
+        arguments: Mapping[str, Pattern | Arg],
+        /,
+        *,
+        name: str | None = None,
+        users: Users = ONE,
+        user: Pattern | None = None,
+        out: int | None = None,
+        commute: bool = False,
+        code: str = "wrong-op",
+        shared: str = "output-shared",
+        out_code: str = "tuple-output-used",
+        transparent: bool = False,
+    ) -> Op:
+        """An Op whose argument patterns come in a mapping (for helpers that build patterns)."""
+        op = Op(
+            family,
+            name=name,
+            users=users,
+            user=user,
+            out=out,
+            commute=commute,
+            code=code,
+            shared=shared,
+            out_code=out_code,
+            transparent=transparent,
+        )
+        object.__setattr__(op, "args", _wrap(arguments))
+        return op
+
 
 Pattern: TypeAlias = Op | Const | Scalar | Lit | Var | OneOf
 
 
-def _make_op(family: Family, args: Mapping[str, Pattern | Arg], *, name: str | None, users: Users, code: str) -> Op:
-    """A transparent Op from arguments in a mapping (their names cannot clash with Op's own options)."""
-    op = Op(family, name=name, users=users, code=code, transparent=True)
-    wrapped = tuple(
-        (k, v if isinstance(v, Op | Const | Scalar | Lit | Var | OneOf) else Lit(v)) for k, v in args.items()
-    )
-    object.__setattr__(op, "args", wrapped)
-    return op
+def _wrap(args: Mapping[str, Pattern | Arg]) -> tuple[tuple[str, Pattern], ...]:
+    return tuple((k, v if isinstance(v, Op | Const | Scalar | Lit | Var | OneOf) else Lit(v)) for k, v in args.items())
 
 
 def dequantized(
@@ -226,7 +252,7 @@ def dequantized(
     weight as ``w`` and the dequantize as ``dq`` (its ``scale``, ``zero_point``, ``axis``, ...);
     ``qparams`` match those too. Shared by default: two convs may read one dequantized weight.
     Transparent: a reason about its operands names the op that reads the dequantized value."""
-    return _make_op(family, {"input": value, **qparams}, name=name, users=users, code=code)
+    return Op.of(family, {"input": value, **qparams}, name=name, users=users, code=code, transparent=True)
 
 
 # --- what a match binds ----------------------------------------------------------------------------
@@ -548,19 +574,31 @@ def _user_alt(p: Pattern, user: NodeSnapshot, of: str, path: str) -> Callable[[_
     return lambda st: _user_pattern(p, user, of, path, st)
 
 
-def match(pattern: Op, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Match, Reason]:
+Root: TypeAlias = Op | OneOf
+"""A rule's pattern: an Op, or alternatives that are all Ops (the anchor is one of their roots)."""
+
+
+def roots(pattern: Root) -> tuple[Op, ...]:
+    """The Ops a pattern may be anchored at."""
+    if isinstance(pattern, Op):
+        return (pattern,)
+    return tuple(op for a in pattern.alternatives if isinstance(a, Op | OneOf) for op in roots(a))
+
+
+def match(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Match, Reason]:
     """Match ``pattern`` rooted at ``node`` (for rules that find their own anchors, such as one per
     group of parallel linears): the match, or the typed, located reason it fails."""
     m, err, _ = _matched(pattern, snap, node)
     return Success(m) if m is not None else Failure(err or Malformed(node=node.name, detail="no match"))
 
 
-def _matched(pattern: Op, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Match | None, Reason | None, _State]:
+def _matched(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Match | None, Reason | None, _State]:
     """The match, or the reason and the partial state."""
     st = _State(snap)
-    if node.op != "call_function" or node.target not in pattern.family.schemas:
-        return None, Malformed(node=node.name, detail=f"{node.target} is not {pattern.family.noun}"), st
-    err = _op(pattern, node, pattern.label, st, reader=None)
+    tops = [op for op in roots(pattern) if node.target in op.family.schemas]
+    if node.op != "call_function" or not tops:
+        return None, Malformed(node=node.name, detail=f"{node.target} is not an anchor of this pattern"), st
+    err = _best(st, (_root_alt(op, node) for op in tops))
     if err is not None:
         return None, err, st
     m = Match(
@@ -572,6 +610,10 @@ def _matched(pattern: Op, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Matc
         prune=tuple(dict.fromkeys(n for n in st.prune if n not in st.erase)),
     )
     return m, None, st
+
+
+def _root_alt(op: Op, node: NodeSnapshot) -> Callable[[_State], Reason | None]:
+    return lambda st: _op(op, node, op.label, st, reader=None)
 
 
 # --- typed checks on bound values ------------------------------------------------------------------
@@ -930,6 +972,10 @@ def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str
     return out
 
 
+def _alternatives(p: Pattern) -> tuple[Pattern, ...]:
+    return p.alternatives if isinstance(p, OneOf) else ()
+
+
 def _bound_twice(p: Pattern | None) -> dict[str, int]:
     """How many times each name can be bound in one match (alternatives: the most of any one)."""
     counts: dict[str, int] = {}
@@ -953,7 +999,7 @@ class PatternRule:
     Implements ``fxpure.Rule``; build one with :func:`rule`."""
 
     name: str
-    pattern: Op
+    pattern: Root
     checks: tuple[Check, ...]
     planner: PlanFn = field(compare=False)
     reads: tuple[str, ...] = ()
@@ -962,9 +1008,10 @@ class PatternRule:
 
     def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
         """Every call of the root's family (through the snapshot's index by target) that is a candidate."""
-        calls = snap.calls(self.pattern.family.targets)
+        tops = roots(self.pattern)
+        calls = snap.calls(frozenset().union(*(op.family.targets for op in tops)))
         keep = self.candidate
-        return calls if keep is None else [n for n in calls if _is_candidate(self.pattern.family, snap, n, keep)]
+        return calls if keep is None else [n for n in calls if _is_candidate(tops, snap, n, keep)]
 
     def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
         """The plan at ``node``, or the typed, located reason there is none."""
@@ -988,8 +1035,9 @@ class PatternRule:
         return Attempt(rule=self.name, anchor=node.name, reason=err, bindings=pmap(st.bindings), depth=st.depth)
 
 
-def _is_candidate(family: Family, snap: GraphSnapshot, node: NodeSnapshot, keep: Callable[[Bound], bool]) -> bool:
+def _is_candidate(tops: Sequence[Op], snap: GraphSnapshot, node: NodeSnapshot, keep: Callable[[Bound], bool]) -> bool:
     """A node whose arguments do not even bind is a candidate: it is reported as malformed."""
+    family = next(op.family for op in tops if node.target in op.family.schemas)
     args = family.bind(snap, node)
     return isinstance(args, Failure) or keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)))
 
@@ -1003,7 +1051,7 @@ def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
 
 
 def rule(
-    name: str, pattern: Op, *checks: Check, plan: PlanFn, candidate: Callable[[Bound], bool] | None = None
+    name: str, pattern: Root, *checks: Check, plan: PlanFn, candidate: Callable[[Bound], bool] | None = None
 ) -> PatternRule:
     """A rule from a pattern, checks (``need.*``) run in order after it matches, and a planner.
 
@@ -1013,9 +1061,10 @@ def rule(
     at all (a grouped-conv rule ignores convs with ``groups=1``); every candidate ends as a plan
     or a typed reason. Everything is checked here, when the rule is built.
     """
-    if not isinstance(pattern, Op):
-        raise PatternError(f"{name}: a rule's pattern is rooted at an Op, got {type(pattern).__name__}")
-    _lint(pattern, root=True)
+    if not isinstance(pattern, Op | OneOf) or any(not isinstance(a, Op | OneOf) for a in _alternatives(pattern)):
+        raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {pattern!r}")
+    for op in roots(pattern):
+        _lint(op, root=True)
     always, some = _names(pattern)
     for check in checks:
         if not isinstance(check, Check):
@@ -1033,7 +1082,7 @@ def rule(
         if param.name in some and param.default is param.empty:
             raise PatternError(f"{name}: {param.name!r} is bound in some alternatives only: give it a default")
         reads.append(param.name)
-    codes = set(GENERIC_CODES) | _codes(pattern, root=True)
+    codes = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)))
     for check in checks:
         codes |= check.codes
     if any(v > 1 for v in _bound_twice(pattern).values()):

@@ -1,0 +1,167 @@
+"""A linear layer in every spelling export produces, as one pattern, and re-emitting it.
+
+``torch.export`` keeps ``aten.linear``; ``to_edge`` turns it into ``permute_copy(W)`` feeding
+``addmm(b, x, ·)`` (or ``mm`` without bias), wrapped in ``view_copy`` reshapes when the input
+has more than two dims; a backend that preserves ``linear`` keeps it in edge too. Rules match
+all of them with :func:`linear` and write the result back, in the same spelling, with
+:func:`emit_linear`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+from fxpure.families import ADDMM, LINEAR, MM, PERMUTE, TRANSPOSE, VIEW
+from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var
+from fxpure.snapshot import NodeRef, TensorSpec
+
+WEIGHT_T = PERMUTE | TRANSPOSE
+
+
+def _parts(
+    name: str, input: Pattern | None, weight: Pattern | None, bias: Pattern | None, code: str
+) -> tuple[Pattern, Pattern, Pattern, Op, Op]:
+    x = input if input is not None else Var("x")
+    w = weight if weight is not None else Const("w")
+    b = bias if bias is not None else Const("b", optional=True)
+    t = Op(WEIGHT_T, name=f"{name}_t", code=code, self=w, dims=Lit((1, 0)))
+    flat = Op(VIEW, name=f"{name}_in", users=ANY, code=code, self=x)
+    return x, w, b, t, flat
+
+
+def _products(
+    name: str, x: Pattern, b: Pattern, t: Op, users: Users, code: str, user: Op | None = None
+) -> tuple[Op, Op]:
+    one = Lit(1, 1.0)
+    addmm = Op(ADDMM, name=name, users=users, code=code, user=user, self=b, mat1=x, mat2=t, beta=one, alpha=one)
+    return addmm, Op(MM, name=name, users=users, code=code, user=user, self=x, mat2=t)
+
+
+def linear(
+    name: str = "lin",
+    *,
+    input: Pattern | None = None,
+    weight: Pattern | None = None,
+    bias: Pattern | None = None,
+    users: Users = ONE,
+    code: str = "wrong-op",
+) -> OneOf:
+    """``y = x @ W.T + b`` in any spelling, as the operand of another op. Binds the product as
+    ``name`` (``linear``, ``addmm`` or ``mm``), the weight transpose as ``{name}_t`` and the
+    reshapes around a rank > 2 product as ``{name}_in`` / ``{name}_out`` where the spelling has
+    them; by default the input as ``x``, the weight (out, in) as ``w``, the bias as ``b`` (None,
+    or unbound for ``mm``). Use :func:`linear_root` to anchor a rule at the linear itself.
+
+    >>> [type(a).__name__ for a in linear().alternatives]
+    ['Op', 'Op', 'Op', 'Op', 'Op']
+    """
+    x, w, b, t, flat = _parts(name, input, weight, bias, code)
+    addmm, mm = _products(name, x, b, t, users, code)
+    addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code)
+    return OneOf(
+        Op(LINEAR, name=name, users=users, code=code, input=x, weight=w, bias=b),
+        addmm,
+        mm,
+        Op(VIEW, name=f"{name}_out", users=users, code=code, self=addmm_nd),
+        Op(VIEW, name=f"{name}_out", users=users, code=code, self=mm_nd),
+    )
+
+
+def linear_root(
+    name: str = "lin",
+    *,
+    input: Pattern | None = None,
+    weight: Pattern | None = None,
+    bias: Pattern | None = None,
+    code: str = "wrong-op",
+) -> OneOf:
+    """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm`` or
+    ``mm``): the reshape after a rank > 2 product is matched as its one user, ``{name}_out``."""
+    x, w, b, t, flat = _parts(name, input, weight, bias, code)
+    out = Op(VIEW, name=f"{name}_out", code=code)
+    addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, user=out)
+    addmm, mm = _products(name, x, b, t, ONE, code)
+    return OneOf(Op(LINEAR, name=name, code=code, input=x, weight=w, bias=b), addmm_nd, mm_nd, addmm, mm)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Linear:
+    """The nodes of one matched linear: the product (``linear``, ``addmm`` or ``mm``), the weight
+    transpose and the reshapes where the spelling has them. ``outer`` carries the result."""
+
+    op: Bound
+    t: Bound | None
+    view_in: Bound | None
+    view_out: Bound | None
+
+    @property
+    def outer(self) -> Bound:
+        """The node whose value is the linear's output."""
+        return self.view_out or self.op
+
+    @property
+    def spec(self) -> TensorSpec | None:
+        """The linear's output spec."""
+        return self.outer.spec
+
+
+def linear_of(m: Match, name: str = "lin") -> Linear:
+    """The linear a :func:`linear` pattern called ``name`` bound in ``m``."""
+
+    def get(key: str) -> Bound | None:
+        value = m.bindings.get(key)
+        return value if isinstance(value, Bound) else None
+
+    op = get(name)
+    if op is None:
+        raise KeyError(f"the match binds no linear called {name!r}")
+    return Linear(op=op, t=get(f"{name}_t"), view_in=get(f"{name}_in"), view_out=get(f"{name}_out"))
+
+
+def _features(spec: TensorSpec | None, n: int | None) -> TensorSpec | None:
+    if spec is None or n is None:
+        return spec
+    return TensorSpec(shape=(*spec.shape[:-1], n), dtype=spec.dtype)
+
+
+def emit_linear(
+    p: Planner,
+    lin: Linear,
+    weight: NodeRef,
+    bias: NodeRef | None,
+    *,
+    out_features: int | None = None,
+    suffix: str = "new",
+) -> NodeRef:
+    """The same linear re-spelled with a new weight (out, in) and bias (a bias may appear: ``mm``
+    becomes ``addmm``); ``out_features`` when the weight has another number of rows. Returns
+    the node that carries the result (the new ``outer``)."""
+    op, t = lin.op, lin.t
+    name = f"{op.name}_{suffix}"
+    if t is None:  # aten.linear
+        result = p.respell(op, name=name, spec=_features(op.spec, out_features), weight=weight, bias=bias)
+    else:
+        w_spec = t.spec
+        t_spec = (
+            TensorSpec(shape=(w_spec.shape[0], out_features), dtype=w_spec.dtype) if w_spec and out_features else None
+        )
+        new_t = p.respell(t, name=f"{t.name}_{suffix}", spec=t_spec or w_spec, self=weight)
+        spec = _features(op.spec, out_features)
+        x = op.args["mat1"] if op.node.target.startswith("aten.addmm") else op.args["self"]
+        if bias is None:
+            result = p.call("aten.mm.default", name=name, spec=spec, self=x, mat2=new_t, provenance=op.name)
+        elif op.node.target.startswith("aten.addmm"):
+            result = p.respell(op, name=name, spec=spec, self=bias, mat2=new_t)
+        else:
+            result = p.call(
+                "aten.addmm.default", name=name, spec=spec, self=bias, mat1=x, mat2=new_t, provenance=op.name
+            )
+    out = lin.view_out
+    if out is None:
+        return result
+    size = out.args["size"]
+    if out_features is not None and isinstance(size, tuple):
+        size = (*size[:-1], out_features)
+    return p.respell(out, name=f"{out.name}_{suffix}", spec=_features(out.spec, out_features), self=result, size=size)
