@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import sys
 import time
@@ -74,8 +75,60 @@ def demo() -> int:
     print(f"  {'before':<12} {len(plain_pte):>12,} {ms_before:>11.3f}")
     print(f"  {'after':<12} {len(fused_pte):>12,} {ms_after:>11.3f}")
     ok = rel < 1e-4 and rt_rel < 1e-4
-    print("\nok" if ok else "\nFAILED: numerics differ", flush=True)
-    return 0 if ok else 1
+    quantized_ok = _demo_quantized(model, x)
+    print("\nok" if ok and quantized_ok else "\nFAILED", flush=True)
+    return 0 if ok and quantized_ok else 1
+
+
+def _demo_quantized(model: Any, x: tuple[Any, ...]) -> bool:
+    """PT2E-quantize the demo model, pack its int8 convs for Vulkan, write the Vulkan .pte."""
+    import logging
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from executorch.exir import to_edge
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from adapters.passes import QuantizedConvolutionPass
+    from adapters.realize import transform
+    from adapters.report import node_meta, table
+    from fxpure.rules import fuse_conv_bn
+
+    print("\nquantized: PT2E int8 (XNNPACKQuantizer, per channel), convs packed for the Vulkan q8ta kernels")
+    print("  (batch norms fused by fxpure first: prepare_pt2e's own fold crashes on the grouped ConvTranspose)")
+
+    def quantize() -> Any:
+        gm = torch.export.export(model, x).module()
+        transform(gm, [fuse_conv_bn()]).unwrap()
+        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        prepared = prepare_pt2e(gm, quantizer)
+        prepared(*x)
+        return to_edge(torch.export.export(convert_pt2e(prepared), x))
+
+    edge = _timed("PT2E quantize + to_edge", quantize)
+    metas = node_meta(edge.exported_program().graph_module)
+    packing = QuantizedConvolutionPass()
+    edge = _timed("fxpure QuantizedConvolutionPass", lambda: edge.transform([packing]))
+    assert packing.last is not None
+    print()
+    print(table(packing.last.report, metas, ["quantized-conv"]))
+    logging.disable(logging.INFO)  # the partitioner reports its progress on the root logger
+    try:
+        buffer = _timed(
+            "lower through VulkanPartitioner", lambda: edge.to_backend(VulkanPartitioner()).to_executorch().buffer
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+    path = Path(tempfile.gettempdir()) / "fxpure-demo-vulkan.pte"
+    path.write_bytes(buffer)
+    print(f"  wrote {path} ({len(buffer):,} bytes)")
+    return len(buffer) > 0
 
 
 def _quiet_libraries() -> None:
@@ -122,14 +175,9 @@ def _rules(spec: str) -> list[str]:
 
 # float rewrites; quantized-conv is asked for by name (it applies to PT2E-quantized programs only)
 DEFAULT_RULES = "fuse-conv-bn,split-group-conv"
-# rules whose output runs only inside a backend delegate, so --verify / --pte cannot check it here
-DELEGATE_ONLY = {"quantized-conv": "its et_vk kernels run in the Vulkan delegate (lower with VulkanPartitioner)"}
-
-
-def _check_runnable(names: list[str], args: argparse.Namespace) -> None:
-    for name in names:
-        if name in DELEGATE_ONLY and (args.verify or args.pte):
-            raise BadInput(f"--verify/--pte cannot check {name}: {DELEGATE_ONLY[name]}")
+# rules whose new ops run only inside a backend delegate: --pte lowers through that partitioner, and
+# --verify cannot run the whole program on the host (each plan is still checked where it can be)
+DELEGATED = {"quantized-conv": "vulkan"}
 
 
 def _check_path(path: str) -> None:
@@ -138,6 +186,8 @@ def _check_path(path: str) -> None:
     from pathlib import Path
 
     p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"{path}: is a directory, not a .pt2 file")
     if not p.is_file():
         raise BadInput(f"{path}: no such file")
     if p.suffix != ".pt2":
@@ -171,21 +221,74 @@ def _load(path: str) -> Any:
 
 
 def _random_inputs(program: Any) -> tuple[Any, ...]:
-    """Random tensors of the shapes and dtypes the program's user inputs were exported with."""
+    """Random tensors of the shapes and dtypes the program's user inputs were exported with; a
+    symbolic size takes one value for all inputs, within the range the program declares for it."""
     import torch
+
+    sizes: dict[str, int] = {}
+
+    def size(d: Any) -> int:
+        if isinstance(d, int):
+            return d
+        if str(d) not in sizes:
+            bounds = program.range_constraints.get(d.node.expr)
+            low = int(bounds.lower) if bounds is not None and bounds.lower.is_finite else 2
+            high = int(bounds.upper) if bounds is not None and bounds.upper.is_finite else max(low, 2)
+            sizes[str(d)] = min(max(low, 2), high)
+        return sizes[str(d)]
 
     user = set(program.graph_signature.user_inputs)
     out = []
-    for n in program.graph.nodes:
-        if n.op != "placeholder" or n.name not in user:
+    for n in program.graph.find_nodes(op="placeholder"):
+        if n.name not in user:
             continue
         val = n.meta["val"]
-        shape = [d if isinstance(d, int) else 2 for d in val.shape]
+        shape = [size(d) for d in val.shape]
         if val.dtype.is_floating_point:
             out.append(torch.randn(shape, dtype=val.dtype))
         else:
             out.append(torch.randint(0, 2, shape, dtype=val.dtype))
     return tuple(out)
+
+
+def _save(program: Any, path: str) -> None:
+    """Save atomically: a temporary file in the same directory, renamed over ``path`` only once it
+    is complete (so ``-o`` may name the input itself; a failed save leaves every file as it was)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
+    os.close(fd)
+    try:
+        torch.export.save(program, tmp)
+        os.replace(tmp, target)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, (OSError, RuntimeError)):
+            raise BadInput(f"{path}: cannot write ({e})") from e
+        raise
+
+
+def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
+    """Both programs on the same random inputs: max abs / rel difference, or the error that stopped it."""
+    import torch
+
+    try:
+        x = _random_inputs(program)
+        with torch.no_grad():
+            want, got = _flat(original.module()(*x)), _flat(program.module()(*x))
+    except Exception as e:  # a program that cannot run on these inputs: one line, exit 1
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"ok": False, "error": f"{type(e).__name__}: {first}"}
+    pairs = [(g, w) for g, w in zip(got, want, strict=True) if isinstance(w, torch.Tensor)]
+    abs_err = max(((g.double() - w.double()).abs().max().item() for g, w in pairs), default=0.0)
+    scale = max((w.double().abs().max().item() for _, w in pairs), default=1.0) or 1.0
+    return {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= tolerance}
 
 
 def _flat(out: Any) -> list[Any]:
@@ -208,7 +311,11 @@ def explain(args: argparse.Namespace) -> int:
     program = _load(args.model)
     if args.edge:
         progress("lowering to edge")
-        program = to_edge(program).exported_program()
+        try:
+            program = to_edge(program).exported_program()
+        except Exception as e:  # executorch refuses the program: say so in one line
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise BadInput(f"{args.model}: to_edge cannot lower this program ({type(e).__name__}: {first})") from e
     progress("planning")
     result = transform(program, [RULES[n]() for n in names], dry_run=True)
     if isinstance(result, Failure):
@@ -266,21 +373,22 @@ def _shown(value: Any) -> str:
 
 
 def apply_cmd(args: argparse.Namespace) -> int:
-    """Apply the chosen rules to a saved program, save it, optionally verify and lower it."""
+    """Apply the chosen rules to a saved program, optionally verify and lower it, then save it."""
     import json
 
-    import torch
-    from executorch.exir import to_edge
     from returns.result import Failure
 
     from adapters.realize import transform
     from adapters.report import node_meta, to_json
+    from adapters.snap import capture_program
+    from adapters.validate import check_plans
     from fxpure.rules import RULES
 
     names, progress = _rules(args.rules), Progress()
     progress(f"loading {args.model}")
     program = _load(args.model)
     original = copy.deepcopy(program) if args.verify else None
+    before = capture_program(program) if args.verify else None
     metas = node_meta(program.graph_module)
     progress("planning and applying")
     result = transform(program, [RULES[n]() for n in names])
@@ -289,50 +397,94 @@ def apply_cmd(args: argparse.Namespace) -> int:
         return EXIT_REWRITE_FAILED
     outcome = result.unwrap()
     doc: dict[str, Any] = {"program": args.model, "output": args.output, "changed": outcome.changed}
-    progress(f"saving {args.output}")
-    try:
-        torch.export.save(program, args.output)
-    except (OSError, RuntimeError) as e:
-        raise BadInput(f"{args.output}: cannot write ({e})") from e
-    if args.pte:
+    code = EXIT_OK
+    if original is not None and before is not None:
+        progress("verifying each plan, then the whole program, on random inputs")
+        checks = check_plans(before, outcome.report, tolerance=args.tolerance)
+        doc["plan_checks"] = [
+            {"rule": c.rule, "anchor": c.anchor, "ok": c.ok, "max_rel": c.max_rel, "note": c.note} for c in checks
+        ]
+        delegated = sorted(n for n in names if n in DELEGATED)
+        if delegated and outcome.changed:
+            why = f"{', '.join(delegated)}: its et_vk kernels run only in the Vulkan delegate, not on this host"
+            doc["verify"] = {"ok": True, "skipped": why}
+        else:
+            doc["verify"] = _verify(original, program, args.tolerance)
+        failed = not doc["verify"]["ok"] or any(c.ok is False for c in checks)
+        code = EXIT_VERIFY_FAILED if failed else EXIT_OK
+    buffer = None
+    if args.pte:  # lowered before anything is written: a failure writes nothing
         progress(f"lowering to {args.pte}")
         try:
-            buffer = to_edge(program).to_executorch().buffer
-        except Exception as e:  # lowering is executorch's: report it, the .pt2 is already written
-            print(f"fxpure: error: lowering to .pte failed ({type(e).__name__}: {e})", file=sys.stderr)
+            buffer = _lower(program, names)
+        except Exception as e:  # lowering is executorch's: report it in one line
+            first = (str(e).strip().splitlines() or [""])[0]
+            print(
+                f"fxpure: error: lowering to .pte failed ({type(e).__name__}: {first}); nothing written",
+                file=sys.stderr,
+            )
             return EXIT_REWRITE_FAILED
-        try:
-            with open(args.pte, "wb") as f:
-                f.write(buffer)
-        except OSError as e:
-            raise BadInput(f"{args.pte}: cannot write ({e.strerror or e})") from e
+    progress(f"saving {args.output}")
+    _save(program, args.output)
+    if buffer is not None:
+        _write_bytes(args.pte, buffer)
         doc["pte"] = args.pte
-    code = EXIT_OK
-    if original is not None:
-        progress("verifying on random inputs")
-        x = _random_inputs(program)
-        with torch.no_grad():
-            want, got = _flat(original.module()(*x)), _flat(program.module()(*x))
-        abs_err = max(((g - w).abs().max().item() for g, w in zip(got, want, strict=True)), default=0.0)
-        scale = max((w.abs().max().item() for w in want), default=1.0) or 1.0
-        doc["verify"] = {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= args.tolerance}
-        code = EXIT_OK if doc["verify"]["ok"] else EXIT_VERIFY_FAILED
     if args.json:
         print(json.dumps(to_json(outcome.report, metas, names, **doc), indent=2))
         return code
     plans = outcome.report.plans
+    fallbacks = sum(1 for p in plans if p.instead_of is not None)
+    by_fallback = f" ({fallbacks} by fallback)" if fallbacks else ""
     print(
-        f"{len(plans)} rewrites applied, {len(outcome.report.rejections)} candidates declined; wrote {args.output}"
+        f"{len(plans)} rewrites applied{by_fallback}, {len(outcome.report.rejections)} candidates declined;"
+        f" wrote {args.output}" + (f" and {args.pte}" if buffer is not None else "")
         if plans
-        else f"nothing to rewrite; wrote {args.output} unchanged"
+        else f"nothing to rewrite; wrote {args.output} unchanged" + (f" and {args.pte}" if buffer is not None else "")
     )
+    for c in doc.get("plan_checks", []):
+        state = {True: "ok", False: "FAILED", None: "skipped"}[c["ok"]]
+        detail = c["note"] or f"max rel diff {c['max_rel']:.3g}"
+        print(f"  plan {c['rule']} at {c['anchor']}: {state} ({detail})")
     if "verify" in doc:
         v = doc["verify"]
-        print(
-            f"verify: max abs diff {v['max_abs']:.3g}, max rel diff {v['max_rel']:.3g} "
-            f"({'ok' if v['ok'] else 'FAILED'}, tolerance {args.tolerance:g})"
-        )
+        if "skipped" in v:
+            print(f"verify: whole program not compared ({v['skipped']}); the plans above were checked one by one")
+        elif "error" in v:
+            print(f"verify: FAILED, the programs could not be compared ({v['error']})")
+        else:
+            print(
+                f"verify: max abs diff {v['max_abs']:.3g}, max rel diff {v['max_rel']:.3g} "
+                f"({'ok' if v['ok'] else 'FAILED'}, tolerance {args.tolerance:g})"
+            )
     return code
+
+
+def _lower(program: Any, names: list[str]) -> bytes:
+    """The program lowered to an ExecuTorch .pte: through the Vulkan partitioner when a rule's new
+    ops run there (quantized-conv), else with the portable kernels."""
+    import logging
+
+    from executorch.exir import to_edge
+
+    logging.disable(logging.INFO)  # partitioners report their progress on the root logger
+    try:
+        edge = to_edge(copy.deepcopy(program))  # to_edge changes the program it is given; the .pt2 is saved after
+        if any(DELEGATED.get(n) == "vulkan" for n in names):
+            from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+            edge = edge.to_backend(VulkanPartitioner())
+        buffer: bytes = edge.to_executorch().buffer
+    finally:
+        logging.disable(logging.NOTSET)
+    return buffer
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot write ({e.strerror or e})") from e
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -360,11 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command != "demo":  # bad input is answered before torch is even imported
-            names = _rules(args.rules)
+            _rules(args.rules)
             _check_path(args.model)
             if args.command == "apply":
                 _check_writable(args.output, args.pte)
-                _check_runnable(names, args)
         _quiet_libraries()
         if args.command == "demo":
             return demo()

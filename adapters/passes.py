@@ -1,59 +1,92 @@
-"""Drop-in pass objects for existing pipelines (EdgeProgramManager.transform, fx PassManager)."""
+"""Pass objects for lowering pipelines: any fxpure rules as one pass, needing no program up front.
+
+A ``RulesPass`` is an ExecuTorch ``ExportedProgramPassBase``: ``EdgeProgramManager.transform``,
+``to_edge_transform_and_lower(transform_passes=...)`` and ``ExportedProgramPassManager`` hand it
+the program (constants, state dict and signature included), so it works where the program does
+not exist yet when the pass list is written. Called with a ``torch.fx.GraphModule`` it is a
+torch.fx pass (returns a ``PassResult``), as in a ``PassManager``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import torch
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from returns.result import Failure
 from torch.export import ExportedProgram
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torch.fx.passes.infra.pass_base import PassResult
 
-from adapters.realize import TransformOutcome, transform
+from adapters.realize import TransformOutcome, check_rules, transform
 from fxpure.plan import Rule
 from fxpure.rules import fuse_conv_bn, quantized_conv, split_group_conv
 
 
 class FxpureError(RuntimeError):
-    """A pass could not apply its plans; the graph was left unchanged."""
+    """A pass could not apply its plans; the program was left unchanged."""
 
 
-class _RulePass(PassBase):
-    """Runs fxpure rules on the graph module it is called with."""
+class RulesPass(ExportedProgramPassBase):
+    """``rules`` applied as one pass, all or nothing; ``last`` holds the latest outcome (report
+    included). ``exported_program`` is only needed to call it on that program's graph module."""
 
     def __init__(self, rules: Sequence[Rule], exported_program: ExportedProgram | None = None) -> None:
-        super().__init__()
-        self.rules = tuple(rules)
+        self.rules = tuple(check_rules(rules))
         self.exported_program = exported_program
         self.last: TransformOutcome | None = None
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        """Transform in place; the owning ExportedProgram's state and signature follow."""
+    @overload
+    def __call__(self, program: ExportedProgram) -> ExportedProgramPassResult: ...
+
+    @overload
+    def __call__(self, program: torch.fx.GraphModule) -> PassResult: ...
+
+    def __call__(self, program: ExportedProgram | torch.fx.GraphModule) -> ExportedProgramPassResult | PassResult:
+        if isinstance(program, ExportedProgram):
+            self.requires(program)
+            result = self.call(program)
+            self.ensures(program)
+            return result
+        return self.call_graph_module(program)
+
+    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        """Transform the program in place (graph, state dict, constants, signature)."""
+        return ExportedProgramPassResult(exported_program, self._run(exported_program))
+
+    def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        """As a torch.fx pass; the constructor's program, if this is its graph module, follows."""
         ep = self.exported_program
-        program = ep if ep is not None and ep.graph_module is graph_module else graph_module
+        return PassResult(
+            graph_module, self._run(ep if ep is not None and ep.graph_module is graph_module else graph_module)
+        )
+
+    def _run(self, program: ExportedProgram | torch.fx.GraphModule) -> bool:
         result = transform(program, self.rules)
         if isinstance(result, Failure):
             raise FxpureError(str(result.failure()))
         self.last = result.unwrap()
-        return PassResult(graph_module, self.last.changed)
+        return self.last.changed
 
 
-class FuseConvBatchNormPass(_RulePass):
-    """Drop-in for ``FuseBatchNormWithConvPass(exported_program)``; also takes an unlifted GraphModule."""
+class FuseConvBatchNormPass(RulesPass):
+    """Drop-in for ``FuseBatchNormWithConvPass(exported_program)``; the program is optional."""
 
     def __init__(self, exported_program: ExportedProgram | None = None) -> None:
         super().__init__([fuse_conv_bn()], exported_program)
 
 
-class SplitGroupConvolutionPass(_RulePass):
-    """Drop-in for NXP's ``SplitGroupConvolution()``: a torch.fx pass over a GraphModule."""
+class SplitGroupConvolutionPass(RulesPass):
+    """Drop-in for NXP's ``SplitGroupConvolution()`` (a torch.fx pass over a GraphModule)."""
 
     def __init__(self, min_groups: int = 2, max_groups: int = 10) -> None:
         super().__init__([split_group_conv(min_groups, max_groups)])
 
 
-class QuantizedConvolutionPass(_RulePass):
-    """The quantized-conv rule for Vulkan: an edge program after PT2E quantization, packed for q8ta."""
+class QuantizedConvolutionPass(RulesPass):
+    """Vulkan q8ta packing of a PT2E-quantized edge program; ``fallback`` as in ``quantized_conv``."""
 
-    def __init__(self, exported_program: ExportedProgram, align: int = 4) -> None:
-        super().__init__([quantized_conv(align)], exported_program)
+    def __init__(
+        self, exported_program: ExportedProgram | None = None, align: int = 4, fallback: str = "dequantize"
+    ) -> None:
+        super().__init__([quantized_conv(align, fallback)], exported_program)

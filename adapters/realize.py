@@ -1,17 +1,20 @@
-"""apply / transform: realise a rewritten snapshot on the live program, transactionally.
+"""apply / transform: make the live program match a rewritten snapshot, in place, all or nothing.
 
-Everything that can fail happens first (materialising constants, resolving ops,
-building a complete new graph, fake values); only then is the program touched,
-and a failure while committing rolls every change back.
+Everything that can fail happens first: materialising the new constants (declining plans whose
+weights are not finite), resolving ops, literal arguments, metadata and fake values of the new
+nodes. Only then is the program touched, by editing the graph in place where it changed (new
+nodes inserted where the snapshot puts them, changed arguments re-pointed, removed nodes erased)
+and updating module attributes or the state dict, constants and signature. Every step is
+recorded in an undo log that restores the exact previous program on any exit (an exception,
+KeyboardInterrupt included); one ``recompile()`` at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, final
 
 import torch
@@ -20,13 +23,13 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.snap import Captured, Program, capture_program
+from adapters.snap import Captured, Program, capture_program, unreachable
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import RewritePlan, RewriteReport, Rule
+from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule
 from fxpure.reasons import NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
-from fxpure.weights import subexpressions
+from fxpure.weights import sources, subexpressions
 
 V = TypeVar("V")
 
@@ -60,7 +63,7 @@ class TransformOutcome:
 
 
 class _ApplyError(Exception):
-    """Internal: a reason to abort before anything is committed."""
+    """Internal: a reason to abort, with nothing left changed."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -124,111 +127,115 @@ def _source_fn_stack(name: str, fn_name: str, source: torch.fx.Node, same_op: bo
     return [*stack[:-1], (name, fn)]
 
 
+def _literal(arg: Arg) -> Any:
+    """A literal argument in FX form (node references are resolved when the node is created)."""
+    if isinstance(arg, tuple):
+        return [_literal(a) for a in arg]
+    if isinstance(arg, DTypeArg):
+        return dtype_of(arg.name)
+    if isinstance(arg, Opaque):
+        raise _ApplyError("unsupported-argument", f"cannot rebuild literal {arg.text}")
+    return arg
+
+
+def _bind(arg: Any, env: Mapping[str, torch.fx.Node]) -> Any:
+    """Node references (``NodeRef``) in a prepared argument replaced by live nodes."""
+    if isinstance(arg, NodeRef):
+        return env[arg.name]
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_bind(a, env) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _bind(v, env) for k, v in arg.items()}
+    return arg
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _NewNode:
+    """A node to insert, prepared: everything but its position-dependent arguments resolved."""
+
+    rec: NodeSnapshot
+    op: str
+    target: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    meta: dict[str, Any]
+    before: str  # the existing node it goes in front of
+
+
 @dataclass
-class _Builder:
-    """Builds the new fx.Graph from the rewritten snapshot (no program mutation)."""
+class _Edit:
+    """The whole change, prepared without touching the program."""
 
-    cap: Captured
-    after: GraphSnapshot
-    tensors: dict[str, torch.Tensor]
-    graph: torch.fx.Graph = field(init=False)
-    env: dict[str, torch.fx.Node] = field(default_factory=dict)
-    old: dict[str, torch.fx.Node] = field(default_factory=dict)
-    fakes: _Fakes = field(init=False)
+    new: list[_NewNode] = field(default_factory=list)
+    changed: list[NodeSnapshot] = field(default_factory=list)
+    erased: list[str] = field(default_factory=list)  # in topological order
+    env: dict[str, torch.fx.Node] = field(default_factory=dict)  # live nodes by name
 
-    def __post_init__(self) -> None:
-        g = self.cap.gm.graph
-        # no owning module until commit: new get_attr targets do not exist yet
-        self.graph = torch.fx.Graph(tracer_cls=g._tracer_cls, tracer_extras=g._tracer_extras)
-        self.graph._codegen = copy.deepcopy(g._codegen)
-        self.graph._co_fields = dict(g._co_fields)
-        self.old = {n.name: n for n in g.nodes}
-        self.fakes = _Fakes.of(self.cap.gm)
 
-    def to_fx(self, arg: Arg) -> Any:
-        if isinstance(arg, NodeRef):
-            return self.env[arg.name]
-        if isinstance(arg, tuple):
-            return [self.to_fx(a) for a in arg]
-        if isinstance(arg, DTypeArg):
-            return dtype_of(arg.name)
-        if isinstance(arg, Opaque):
-            raise _ApplyError("unsupported-argument", f"cannot rebuild literal {arg.text}")
-        return arg
-
-    def rebuild(self, old: Any, arg: Arg) -> Any:
-        """Old argument values with node references re-pointed as the snapshot says."""
-        if isinstance(arg, NodeRef):
-            return self.env[arg.name]
-        if isinstance(old, (list, tuple)) and isinstance(arg, tuple) and len(old) == len(arg):
-            return type(old)(self.rebuild(o, a) for o, a in zip(old, arg, strict=True))
-        if isinstance(old, torch.fx.Node):
-            raise _ApplyError("apply-failed", f"argument {old.name} has no counterpart in the plan")
-        return old
-
-    def add(self, rec: NodeSnapshot) -> None:
-        before = self.cap.snap
-        old = self.old.get(rec.name)
-        if old is not None and before.node(rec.name) is rec:
-            node = self.graph.node_copy(old, lambda n: self.env[n.name])
-        elif old is not None:
-            args = tuple(self.rebuild(o, a) for o, a in zip(old.args, rec.args, strict=True))
-            kwargs = {k: self.rebuild(old.kwargs[k], a) for k, a in rec.kwargs.items()}
-            node = self.graph.create_node(old.op, old.target, args, kwargs, name=old.name, type_expr=old.type)
-            node.meta = copy.copy(old.meta)
-        elif rec.name in self.tensors:
-            node = self._constant(rec)
+def _prepare(cap: Captured, after: GraphSnapshot, tensors: Mapping[str, torch.Tensor]) -> _Edit:
+    """Resolve every new node's op, literals, meta and fake value; list the changed and erased nodes.
+    Raises _ApplyError; touches nothing."""
+    before, edit, fakes = cap.snap, _Edit(), _Fakes.of(cap.gm)
+    edit.env = {n.name: n for n in cap.gm.graph.nodes}
+    nxt = ""
+    for rec in reversed(after.nodes):  # the existing node that follows each new node
+        if rec.name in before.index:
+            nxt = rec.name
+            if before.node(rec.name) is not rec:
+                edit.changed.append(rec)
         else:
-            node = self._new(rec)
-        # FX renames candidates that shadow builtins (e.g. "input"); the snapshot's names are unique, keep them
-        node.name = rec.name
-        self.env[rec.name] = node
-
-    def _constant(self, rec: NodeSnapshot) -> torch.fx.Node:
-        node = self.graph.placeholder(rec.name) if self.after.lifted else self.graph.get_attr(rec.name)
-        if isinstance(rec.spec, TensorSpec) and self.fakes.mode is not None:
-            node.meta["val"] = self.fakes.value(rec.spec)
-        return node
-
-    def _new(self, rec: NodeSnapshot) -> torch.fx.Node:
-        try:
-            target = resolve_target(rec.target, self.after.dialect)
-        except ValueError as e:
-            raise _ApplyError("unknown-op", str(e)) from e
-        args = tuple(self.to_fx(a) for a in rec.args)
-        kwargs = {k: self.to_fx(v) for k, v in rec.kwargs.items()}
-        node = self.graph.create_node("call_function", target, args, kwargs, name=rec.name)
-        source = self.old.get(rec.provenance) if rec.provenance else None
-        if source is not None:
-            same_op = source.target == target
-            node.meta.update(
-                {k: source.meta[k] for k in INHERITED_META if k in source.meta and (same_op or k != "torch_fn")}
-            )
-            if rec.source_fn is not None:
-                node.meta["source_fn_stack"] = _source_fn_stack(node.name, rec.source_fn, source, same_op)
-        spec = rec.spec
-        if isinstance(spec, TensorSpec):
-            node.meta["val"] = self.fakes.value(spec)
-        elif isinstance(spec, tuple):
-            node.meta["val"] = tuple(self.fakes.value(s) if s is not None else None for s in spec)
-        return node
+            edit.new.append(_prepare_new(rec, after, tensors, fakes, edit.env, nxt))
+    edit.new.reverse()
+    edit.changed.reverse()
+    edit.erased = [n.name for n in before.nodes if n.name not in after.index]
+    return edit
 
 
-def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Tensor]:
-    memo: dict[object, torch.Tensor] = {}
-    out: dict[str, torch.Tensor] = {}
-    for name, info in after.constants.items():
-        if info.source is None:
-            continue
-        try:
-            t = materialize(info.source, cap.tensors, memo)
-        except Exception as e:  # a torch error while computing a constant: abort cleanly
-            raise _ApplyError("materialize-failed", f"{name}: {e}") from e
-        got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
-        if got != (info.spec.shape, info.spec.dtype):
-            raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
-        out[name] = torch.nn.Parameter(t, requires_grad=False) if info.kind == "parameter" else t
-    return out
+def _prepare_new(
+    rec: NodeSnapshot,
+    after: GraphSnapshot,
+    tensors: Mapping[str, torch.Tensor],
+    fakes: _Fakes,
+    live: Mapping[str, torch.fx.Node],
+    before: str,
+) -> _NewNode:
+    spec = rec.spec
+    val: Any = None
+    if isinstance(spec, TensorSpec):
+        val = fakes.value(spec)
+    elif isinstance(spec, tuple):
+        val = tuple(fakes.value(s) if s is not None else None for s in spec)
+    if rec.name in tensors:  # a new constant: a lifted placeholder or a get_attr
+        op = "placeholder" if after.lifted else "get_attr"
+        return _NewNode(rec, op, rec.name, (), {}, {"val": val} if val is not None else {}, before)
+    try:
+        target = resolve_target(rec.target, after.dialect)
+    except ValueError as e:
+        raise _ApplyError("unknown-op", str(e)) from e
+    meta: dict[str, Any] = {}
+    source = live.get(rec.provenance) if rec.provenance else None
+    if source is not None:
+        same_op = source.target == target
+        meta.update({k: source.meta[k] for k in INHERITED_META if k in source.meta and (same_op or k != "torch_fn")})
+        if rec.source_fn is not None:
+            meta["source_fn_stack"] = _source_fn_stack(rec.name, rec.source_fn, source, same_op)
+    if val is not None:
+        meta["val"] = val
+    args = tuple(_literal(a) for a in rec.args)
+    kwargs = {k: _literal(v) for k, v in rec.kwargs.items()}
+    return _NewNode(rec, "call_function", target, args, kwargs, meta, before)
+
+
+def _rebuild(old: Any, arg: Arg, env: Mapping[str, torch.fx.Node]) -> Any:
+    """An existing node's argument with node references re-pointed as the snapshot says."""
+    if isinstance(arg, NodeRef):
+        return env[arg.name]
+    if isinstance(old, (list, tuple)) and isinstance(arg, tuple) and len(old) == len(arg):
+        return type(old)(_rebuild(o, a, env) for o, a in zip(old, arg, strict=True))
+    if isinstance(old, torch.fx.Node):
+        raise _ApplyError("apply-failed", f"argument {old.name} has no counterpart in the plan")
+    return old
 
 
 @dataclass
@@ -272,21 +279,51 @@ class _Commit:
 
         self.undo.append(undo)
 
+    def insert(self, graph: torch.fx.Graph, new: _NewNode, env: dict[str, torch.fx.Node]) -> None:
+        with graph.inserting_before(env[new.before]):
+            node = graph.create_node(
+                new.op, new.target, _bind(new.args, env), _bind(new.kwargs, env), name=new.rec.name
+            )
+        node.name = new.rec.name  # FX renames candidates that shadow builtins ("input"); keep the snapshot's name
+        node.meta.update(new.meta)
+        env[new.rec.name] = node
+
+        def undo() -> None:
+            env.pop(new.rec.name, None)
+            graph.erase_node(node)
+
+        self.undo.append(undo)
+
+    def reargue(self, node: torch.fx.Node, rec: NodeSnapshot, env: Mapping[str, torch.fx.Node]) -> None:
+        args = tuple(_rebuild(o, a, env) for o, a in zip(node.args, rec.args, strict=True))
+        kwargs = {k: _rebuild(node.kwargs[k], a, env) for k, a in rec.kwargs.items()}
+        old_args, old_kwargs = node.args, node.kwargs
+        node.args, node.kwargs = args, kwargs
+
+        def undo() -> None:
+            node.args, node.kwargs = old_args, old_kwargs
+
+        self.undo.append(undo)
+
+    def erase(self, graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+        if node.users:
+            raise _ApplyError("apply-failed", f"{node.name} is still read by {next(iter(node.users)).name}")
+        following, args, kwargs = node.next, node.args, node.kwargs
+        graph.erase_node(node)
+
+        def undo() -> None:  # put the very node back where it was (torch.fx has no public undo)
+            following._prepend(node)
+            node._erased = False
+            graph._len += 1
+            graph._find_nodes_lookup_table.insert(node)
+            node.args, node.kwargs = args, kwargs
+
+        self.undo.append(undo)
+
     def rollback(self) -> None:
         for fn in reversed(self.undo):
             fn()
-
-
-def _restore_graph(gm: torch.fx.GraphModule) -> Callable[[], None]:
-    old = gm.graph
-
-    def undo() -> None:
-        gm._graph = old  # no setter: it would recompile, which may be what failed
-        old.owning_module = gm
-        with contextlib.suppress(Exception):
-            gm.recompile()
-
-    return undo
+        self.undo.clear()
 
 
 def _owner(gm: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str]:
@@ -307,20 +344,13 @@ def _input_spec(name: str, kind: str) -> InputSpec:
 
 
 def _commit_ep(
-    c: _Commit,
-    cap: Captured,
-    ep: ExportedProgram,
-    graph: torch.fx.Graph,
-    new: Mapping[str, torch.Tensor],
-    after: GraphSnapshot,
+    c: _Commit, cap: Captured, ep: ExportedProgram, new: Mapping[str, torch.Tensor], after: GraphSnapshot
 ) -> None:
     sig = ep.graph_signature
-    specs: list[InputSpec] = []
-    for n in graph.nodes:
-        if n.op != "placeholder":
-            continue
-        old = cap.specs.get(n.name)
-        specs.append(old if old is not None else _input_spec(n.name, after.constants[n.name].kind))
+    specs = [
+        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name].kind)
+        for n in cap.gm.graph.find_nodes(op="placeholder")
+    ]
     live = {s.target for s in specs}
     for old_spec in cap.specs.values():
         if old_spec.target is not None and old_spec.target not in live:
@@ -328,23 +358,21 @@ def _commit_ep(
             c.del_item(ep.constants, old_spec.target)
     for name, t in new.items():
         c.set_item(ep.constants if after.constants[name].kind == "constant" else ep.state_dict, name, t)
-    outputs = list(_output_nodes(graph))
+    result = cap.gm.graph.output_node().args[0]
+    values = list(result) if isinstance(result, (list, tuple)) else [result]
+    # outputs that are None or Python constants have no node: their specs stay as they are
     out_specs = [
-        OutputSpec(s.kind, TensorArgument(name=o.name), s.target) if isinstance(s.arg, TensorArgument) else s
-        for s, o in zip(sig.output_specs, outputs, strict=True)
+        OutputSpec(s.kind, TensorArgument(name=v.name), s.target)
+        if isinstance(s.arg, TensorArgument) and isinstance(v, torch.fx.Node)
+        else s
+        for s, v in zip(sig.output_specs, values, strict=True)
     ]
     c.set_list(sig.input_specs, specs)
     c.set_list(sig.output_specs, out_specs)
 
 
-def _output_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    result = graph.output_node().args[0]
-    items = result if isinstance(result, (list, tuple)) else (result,)
-    return [o for o in items if isinstance(o, torch.fx.Node)]
-
-
-def _commit_gm(c: _Commit, cap: Captured, graph: torch.fx.Graph, new: Mapping[str, torch.Tensor]) -> None:
-    live = {n.target for n in graph.nodes if n.op == "get_attr"}
+def _commit_gm(c: _Commit, cap: Captured, after: GraphSnapshot, new: Mapping[str, torch.Tensor]) -> None:
+    live = {after.node(k).target for k in after.constants if after.node(k).op == "get_attr"}
     for name in cap.snap.constants:
         node = cap.snap.node(name)
         if node.op == "get_attr" and node.target not in live and _attr_exists(cap.gm, node.target):
@@ -362,11 +390,86 @@ def _attr_exists(gm: torch.nn.Module, path: str) -> bool:
     return hasattr(owner, leaf)
 
 
+def _edit_graph(c: _Commit, cap: Captured, edit: _Edit) -> None:
+    graph, env = cap.gm.graph, edit.env
+    for new in edit.new:
+        c.insert(graph, new, env)
+    for rec in edit.changed:
+        c.reargue(env[rec.name], rec, env)
+    for name in reversed(edit.erased):
+        c.erase(graph, env[name])
+
+
+def _restore_code(gm: torch.fx.GraphModule) -> Callable[[], None]:
+    def undo() -> None:
+        with contextlib.suppress(Exception):
+            gm.recompile()
+
+    return undo
+
+
+def realize(
+    cap: Captured, after: GraphSnapshot, new: dict[str, torch.Tensor]
+) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
+    """Make the live program match ``after`` (its new constants computed: ``new``), in place; raises
+    _ApplyError, or re-raises a BaseException, with the program exactly as it was."""
+    try:
+        edit = _prepare(cap, after, new)
+    except _ApplyError:
+        raise
+    except Exception as e:  # preparing must not fail; if torch does, nothing was touched
+        raise _ApplyError("apply-failed", f"{type(e).__name__}: {e}") from e
+    c = _Commit()
+    try:
+        c.undo.append(_restore_code(cap.gm))
+        _edit_graph(c, cap, edit)
+        if isinstance(cap.program, ExportedProgram):
+            _commit_ep(c, cap, cap.program, new, after)
+        else:
+            _commit_gm(c, cap, after, new)
+        cap.gm.recompile()
+    except BaseException as e:  # every exit rolls back, Ctrl-C included
+        c.rollback()
+        if not isinstance(e, Exception):
+            raise
+        code = e.code if isinstance(e, _ApplyError) else "apply-failed"
+        raise _ApplyError(code, f"commit failed and was rolled back: {type(e).__name__}: {e}") from e
+    kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
+    added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
+    dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
+    return added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
+
+
 def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     seen: dict[int, int] = {}
     for t in tensors.values():
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        if not t.is_meta:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(seen.values())
+
+
+def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Tensor]:
+    memo: dict[object, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, info in after.constants.items():
+        if info.source is None:
+            continue
+        meta = sorted(k for k in sources(info.source) if cap.tensors[k].is_meta)
+        if meta:
+            raise _ApplyError(
+                "meta-tensor",
+                f"{cap.snap.constants[meta[0]].key} is on the meta device: there is no data to compute {name} from"
+                " (load the weights first, or plan with dry_run=True)",
+            )
+        try:
+            t = materialize(info.source, cap.tensors, memo)
+        except Exception as e:  # a torch error while computing a constant: abort cleanly
+            raise _ApplyError("materialize-failed", f"{name}: {e}") from e
+        got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        if got != (info.spec.shape, info.spec.dtype):
+            raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
+        out[name] = torch.nn.Parameter(t, requires_grad=False) if info.kind == "parameter" else t
+    return out
 
 
 def _non_finite(new: Mapping[str, torch.Tensor]) -> list[str]:
@@ -386,13 +489,20 @@ def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str]
     return out
 
 
-def _finite_plan(cap: Captured, rules: Sequence[Rule]) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
+def _finite_plan(
+    cap: Captured, rules: Sequence[Rule], *, dry_run: bool
+) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
     """Plan, compute the new constants, and decline (then plan again without) every plan whose
     constants are not finite; raises _ApplyError if a constant cannot be computed."""
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
-        new = _materialize_new(cap, report.after) if report.plans else {}
+        try:
+            new = _materialize_new(cap, report.after) if report.plans else {}
+        except _ApplyError as e:
+            if dry_run and e.code == "meta-tensor":  # a dry run reports the plans, without numbers
+                return report, {}
+            raise
         bad = _non_finite(new)
         more = {k: v for k, v in _culprits(report, bad).items() if k not in declined}
         if not bad:
@@ -400,35 +510,6 @@ def _finite_plan(cap: Captured, rules: Sequence[Rule]) -> tuple[RewriteReport, d
         if not more:
             raise _ApplyError("non-finite-weight", f"{bad[0]} is not finite and no plan computes it")
         declined.update(more)
-
-
-def realize(
-    cap: Captured, after: GraphSnapshot, new: dict[str, torch.Tensor]
-) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
-    """Make the live program match ``after`` (its new constants computed: ``new``); raises
-    _ApplyError with nothing changed."""
-    b = _Builder(cap=cap, after=after, tensors=new)
-    try:
-        for rec in after.nodes:
-            b.add(rec)
-        b.graph.lint()
-    except (KeyError, RuntimeError, ValueError, TypeError) as e:  # building the new graph failed: nothing was touched
-        raise _ApplyError("apply-failed", f"{type(e).__name__}: {e}") from e
-    c = _Commit()
-    try:
-        if isinstance(cap.program, ExportedProgram):
-            _commit_ep(c, cap, cap.program, b.graph, new, after)
-        else:
-            _commit_gm(c, cap, b.graph, new)
-        c.undo.append(_restore_graph(cap.gm))
-        cap.gm.graph = b.graph
-    except Exception as e:
-        c.rollback()
-        raise _ApplyError("apply-failed", f"commit failed and was rolled back: {type(e).__name__}: {e}") from e
-    kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
-    added = tuple(n.name for n in after.nodes if n.name in new)
-    dropped = tuple(n.name for n in cap.snap.nodes if n.name in cap.snap.constants and n.name not in after.constants)
-    return added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
 
 
 def _run(
@@ -474,16 +555,38 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def check_rules(rules: object) -> Sequence[Rule]:
+    """``rules`` as a sequence of rules, or a TypeError that says what was expected."""
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
+        raise TypeError(f"rules must be a list of rules such as [fuse_conv_bn()], got {type(rules).__name__}")
+    for r in rules:
+        if callable(r) and not hasattr(r, "plan_at"):
+            name = getattr(r, "__name__", repr(r))
+            raise TypeError(f"{name} makes a rule: call it ({name}()) and pass what it returns")
+        if not (isinstance(getattr(r, "name", None), str) and callable(getattr(r, "plan_at", None))):
+            raise TypeError(f"expected a rule (name, anchors, plan_at) such as fuse_conv_bn(), got {r!r}")
+    return rules
+
+
+def _with_unreachable(cap: Captured, report: RewriteReport, rules: Sequence[Rule]) -> RewriteReport:
+    """The report plus a typed decline for every candidate the rules cannot reach: in a control-flow
+    branch, or a module call of a ``symbolic_trace`` GraphModule."""
+    extra = [Rejection(rule=r.name, node=node, reason=reason) for r in rules for node, reason in unreachable(cap, r)]
+    return replace(report, rejections=(*report.rejections, *extra)) if extra else report
+
+
 def transform(
     program: Program, rules: Sequence[Rule], *, dry_run: bool = False
 ) -> Result[TransformOutcome, TransformError]:
     """Plan ``rules`` on ``program`` and apply them in place, all or nothing."""
+    check_rules(rules)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
         try:
-            report, new = _finite_plan(cap, rules)
+            report, new = _finite_plan(cap, rules, dry_run=dry_run)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))
+        report = _with_unreachable(cap, report, rules)
         if dry_run:
             return Success(TransformOutcome(report=report, changed=False))
         return _run(cap, report, new)

@@ -60,7 +60,10 @@ def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
     origin = origins(report)
     for p in report.plans:
         where = location(metas, origin(p.anchor))
-        out.append({"rule": p.rule, "anchor": p.anchor, "outcome": "will rewrite", "code": "", "message": "", **where})
+        instead = p.instead_of
+        outcome = "will rewrite" if instead is None else "fallback"
+        code, message = ("", "") if instead is None else (instead.code, instead.message)
+        out.append({"rule": p.rule, "anchor": p.anchor, "outcome": outcome, "code": code, "message": message, **where})
     for r in report.rejections:
         where = location(metas, origin(r.node))
         out.append(
@@ -76,18 +79,19 @@ def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
     return out
 
 
-def _counts(report: RewriteReport, rule: str) -> tuple[int, Counter[str]]:
-    """Plans of a rule, and its declines per reason code."""
+def _counts(report: RewriteReport, rule: str) -> tuple[int, Counter[str], Counter[str]]:
+    """Plans of a rule, its fallbacks per the reason they stand in for, its declines per reason."""
     planned = sum(1 for p in report.plans if p.rule == rule)
-    return planned, Counter(r.reason.code for r in report.rejections if r.rule == rule)
+    fallback = Counter(p.instead_of.code for p in report.plans if p.rule == rule and p.instead_of is not None)
+    return planned, fallback, Counter(r.reason.code for r in report.rejections if r.rule == rule)
 
 
 def summary(report: RewriteReport, rules: list[str]) -> dict[str, JSON]:
-    """Counts per rule: plans, and declines per reason code."""
+    """Counts per rule: plans (fallbacks among them, per reason), and declines per reason code."""
     out: dict[str, JSON] = {}
     for rule in rules:
-        planned, declined = _counts(report, rule)
-        out[rule] = {"planned": planned, "declined": dict(declined)}
+        planned, fallback, declined = _counts(report, rule)
+        out[rule] = {"planned": planned, "fallback": dict(fallback), "declined": dict(declined)}
     return out
 
 
@@ -125,8 +129,10 @@ def table(report: RewriteReport, metas: Metas, rules: list[str]) -> str:
             cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
             lines.append("  ".join([*cells, row[-1]]).rstrip())
     for rule in rules:
-        planned, declined = _counts(report, rule)
+        planned, fallback, declined = _counts(report, rule)
         reasons = ", ".join(f"{v} {k}" for k, v in sorted(declined.items()))
-        line = f"{rule}: {planned} to rewrite, {declined.total()} declined"
+        instead = ", ".join(f"{v} {k}" for k, v in sorted(fallback.items()))
+        line = f"{rule}: {planned} to rewrite" + (f" ({fallback.total()} by fallback: {instead})" if instead else "")
+        line += f", {declined.total()} declined"
         lines.append(line + (f" ({reasons})" if reasons else ""))
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
 from adapters.torchnames import dtype_name, is_edge, target_name
+from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import (
     Arg,
     ConstantInfo,
@@ -80,24 +81,29 @@ SMALL_VALUES = 4096
 
 
 def _values(t: torch.Tensor) -> tuple[int, ...] | None:
-    small = t.dim() <= 1 and t.numel() <= SMALL_VALUES
+    small = t.dim() <= 1 and t.numel() <= SMALL_VALUES and not t.is_meta
     integral = not (t.is_floating_point() or t.is_complex())
     return tuple(int(v) for v in t.reshape(-1).tolist()) if small and integral else None
 
 
 def _storage(t: torch.Tensor) -> str:
+    if t.is_meta:  # no data, no address: each meta tensor is its own storage
+        return f"meta-{id(t):x}"
     return f"{t.untyped_storage().data_ptr():x}"
 
 
 @dataclass
 class Captured:
-    """A program with its snapshot and the live objects behind it (adapter-internal)."""
+    """A program with its snapshot and the live objects behind it (adapter-internal); the module
+    calls and control-flow branches a rule cannot reach are kept to be reported."""
 
     program: Program
     gm: torch.fx.GraphModule
     snap: GraphSnapshot
     tensors: dict[str, torch.Tensor]
     specs: dict[str, InputSpec]
+    module_calls: list[tuple[str, str, str]] = field(default_factory=list)  # node, canonical target, class
+    branches: list[tuple[str, torch.fx.GraphModule]] = field(default_factory=list)  # attribute, graph
 
 
 def _tensor_of(ep: ExportedProgram, spec: InputSpec) -> torch.Tensor | None:
@@ -156,6 +162,8 @@ def capture_program(program: Program) -> Captured:
     nodes: list[NodeSnapshot] = []
     constants: dict[str, ConstantInfo] = {}
     tensors: dict[str, torch.Tensor] = {}
+    calls: list[tuple[str, str, str]] = []
+    branches: list[tuple[str, torch.fx.GraphModule]] = []
     edge = False
     for n in gm.graph.nodes:
         if n.op == "call_function":
@@ -163,6 +171,10 @@ def capture_program(program: Program) -> Captured:
             target = target_name(n.target)
         else:
             target = str(n.target)
+            if n.op == "call_module":
+                calls.extend(_module_call(gm, n))
+            elif n.op == "get_attr" and isinstance(branch := _attr(gm, target), torch.fx.GraphModule):
+                branches.append((target, branch))
             found = _constant(ep, gm, n, specs) if n.op in ("placeholder", "get_attr") else None
             if found is not None:
                 t, kind, key = found
@@ -183,7 +195,57 @@ def capture_program(program: Program) -> Captured:
     snap = snapshot(
         nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
     )
-    return Captured(program=program, gm=gm, snap=snap, tensors=tensors, specs=specs)
+    return Captured(program, gm, snap, tensors, specs, calls, branches)
+
+
+# modules whose calls (in a symbolic_trace GraphModule) stand for an ATen op a rule may anchor on
+_MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
+    (torch.nn.ConvTranspose1d, "aten.conv_transpose1d.input"),
+    (torch.nn.ConvTranspose2d, "aten.conv_transpose2d.input"),
+    (torch.nn.ConvTranspose3d, "aten.conv_transpose3d.input"),
+    (torch.nn.Conv1d, "aten.conv1d.default"),
+    (torch.nn.Conv2d, "aten.conv2d.default"),
+    (torch.nn.Conv3d, "aten.conv3d.default"),
+    (torch.nn.modules.batchnorm._BatchNorm, "aten.batch_norm.default"),
+    (torch.nn.Linear, "aten.linear.default"),
+    (torch.nn.ReLU, "aten.relu.default"),
+)
+
+
+def _module_call(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[tuple[str, str, str]]:
+    module = _attr(gm, str(n.target))
+    found = next((t for cls, t in _MODULE_OPS if isinstance(module, cls)), None)
+    return [(n.name, found, type(module).__name__)] if found is not None else []
+
+
+def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
+    try:
+        return list(rule.anchors(snap))
+    except Exception:  # a hand-written rule that cannot read a probe snapshot has nothing to report there
+        return []
+
+
+def unreachable(cap: Captured, rule: Any) -> list[tuple[str, Reason]]:
+    """The candidates of ``rule`` that fxpure does not rewrite, each with a typed reason: a module
+    call in a ``symbolic_trace`` GraphModule (its parameters live in the module), and the nodes of
+    control-flow branches (``torch.cond``: only the top-level graph is rewritten)."""
+    out: list[tuple[str, Reason]] = []
+    for name, target, cls in cap.module_calls:
+        probe = snapshot([NodeSnapshot(name=name, op="call_function", target=target)], {})
+        if any(a.name == name for a in _anchors(rule, probe)):
+            detail = (
+                f"{name} calls an nn.{cls} module (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
+                " capture the model with torch.export and apply the rule to that"
+            )
+            out.append((name, Declined(code="module-call", node=name, detail=detail)))
+    for attr, branch in cap.branches:
+        inner = capture_program(branch)
+        for a in _anchors(rule, inner.snap):
+            where = f"{attr}.{a.name}"
+            detail = f"{a.name} is in {attr}, a control-flow branch: fxpure rewrites the top-level graph only"
+            out.append((where, Declined(code="in-subgraph", node=where, detail=detail)))
+        out.extend(unreachable(inner, rule))
+    return out
 
 
 def capture(program: Program) -> GraphSnapshot:

@@ -67,7 +67,7 @@ class Family:
         commutes = self.commutes if self.commutes == other.commutes else None
         return Family(
             f"{self.name}|{other.name}",
-            f"{self.noun} or {other.noun}",
+            self.noun if self.noun == other.noun else f"{self.noun} or {other.noun}",
             {**self.schemas, **other.schemas},
             self.normalize if self.normalize is other.normalize else _both(self, other),
             commutes,
@@ -209,6 +209,11 @@ PERMUTE = family(
     [f"aten.{op}.default(Tensor self, int[] dims) -> Tensor" for op in ("permute", "permute_copy")],
 )
 TRANSPOSE = family("t", "a transpose", [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("t", "t_copy")])
+TRANSPOSE_DIMS = family(
+    "transpose",
+    "a transpose",
+    [f"aten.{op}.int(Tensor self, int dim0, int dim1) -> Tensor" for op in ("transpose", "transpose_copy")],
+)
 VIEW = family(
     "view",
     "a view",
@@ -229,6 +234,14 @@ SQUEEZE = family(
         f"aten.{op}.{ov}(Tensor self, {t} dim) -> Tensor"
         for op in ("squeeze", "squeeze_copy")
         for ov, t in (("dim", "int"), ("dims", "int[]"))
+    ],
+)
+SLICE = family(
+    "slice",
+    "a slice",
+    [
+        f"aten.{op}.Tensor(Tensor self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor"
+        for op in ("slice", "slice_copy")
     ],
 )
 CAT = family("cat", "a concatenation", ["aten.cat.default(Tensor[] tensors, int dim=0) -> Tensor"])
@@ -270,6 +283,14 @@ SUB = family(
     [
         f"aten.sub.Tensor{_BINARY.format(other='Tensor', alpha=', *, Scalar alpha=1')}",
         f"aten.sub.Scalar{_BINARY.format(other='Scalar', alpha=', Scalar alpha=1')}",
+    ],
+)
+RSUB = family(
+    "rsub",
+    "a reversed subtraction",
+    [
+        "aten.rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+        "aten.rsub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
     ],
 )
 
@@ -314,9 +335,11 @@ STANDARD: tuple[Family, ...] = (
     MM,
     PERMUTE,
     TRANSPOSE,
+    TRANSPOSE_DIMS,
     VIEW,
     UNSQUEEZE,
     SQUEEZE,
+    SLICE,
     CAT,
     SPLIT,
     RELU,
@@ -325,6 +348,7 @@ STANDARD: tuple[Family, ...] = (
     DIV,
     ADD,
     SUB,
+    RSUB,
     DEQUANTIZE,
     QUANTIZE_PER_TENSOR,
 )

@@ -20,22 +20,24 @@ WEIGHT_T = PERMUTE | TRANSPOSE
 
 
 def _parts(
-    name: str, input: Pattern | None, weight: Pattern | None, bias: Pattern | None, code: str
+    name: str, input: Pattern | None, weight: Pattern | None, bias: Pattern | None, code: str, shared: str
 ) -> tuple[Pattern, Pattern, Pattern, Op, Op]:
     x = input if input is not None else Var("x")
     w = weight if weight is not None else Const("w")
     b = bias if bias is not None else Const("b", optional=True)
-    t = Op(WEIGHT_T, name=f"{name}_t", code=code, self=w, dims=Lit((1, 0)))
+    t = Op(WEIGHT_T, name=f"{name}_t", code=code, shared=shared, self=w, dims=Lit((1, 0)))
     flat = Op(VIEW, name=f"{name}_in", users=ANY, code=code, self=x)
     return x, w, b, t, flat
 
 
 def _products(
-    name: str, x: Pattern, b: Pattern, t: Op, users: Users, code: str, user: Op | None = None
+    name: str, x: Pattern, b: Pattern, t: Op, users: Users, code: str, shared: str, user: Op | None = None
 ) -> tuple[Op, Op]:
     one = Lit(1, 1.0)
-    addmm = Op(ADDMM, name=name, users=users, code=code, user=user, self=b, mat1=x, mat2=t, beta=one, alpha=one)
-    return addmm, Op(MM, name=name, users=users, code=code, user=user, self=x, mat2=t)
+    addmm = Op(
+        ADDMM, name=name, users=users, code=code, shared=shared, user=user, self=b, mat1=x, mat2=t, beta=one, alpha=one
+    )
+    return addmm, Op(MM, name=name, users=users, code=code, shared=shared, user=user, self=x, mat2=t)
 
 
 def linear(
@@ -46,6 +48,7 @@ def linear(
     bias: Pattern | None = None,
     users: Users = ONE,
     code: str = "wrong-op",
+    shared: str = "output-shared",
 ) -> OneOf:
     """``y = x @ W.T + b`` in any spelling, as the operand of another op. Binds the product as
     ``name`` (``linear``, ``addmm`` or ``mm``), the weight transpose as ``{name}_t`` and the
@@ -56,15 +59,15 @@ def linear(
     >>> [type(a).__name__ for a in linear().alternatives]
     ['Op', 'Op', 'Op', 'Op', 'Op']
     """
-    x, w, b, t, flat = _parts(name, input, weight, bias, code)
-    addmm, mm = _products(name, x, b, t, users, code)
-    addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code)
+    x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
+    addmm, mm = _products(name, x, b, t, users, code, shared)
+    addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared)
     return OneOf(
-        Op(LINEAR, name=name, users=users, code=code, input=x, weight=w, bias=b),
+        Op(LINEAR, name=name, users=users, code=code, shared=shared, input=x, weight=w, bias=b),
         addmm,
         mm,
-        Op(VIEW, name=f"{name}_out", users=users, code=code, self=addmm_nd),
-        Op(VIEW, name=f"{name}_out", users=users, code=code, self=mm_nd),
+        Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=addmm_nd),
+        Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=mm_nd),
     )
 
 
@@ -75,14 +78,15 @@ def linear_root(
     weight: Pattern | None = None,
     bias: Pattern | None = None,
     code: str = "wrong-op",
+    shared: str = "output-shared",
 ) -> OneOf:
     """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm`` or
     ``mm``): the reshape after a rank > 2 product is matched as its one user, ``{name}_out``."""
-    x, w, b, t, flat = _parts(name, input, weight, bias, code)
-    out = Op(VIEW, name=f"{name}_out", code=code)
-    addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, user=out)
-    addmm, mm = _products(name, x, b, t, ONE, code)
-    return OneOf(Op(LINEAR, name=name, code=code, input=x, weight=w, bias=b), addmm_nd, mm_nd, addmm, mm)
+    x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
+    out = Op(VIEW, name=f"{name}_out", code=code, shared=shared)
+    addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared, user=out)
+    addmm, mm = _products(name, x, b, t, ONE, code, shared)
+    return OneOf(Op(LINEAR, name=name, code=code, shared=shared, input=x, weight=w, bias=b), addmm_nd, mm_nd, addmm, mm)
 
 
 @final

@@ -140,7 +140,7 @@ class Op:
     """A node of ``family`` whose arguments (by schema name) match sub-patterns; a plain value is
     ``Lit(value)``. An inner node must be read by its parent only (``users=ONE``) unless
     ``users=ANY``; ``user=`` matches the node's one consumer; ``out=i`` reads a tuple-output op
-    through ``getitem(·, i)`` (all its users must); ``commute=True`` tries the family's two
+    through ``getitem(·, i)`` (all its users must: checked after its arguments); ``commute=True`` tries the family's two
     commuting arguments both ways. ``code``/``shared``/``out_code`` name the three reasons.
     ``transparent=True``: reasons about its operands name the node and argument that read it
     (a dequantized weight that is not a constant is "weight of conv", not "input of dq")."""
@@ -391,8 +391,8 @@ class _State:
     def fork(self) -> _State:
         return _State(self.snap, dict(self.bindings), dict(self.sites), list(self.erase), list(self.prune), self.depth)
 
-    def bind(self, name: str | None, value: Binding, site: Site) -> Reason | None:
-        self.depth += 1
+    def bind(self, name: str | None, value: Binding, site: Site, *, count: bool = True) -> Reason | None:
+        self.depth += count
         if name is None:
             return None
         if name in self.bindings:
@@ -497,23 +497,26 @@ def _op(
         bad: Malformed = bound.failure()
         return replace(bad, path=path)
     args = bound.unwrap()
+    st.depth += 1  # the op itself matched: an alternative that gets here got further than a wrong op
     uses: tuple[str, ...] = (node.name,)
+    stray: NodeSnapshot | None = None  # a user reading another tuple element (reported after the arguments)
     if p.out is not None and p.family.schemas[node.target].tuple_output:
         items = st.snap.users_of(node.name)
-        for u in items:
-            if u.target != "getitem" or u.args[1:2] != (p.out,):
-                return TupleUsed(code=p.out_code, node=node.name, user=u.name, index=p.out, path=f"{path}.out")
-        uses = tuple(u.name for u in items)
+        stray = next((u for u in items if u.target != "getitem" or u.args[1:2] != (p.out,)), None)
+        uses = tuple(u.name for u in items if u is not stray)
     if reader is not None and p.users == ONE:
         others = tuple(u for u in st.snap.users.get(node.name, ()) if u != reader)
         if others:
             return OutputShared(code=p.shared, node=node.name, users=others, path=path)
-    err = st.bind(p.name, Bound(node=node, family=p.family, args=args, uses=uses), Site(node.name, "output", path))
+    bound_op = Bound(node=node, family=p.family, args=args, uses=uses)
+    err = st.bind(p.name, bound_op, Site(node.name, "output", path), count=False)  # counted on matching
     if err is not None:
         return err
     (st.erase if reader is None or p.users == ONE else st.prune).append(node.name)
     st.erase.extend(u for u in uses if u != node.name)
     err = _arguments(p, args, node, path, st, seen_as)
+    if err is None and stray is not None and p.out is not None:
+        return TupleUsed(code=p.out_code, node=node.name, user=stray.name, index=p.out, path=f"{path}.out")
     if err is None and p.user is not None:
         err = _consumer(p, node, uses, path, st)
     return err
@@ -777,9 +780,14 @@ class Planner:
     Names are local to the plan (``rewrite`` makes them unique); new nodes inherit metadata
     from ``provenance`` (by default the matched node they re-spell, else the anchor)."""
 
-    def __init__(self, rule: str, m: Match) -> None:
+    def __init__(self, rule: str, m: Match, *, also: Sequence[Match] = (), anchor: str | None = None) -> None:
+        """A planner for match ``m``; ``also``: more matches the same plan rewrites (one plan for a
+        group, such as parallel linears), whose matched nodes it erases or prunes too; ``anchor``:
+        the candidate the plan is reported at (default: ``m``'s)."""
         self.rule = rule
         self.match = m
+        self.also = tuple(also)
+        self.anchor = anchor or m.anchor
         self._constants: list[NewConstant] = []
         self._nodes: list[NewNode] = []
 
@@ -812,7 +820,7 @@ class Planner:
                 args=args,
                 kwargs=pmap(kwargs or {}),
                 spec=spec,
-                provenance=provenance or self.match.anchor,
+                provenance=provenance or self.anchor,
                 source_fn=source_fn,
             )
         )
@@ -864,17 +872,21 @@ class Planner:
         dropped once nothing reads them)."""
         return self.finish([(op, new)])
 
-    def finish(self, moves: Sequence[tuple[Bound, NodeRef]]) -> RewritePlan:
-        """The plan with several moves of uses (each matched op's uses to its new node)."""
-        m = self.match
+    def finish(self, moves: Sequence[tuple[Bound, NodeRef]], *, erase: Sequence[Bound] | None = None) -> RewritePlan:
+        """The plan with several moves of uses (each matched op's uses to its new node). By default
+        every matched node is erased; ``erase`` names the only ones to erase (the rest of the match
+        stays, and its shared nodes are dropped only if nothing reads them any more)."""
+        matches = (self.match, *self.also)
+        matched = tuple(dict.fromkeys(n for m in matches for n in m.erase))
+        gone = matched if erase is None else tuple(dict.fromkeys(u for op in erase for u in (op.name, *op.uses)))
         return RewritePlan(
             rule=self.rule,
-            anchor=m.anchor,
+            anchor=self.anchor,
             constants=tuple(self._constants),
             nodes=tuple(self._nodes),
             replace=tuple((u, new.name) for op, new in moves for u in op.uses),
-            erase=m.erase,
-            prune=m.prune,
+            erase=gone,
+            prune=tuple(dict.fromkeys(n for m in matches for n in m.prune if n not in gone)),
         )
 
 
@@ -1004,7 +1016,8 @@ class PatternRule:
     planner: PlanFn = field(compare=False)
     reads: tuple[str, ...] = ()
     codes: frozenset[str] = frozenset()
-    candidate: Callable[[Bound], bool] | None = field(default=None, compare=False)
+    candidate: Callable[[Bound, GraphSnapshot], bool] | None = field(default=None, compare=False)
+    fallback: PatternRule | None = None
 
     def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
         """Every call of the root's family (through the snapshot's index by target) that is a candidate."""
@@ -1014,8 +1027,18 @@ class PatternRule:
         return calls if keep is None else [n for n in calls if _is_candidate(tops, snap, n, keep)]
 
     def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
-        """The plan at ``node``, or the typed, located reason there is none."""
-        return match(self.pattern, snap, node).bind(self._finish)
+        """The plan at ``node``, or the typed, located reason there is none; when the rule declines
+        and its fallback applies there, the fallback's plan, which records the reason it replaces."""
+        result = match(self.pattern, snap, node).bind(self._finish)
+        if not isinstance(result, Failure) or self.fallback is None:
+            return result
+        reason: Reason = result.failure()
+        other = self.fallback.plan_at(snap, node)
+        return (
+            result
+            if isinstance(other, Failure)
+            else Success(replace(other.unwrap(), rule=self.name, instead_of=reason))
+        )
 
     def _finish(self, m: Match) -> Result[RewritePlan, Reason]:
         for check in self.checks:
@@ -1035,11 +1058,15 @@ class PatternRule:
         return Attempt(rule=self.name, anchor=node.name, reason=err, bindings=pmap(st.bindings), depth=st.depth)
 
 
-def _is_candidate(tops: Sequence[Op], snap: GraphSnapshot, node: NodeSnapshot, keep: Callable[[Bound], bool]) -> bool:
+def _is_candidate(
+    tops: Sequence[Op], snap: GraphSnapshot, node: NodeSnapshot, keep: Callable[[Bound, GraphSnapshot], bool]
+) -> bool:
     """A node whose arguments do not even bind is a candidate: it is reported as malformed."""
     family = next(op.family for op in tops if node.target in op.family.schemas)
     args = family.bind(snap, node)
-    return isinstance(args, Failure) or keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)))
+    if isinstance(args, Failure):
+        return True
+    return keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)), snap)
 
 
 def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
@@ -1051,15 +1078,23 @@ def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
 
 
 def rule(
-    name: str, pattern: Root, *checks: Check, plan: PlanFn, candidate: Callable[[Bound], bool] | None = None
+    name: str,
+    pattern: Root,
+    *checks: Check,
+    plan: PlanFn,
+    candidate: Callable[[Bound, GraphSnapshot], bool] | None = None,
+    fallback: PatternRule | None = None,
 ) -> PatternRule:
     """A rule from a pattern, checks (``need.*``) run in order after it matches, and a planner.
 
     ``plan(p, **bindings)`` takes a :class:`Planner` first, then bound values by keyword: its
     parameter names must be names the pattern binds (those bound only in some alternatives need
-    a default). ``candidate(root)`` narrows which calls of the root's family the rule considers
+    a default). ``candidate(root, snap)`` narrows which calls of the root's family the rule considers
     at all (a grouped-conv rule ignores convs with ``groups=1``); every candidate ends as a plan
-    or a typed reason. Everything is checked here, when the rule is built.
+    or a typed reason. ``fallback``: another rule tried where this one declines; its plan is
+    reported as this rule's, with ``instead_of`` the reason it stands in for (a quantized conv no
+    kernel takes is dequantized to run in float, say). Everything is checked here, when the rule
+    is built.
     """
     if not isinstance(pattern, Op | OneOf) or any(not isinstance(a, Op | OneOf) for a in _alternatives(pattern)):
         raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {pattern!r}")
@@ -1087,7 +1122,7 @@ def rule(
         codes |= check.codes
     if any(v > 1 for v in _bound_twice(pattern).values()):
         codes.add("binding-conflict")
-    return PatternRule(name, pattern, tuple(checks), plan, tuple(reads), frozenset(codes), candidate)
+    return PatternRule(name, pattern, tuple(checks), plan, tuple(reads), frozenset(codes), candidate, fallback)
 
 
 def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot) -> Attempt:

@@ -59,7 +59,8 @@ class RewritePlan:
     New nodes go, in order, just before the earliest node whose uses they take.
     ``erase`` nodes must end unused; ``prune`` nodes (which other plans may
     still read, such as a shared dequantize) go only if they do. Constants
-    left without users by the rewrite are dropped.
+    left without users by the rewrite are dropped. ``instead_of``: the plan is
+    a rule's fallback for a candidate it declined, for this reason.
     """
 
     rule: str
@@ -69,11 +70,13 @@ class RewritePlan:
     replace: tuple[tuple[str, str], ...] = ()
     erase: tuple[str, ...] = ()
     prune: tuple[str, ...] = ()
+    instead_of: Reason | None = None
 
     @property
     def claims(self) -> frozenset[str]:
-        """Existing nodes this plan consumes; two plans must not share one."""
-        return frozenset({self.anchor, *self.erase, *(old for old, _ in self.replace)})
+        """Existing nodes this plan consumes (erases, or takes the uses of); two plans must not
+        share one. The anchor is not claimed unless consumed: a group's shared input is not."""
+        return frozenset({*self.erase, *(old for old, _ in self.replace)})
 
 
 @final
@@ -349,7 +352,8 @@ def plan(
     """Run rules in order; each stage plans on the previous stage's rewritten snapshot.
 
     Every candidate ends as a plan or a rejection; overlapping plans: the first
-    in topological order wins. ``declined`` maps ``(rule, anchor)`` to a reason
+    in topological order wins; a candidate a later stage of the same rule rewrites is not
+    also listed as declined by an earlier one. ``declined`` maps ``(rule, anchor)`` to a reason
     found outside the core (an adapter that computed a weight, say): those
     candidates are rejected with it.
 
@@ -385,6 +389,9 @@ def plan(
         else:
             current = step.unwrap()
         stages.append(tuple(accepted))
+        # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
+        done = {(rule.name, p.anchor) for p in accepted}
+        rejections = [r for r in rejections if (r.rule, r.node) not in done]
     return RewriteReport(
         plans=tuple(p for s in stages for p in s),
         rejections=tuple(rejections),

@@ -307,6 +307,10 @@ class NonFinite(Reason):
         return f"{self.node}: folding gives inf or NaN in {self.constant} ({self.dtype})"
 
 
-GENERIC_CODES = frozenset({"malformed-node", "plan-conflict", "bad-weight-expr", "non-finite-weight"})
+GENERIC_CODES = frozenset(
+    {"malformed-node", "plan-conflict", "bad-weight-expr", "non-finite-weight", "module-call", "in-subgraph"}
+)
 """Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
-overlaps another, a derived weight that is ill-typed or (found by the adapter) not finite."""
+overlaps another, a derived weight that is ill-typed; and, found by the adapter, a weight that
+computes to inf or NaN, a candidate that is an ``nn.Module`` call (``symbolic_trace``), or one in
+a control-flow branch."""

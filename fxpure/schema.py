@@ -196,8 +196,8 @@ def bind(node: NodeSnapshot, schema: Schema) -> Result[PMap[str, Arg], Malformed
 
     >>> s = parse_schema("aten.mm.default(Tensor self, Tensor mat2) -> Tensor")
     >>> n = NodeSnapshot(name="mm", op="call_function", target="aten.mm.default", args=(NodeRef("a"), 2))
-    >>> dict(bind(n, s).unwrap())
-    {'self': NodeRef(name='a'), 'mat2': 2}
+    >>> sorted(bind(n, s).unwrap().items())
+    [('mat2', 2), ('self', NodeRef(name='a'))]
     >>> bind(NodeSnapshot(name="mm", op="call_function", target="t", args=(NodeRef("a"),)), s).failure().message
     "mm: missing argument 'mat2'"
     """

@@ -48,7 +48,7 @@ def test_kernels_declines_and_exact_numerics(name: str) -> None:
     model, x = model_and_input(name)
     ep = quantize(model, x).exported_program()
     original = copy.deepcopy(ep)
-    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     want_kernels, want_codes = EXPECTED[name]
     assert kernels(ep) == Counter(want_kernels)
     assert codes(report) == want_codes
@@ -64,7 +64,7 @@ def test_packing_is_bit_identical_to_upstream(name: str) -> None:
     ep = quantize(model, x).exported_program()
     theirs = copy.deepcopy(ep)
     assert upstream_pack(theirs) == sum(EXPECTED[name][0].values())
-    adapters.transform(ep, [quantized_conv()]).unwrap()
+    adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap()
     ours, upstream = q8ta_calls(ep), q8ta_calls(theirs)
     assert len(ours) == len(upstream) > 0
     for a, b in zip(ours, upstream, strict=True):
@@ -80,7 +80,7 @@ def test_grouped_pointwise_takes_the_general_kernel() -> None:
     theirs = copy.deepcopy(ep)
     upstream_pack(theirs)
     assert "q8ta_conv2d_pw" in kernels(theirs)  # upstream: a kernel that ignores groups
-    adapters.transform(ep, [quantized_conv()]).unwrap()
+    adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap()
     grouped_1x1 = [n for n in ep.graph.nodes if "q8ta" in str(n.target) and n.args[9] == [1, 1]]
     assert len(grouped_1x1) == 1 and "q8ta_conv2d.default" in str(grouped_1x1[0].target)
     assert grouped_1x1[0].args[-2] == 2
@@ -94,7 +94,7 @@ def test_odd_depthwise_declined_where_upstream_asserts() -> None:
     ep = quantize(model, x).exported_program()
     with pytest.raises(AssertionError, match="divisible by 4"):
         upstream_pack(copy.deepcopy(ep))
-    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     (rejection,) = report.rejections
     assert rejection.reason.message.endswith("depthwise output channels is 6, not a multiple of 4")
 
@@ -106,7 +106,7 @@ def test_asymmetric_weight_declined() -> None:
     ep.state_dict[zero_points[0]][0] = 3
     original = copy.deepcopy(ep)
     assert upstream_pack(copy.deepcopy(ep)) == 2  # upstream packs it as if symmetric
-    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     assert codes(report) == ["asymmetric-weight"] and len(report.plans) == 1
     assert_exact(ep, original, report, x)
 
@@ -131,7 +131,7 @@ def test_shared_weight_packed_once() -> None:
     original = copy.deepcopy(ep)
     with pytest.raises(ValueError):  # upstream packs the weight, then cannot unpack it for the second conv
         upstream_pack(copy.deepcopy(ep))
-    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     assert len(report.plans) == 2
     packed = [s.target for s in ep.graph_signature.input_specs if s.target and s.target.endswith("_packed")]
     assert len(packed) == 1
@@ -145,7 +145,7 @@ def test_per_tensor_weights() -> None:
     original = copy.deepcopy(ep)
     with pytest.raises(AssertionError):  # upstream's detector expects a scales tensor
         upstream_pack(copy.deepcopy(ep))
-    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     assert codes(report) == [] and len(report.plans) == 6
     assert_exact(ep, original, report, x)
 
@@ -156,7 +156,7 @@ def test_dynamic_batch() -> None:
     batch = torch.export.Dim("batch", min=1, max=8)
     ep = quantize(model, x, dynamic=({0: batch},)).exported_program()
     original = copy.deepcopy(ep)
-    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     assert len(report.plans) == 6
     node = next(n for n in ep.graph.nodes if "q8ta" in str(n.target))
     assert not isinstance(node.meta["val"].shape[0], int) and node.meta["val"].dtype == torch.int8
@@ -168,7 +168,7 @@ def test_pass_in_edge_manager_then_vulkan_and_executorch() -> None:
     model, x = model_and_input("mobilenet")
     manager = quantize(model, x)
     ep = manager.exported_program()
-    manager = manager.transform([QuantizedConvolutionPass(ep)])
+    manager = manager.transform([QuantizedConvolutionPass(ep, fallback="none")])
     assert kernels(manager.exported_program()) == Counter(EXPECTED["mobilenet"][0])
     assert dead_constants(manager.exported_program()) == []
     pte = manager.to_backend(VulkanPartitioner()).to_executorch()

@@ -87,3 +87,114 @@ def test_fold_that_overflows_is_declined_and_the_rest_applies(form: str) -> None
     got = run(program, x)
     assert torch.isfinite(got[0]).all()
     assert torch.equal(got[0], want[0]) or (got[0].float() - want[0].float()).abs().max() <= 1e-2 * want[0].abs().max()
+
+
+class NoneOutputs(nn.Module):
+    """Hugging Face style: outputs that are None or Python constants next to tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None, int]:
+        return self.bn(self.conv(x)), None, 3
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_outputs_that_are_none_or_constants(form: str) -> None:
+    model, x = randomize_bn(NoneOutputs()), (torch.randn(1, 3, 8, 8),)
+    with torch.no_grad():
+        want = model(*x)
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    module = program.module() if isinstance(program, torch.export.ExportedProgram) else program
+    with torch.no_grad():
+        got = module(*x)
+    assert got[1] is None and got[2] == 3
+    assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_meta_device_weights_are_a_clean_failure() -> None:
+    with torch.device("meta"):
+        model = NoneOutputs().eval()
+    program = torch.export.export(model, (torch.randn(1, 3, 8, 8, device="meta"),))
+    before = str(program.graph)
+    result = adapters.transform(program, [fuse_conv_bn()])
+    assert result.failure().code == "meta-tensor" and "meta device" in result.failure().message
+    assert str(program.graph) == before
+    planned = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap()
+    assert len(planned.report.plans) == 1  # planning needs no data
+
+
+def test_misused_rules_are_a_type_error_that_says_what_was_expected() -> None:
+    program = build(randomize_bn(NoneOutputs()), (torch.randn(1, 3, 8, 8),), "aten")
+    with pytest.raises(TypeError, match=r"fuse_conv_bn makes a rule: call it \(fuse_conv_bn\(\)\)"):
+        adapters.transform(program, [fuse_conv_bn])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="rules must be a list of rules"):
+        adapters.transform(program, fuse_conv_bn())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a rule"):
+        adapters.transform(program, ["fuse-conv-bn"])  # type: ignore[list-item]
+
+
+class Training(nn.Module):
+    def __init__(self, track: bool = True) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=track)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bn(self.conv(x))
+        return out
+
+
+@pytest.mark.parametrize(("train", "track"), [(True, True), (False, False)])
+def test_training_and_statless_batch_norms_in_edge_are_declined_not_skipped(train: bool, track: bool) -> None:
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    model = Training(track).train(train)
+    functional = torch.ops.aten._native_batch_norm_legit_functional.default
+    config = EdgeCompileConfig(_core_aten_ops_exception_list=[functional])
+    program = to_edge(torch.export.export(model, (torch.randn(2, 3, 8, 8),)), compile_config=config).exported_program()
+    targets = {str(n.target) for n in program.graph.nodes if "batch_norm" in str(n.target)}
+    assert any("functional" in t or "no_stats" in t for t in targets), targets
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert outcome.report.plans == ()
+    assert [r.reason.code for r in outcome.report.rejections] == ["bn-training-mode"]
+
+
+class Branches(nn.Module):
+    """conv + BN in both branches of a torch.cond, and one outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.b0 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.c1, self.b1 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.c2, self.b2 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b0(self.c0(x))
+        out: torch.Tensor = torch.cond(y.sum() > 0, lambda t: self.b1(self.c1(t)), lambda t: self.b2(self.c2(t)), (y,))
+        return out
+
+
+def test_batch_norms_in_control_flow_branches_are_declined_with_a_reason() -> None:
+    model, x = randomize_bn(Branches()), (torch.randn(1, 3, 4, 4),)
+    with torch.no_grad():
+        want = model(*x)
+    program = torch.export.export(model, x)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert len(outcome.report.plans) == 1  # the top-level pair
+    declined = sorted((r.node, r.reason.code) for r in outcome.report.rejections)
+    assert [code for _, code in declined] == ["in-subgraph", "in-subgraph"]
+    assert {node.split(".")[0] for node, _ in declined} == {"true_graph_0", "false_graph_0"}
+    with torch.no_grad():
+        assert torch.allclose(program.module()(*x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reason() -> None:
+    gm = torch.fx.symbolic_trace(randomize_bn(Training()))
+    outcome = adapters.transform(gm, [fuse_conv_bn()]).unwrap()
+    assert outcome.report.plans == ()
+    (declined,) = outcome.report.rejections
+    assert declined.node == "bn" and declined.reason.code == "module-call"
+    assert "torch.export" in declined.reason.message

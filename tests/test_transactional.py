@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -98,3 +99,82 @@ def test_graph_module_commit_failure_rolls_back(monkeypatch: pytest.MonkeyPatch)
     assert gm.code == code
     after = gm.state_dict()
     assert after.keys() == params.keys() and all(torch.equal(after[k], params[k]) for k in params)
+
+
+def _fail_on_call(n: int, exc: BaseException) -> Callable[..., Any]:
+    """A wrapper factory: the wrapped function raises ``exc`` on its ``n``-th call."""
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        calls = {"n": 0}
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise exc
+            return real(*args, **kwargs)
+
+        return fn
+
+    return wrap
+
+
+# every point of the in-place commit where something can go wrong (the call that fails: the second
+# one, after some edits were made; recompile runs once, after all of them)
+FAILURE_POINTS: dict[str, tuple[Any, str, int]] = {
+    "insert a node": (torch.fx.Graph, "create_node", 2),
+    "re-point arguments": (importlib.import_module("adapters.realize"), "_rebuild", 2),
+    "erase a node": (torch.fx.Graph, "erase_node", 2),
+    "recompile": (torch.fx.GraphModule, "recompile", 1),
+}
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+@pytest.mark.parametrize("point", sorted(FAILURE_POINTS))
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_every_commit_failure_point_rolls_back(
+    monkeypatch: pytest.MonkeyPatch, form: str, point: str, exc: BaseException
+) -> None:
+    model = randomize_bn(ResNetish())
+    x = example(model)
+    program = build(model, x, form)
+    gm = program.graph_module if isinstance(program, ExportedProgram) else program
+    before_graph, before_code = str(gm.graph), gm.code
+    before_state = {k: v.clone() for k, v in gm.state_dict().items()}
+    before_sig = [str(s) for s in program.graph_signature.input_specs] if isinstance(program, ExportedProgram) else []
+    with torch.no_grad():
+        want = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
+    owner, attr, call = FAILURE_POINTS[point]
+    monkeypatch.setattr(owner, attr, _fail_on_call(call, exc)(getattr(owner, attr)))
+    if isinstance(exc, KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):
+            adapters.transform(program, [fuse_conv_bn()])
+    else:
+        result = adapters.transform(program, [fuse_conv_bn()])
+        assert result.failure().code == "apply-failed" and "rolled back" in result.failure().message
+    monkeypatch.undo()
+    assert str(gm.graph) == before_graph and gm.code == before_code
+    after_state = gm.state_dict()
+    assert after_state.keys() == before_state.keys()
+    assert all(torch.equal(after_state[k], before_state[k]) for k in before_state)
+    if isinstance(program, ExportedProgram):
+        assert [str(s) for s in program.graph_signature.input_specs] == before_sig
+        validate(program)
+    gm.graph.lint()
+    with torch.no_grad():
+        got = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
+    assert torch.equal(got, want)
+    assert len(adapters.transform(program, [fuse_conv_bn()]).unwrap().report.plans) == 5  # and it still works
+
+
+def test_an_assertion_from_torch_fx_while_preparing_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "edge")
+    before = str(program.graph)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("fake mode mismatch")
+
+    monkeypatch.setattr(importlib.import_module("adapters.realize")._Fakes, "value", broken)
+    result = adapters.transform(program, [fuse_conv_bn()])
+    assert result.failure().code == "apply-failed" and "AssertionError" in result.failure().message
+    assert str(program.graph) == before

@@ -19,6 +19,7 @@ from fxpure.pattern import (
     ANY,
     Bound,
     Const,
+    Lit,
     Match,
     OneOf,
     Op,
@@ -33,7 +34,7 @@ from fxpure.pattern import (
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedDtype
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, TensorSpec
-from fxpure.weights import Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
+from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
 
 NAME = "quantized-conv"
 NOT_Q = "not-quantized"
@@ -297,12 +298,64 @@ def _plan(
     return Success(p.replace(q, qconv))
 
 
-def quantized_conv(align: int = 4) -> PatternRule:
+# the fallback: dq(x) -> conv(dq(int8 w)) that no q8ta kernel takes  =>  conv(float w), the weight
+# dequantized once into a constant: the chain runs in float between the activations' dequantize and
+# quantize (bit for bit what the dequantize computed), and no backend pattern mistakes it for a q8ta conv
+FALLBACK = Op(
+    CONV,
+    name="conv",
+    input=Op(DEQUANTIZE_PER_TENSOR, users=ANY),
+    weight=dequantized(
+        Const("wq"),
+        name="dqw",
+        scale=OneOf(Const("scales"), Scalar("scale")),
+        zero_point=OneOf(Const("zero_points"), Scalar("zero_point"), Lit(None)),
+    ),
+)
+
+
+def _dequantize_weight(
+    p: Planner,
+    conv: Bound,
+    dqw: Bound,
+    wq: WeightExpr,
+    scales: WeightExpr | None = None,
+    scale: float | None = None,
+    zero_points: WeightExpr | None = None,
+    zero_point: float | None = None,
+) -> RewritePlan:
+    axis = dqw.args.get("axis")
+    s = scales if scales is not None else Fill(shape=(), value=float(scale or 0.0), dtype="float32")
+    z = zero_points if zero_points is not None else Fill(shape=(), value=float(zero_point or 0), dtype="float32")
+    w_ref = dqw.ref("input")
+    weight = Dequantize(x=wq, scale=s, zero_point=z, axis=axis if isinstance(axis, int) else None)
+    kind = p.match.snap.constants[w_ref.name].kind
+    new = p.respell(conv, name=f"{conv.name}_float", weight=p.const(weight, f"{w_ref.name}_dequantized", kind=kind))
+    return p.finish([(conv, new)], erase=[conv])
+
+
+DEQUANTIZE_WEIGHT = rule("quantized-conv-fallback", FALLBACK, plan=_dequantize_weight)
+"""The fallback alone: dequantize the weight of every int8 conv into a float constant."""
+
+FALLBACKS: Mapping[str, PatternRule | None] = {"dequantize": DEQUANTIZE_WEIGHT, "none": None}
+"""Policies for a quantized conv the q8ta kernels cannot take."""
+
+
+def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
     """The int8 conv packing rule for ExecuTorch's Vulkan q8ta kernels; ``align`` is the texel width.
 
-    >>> "channel-alignment" in quantized_conv().codes
-    True
+    ``fallback`` is what happens to a quantized conv it declines: ``"dequantize"`` (the default)
+    dequantizes its int8 weight into a float constant, so the conv runs in float between the
+    activations' dequantize and quantize and the program still lowers through the Vulkan
+    partitioner (its own quantized-conv pattern would assert on such a conv); the plan records the
+    reason it stands in for (``instead_of``). ``"none"`` leaves the conv as it is.
+
+    >>> r = quantized_conv()
+    >>> "channel-alignment" in r.codes, r.fallback is not None, quantized_conv(fallback="none").fallback
+    (True, True, None)
     """
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
 
     def aligned(conv: Bound, match: Match) -> Reason | None:
         kernel = _kernel(conv, _geometry(conv, match.spec("wq")).unwrap(), align)
@@ -338,4 +391,5 @@ def quantized_conv(align: int = 4) -> PatternRule:
         need.check(_vectors, codes=("no-kernel", "malformed-node")),
         need.check(aligned, codes=("channel-alignment",)),
         plan=plan,
+        fallback=FALLBACKS[fallback],
     )

@@ -12,6 +12,7 @@ from returns.pipeline import is_successful
 import fxpure
 from fxpure import NodeRef, NodeSnapshot, plan, rewrite, verify
 from fxpure.rules import fuse_conv_bn
+from fxpure.testing import GraphBuilder
 from fxpure.weights import Source, fold_batch_norm, subexpressions
 from tests.core.build import BN_TARGETS, CONV_TARGETS, conv_bn, spec
 
@@ -191,3 +192,32 @@ def test_verify_detects_broken_invariants() -> None:
         g.nodes, {**g.constants, "zz": fxpure.ConstantInfo(kind="buffer", key="zz", spec=src.spec)}
     )
     assert verify(orphan).failure().node == "zz"
+
+
+def test_same_rule_twice_reports_each_candidate_once() -> None:
+    # conv -> bn1 -> bn2: the first stage fuses bn1 and declines bn2 (its producer is a BN);
+    # the second fuses bn2 into the fused conv: bn2 is planned, not also declined
+    g = GraphBuilder()
+    w, x = g.parameter("w", (4, 3, 3, 3)), g.input("x", (1, 3, 8, 8))
+    stats = {k: g.buffer(k, (4,)) for k in ("m1", "v1", "m2", "v2")}
+    c = g.call("aten.conv2d.default", name="conv", out=(1, 4, 6, 6), input=x, weight=w)
+    y = c
+    for i in (1, 2):
+        y = g.call(
+            "aten._native_batch_norm_legit_no_training.default",
+            name=f"bn{i}",
+            out=(spec(1, 4, 6, 6), spec(0), spec(0)),
+            input=y,
+            weight=None,
+            bias=None,
+            running_mean=stats[f"m{i}"],
+            running_var=stats[f"v{i}"],
+            momentum=0.1,
+            eps=1e-5,
+        )
+        y = g.getitem(y, 0, name=f"y{i}", out=(1, 4, 6, 6))
+    g.output(y)
+    once = plan(g.build(), [fuse_conv_bn()])
+    assert [p.anchor for p in once.plans] == ["bn1"] and [r.node for r in once.rejections] == ["bn2"]
+    twice = plan(g.build(), [fuse_conv_bn(), fuse_conv_bn()])
+    assert [p.anchor for p in twice.plans] == ["bn1", "bn2"] and twice.rejections == ()

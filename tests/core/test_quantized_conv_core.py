@@ -10,10 +10,11 @@ import pytest
 
 from fxpure import NodeRef, plan, snapshot, verify
 from fxpure.rules import quantized_conv
-from fxpure.weights import Fill, PadTo, Permute, Reshape, Source, SumOver, infer_spec, unpack
+from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, Source, SumOver, infer_spec, unpack
 from tests.core.build import qconv, spec
 
 W = "et_vk.q8ta_conv2d"
+QC = quantized_conv(fallback="none")  # declines only: the fallback is tested on its own below
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,7 @@ def test_no_relu_and_no_bias() -> None:
 )
 def test_rejections(knobs: dict[str, Any], code: str, message: str) -> None:
     g = qconv(**knobs)
-    report = plan(g, [quantized_conv()])
+    report = plan(g, [quantized_conv(fallback="none")])
     assert report.plans == () and report.after == g  # nothing half-applied
     (r,) = report.rejections
     assert r.rule == "quantized-conv" and r.node == "conv" and r.reason.code == code
@@ -125,7 +126,7 @@ def test_rejections(knobs: dict[str, Any], code: str, message: str) -> None:
 def test_unknown_zero_points_are_declined() -> None:
     g = qconv()
     unknown = replace(g.constants["zp"], values=None)  # e.g. too large to capture by value
-    (r,) = plan(snapshot(g.nodes, g.constants.set("zp", unknown), dialect="edge"), [quantized_conv()]).rejections
+    (r,) = plan(snapshot(g.nodes, g.constants.set("zp", unknown), dialect="edge"), [QC]).rejections
     assert r.reason.code == "asymmetric-weight" and "not a known constant" in r.reason.message
 
 
@@ -144,7 +145,7 @@ def test_shared_weight_stays_while_a_declined_conv_reads_it() -> None:
     # conv1 also feeds the output: declined, so its weight dequantize and the int8 weight stay
     out = replace(g.node("output"), args=((NodeRef("q1"), NodeRef("conv1")),))
     g2 = snapshot(g.nodes.set(g.index["output"], out), g.constants, dialect="edge")
-    report = plan(g2, [quantized_conv()])
+    report = plan(g2, [QC])
     assert [p.anchor for p in report.plans] == ["conv0"] and [r.node for r in report.rejections] == ["conv1"]
     after = verify(report.after).unwrap()
     assert {"w", "zp", "dqw1", "conv1"} <= set(after.index) and "dqw0" not in after.index
@@ -153,5 +154,42 @@ def test_shared_weight_stays_while_a_declined_conv_reads_it() -> None:
 def test_scales_of_the_wrong_length_are_malformed() -> None:
     g = qconv()
     short = replace(g.constants["scales"], spec=spec(4))
-    (r,) = plan(snapshot(g.nodes, g.constants.set("scales", short), dialect="edge"), [quantized_conv()]).rejections
+    (r,) = plan(snapshot(g.nodes, g.constants.set("scales", short), dialect="edge"), [QC]).rejections
     assert r.reason.code == "malformed-node" and "weight scales has shape (4,), expected (8,)" in r.reason.message
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code"),
+    [
+        ({"groups": 6, "cin": 6, "cout": 6}, "channel-alignment"),
+        ({"zeros": (0, 1, 0, 0, 0, 0, 0, 0)}, "asymmetric-weight"),
+        ({"transposed": True, "dilation": 2}, "no-kernel"),
+        ({"per_channel": False, "groups": 6, "cin": 6, "cout": 6}, "channel-alignment"),
+        ({"extra_user": True, "relu": False}, "conv-output-shared"),
+    ],
+)
+def test_a_conv_no_kernel_takes_falls_back_to_a_float_weight(knobs: dict[str, Any], code: str) -> None:
+    g = qconv(**knobs)
+    report = plan(g, [quantized_conv()])
+    (p,) = report.plans
+    assert report.rejections == () and p.rule == "quantized-conv" and p.anchor == "conv"
+    assert p.instead_of is not None and p.instead_of.code == code
+    after = verify(report.after).unwrap()
+    (weight,) = (c for c in after.constants.values() if c.source is not None)
+    scale = Source(key="scales", spec=g.constants["scales"].spec) if knobs.get("per_channel", True) else None
+    expr = weight.source
+    assert isinstance(expr, Dequantize) and expr.x == Source(key="w", spec=g.constants["w"].spec)
+    assert expr.axis == (None if scale is None else 1 if knobs.get("transposed") else 0)
+    assert expr.scale == (scale or Fill(shape=(), value=0.01, dtype="float32"))
+    assert weight.spec.dtype == "float32" and weight.spec.shape == g.constants["w"].spec.shape
+    # the conv reads the float weight; its input dequantize and output quantize stay; nothing q8ta
+    (conv,) = (n for n in after.nodes if n.target == "aten.convolution.default")
+    assert conv.args[1] == NodeRef(weight.key) and conv.args[0] == NodeRef("dqx0")
+    assert not any(n.target.startswith("et_vk") or n.name == "dqw0" for n in after.nodes)
+    assert "w" not in after.constants and any(n.target.endswith("quantize_per_tensor.default") for n in after.nodes)
+
+
+def test_what_is_not_a_quantized_conv_gets_no_fallback() -> None:
+    for knobs in ({"float_weight": True}, {"float_input": True}, {"weight_is_input": True}):
+        report = plan(qconv(**knobs), [quantized_conv()])  # type: ignore[arg-type]
+        assert report.plans == () and len(report.rejections) == 1

@@ -1,0 +1,159 @@
+"""check_plans: each plan checked on its own, the matched subgraph before against its replacement.
+
+For every plan of a report, the nodes it removes (and the shared ones it may drop) are run on
+random inputs of their recorded shapes, and so are its new nodes and constants; each output the
+plan redirects (``replace``: old -> new) must agree within a tolerance. A wrong plan is named,
+not just a wrong program. Plans whose ops have no CPU kernels (the Vulkan ``et_vk`` ops) or that
+read values with no known shape are reported as not checked, with the reason.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, final
+
+import torch
+from returns.result import Failure
+
+from adapters.snap import Captured, Program, capture_program
+from adapters.torchnames import dtype_of, resolve_target
+from adapters.weights import materialize
+from fxpure.plan import RewritePlan, RewriteReport, rewrite
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, refs
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanCheck:
+    """One plan's local check: ``ok`` None when it could not be run (``note`` says why)."""
+
+    rule: str
+    anchor: str
+    ok: bool | None
+    max_rel: float = 0.0
+    note: str = ""
+
+
+class _Skip(Exception):
+    """This plan cannot be evaluated on the host (the message says why)."""
+
+
+def _size(d: int | str, symbols: Mapping[str, int]) -> int:
+    return d if isinstance(d, int) else symbols.get(d, 2)
+
+
+def _random(spec: TensorSpec, symbols: Mapping[str, int], g: torch.Generator) -> torch.Tensor:
+    shape = [_size(d, symbols) for d in spec.shape]
+    dtype = dtype_of(spec.dtype)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -128), min(info.max, 127) + 1, shape, generator=g, dtype=dtype)
+
+
+def _value(arg: Arg, env: Mapping[str, Any]) -> Any:
+    if isinstance(arg, NodeRef):
+        return env[arg.name]
+    if isinstance(arg, tuple):
+        return [_value(a, env) for a in arg]
+    if isinstance(arg, DTypeArg):
+        return dtype_of(arg.name)
+    return arg
+
+
+def _run(node: NodeSnapshot, dialect: str, env: Mapping[str, Any]) -> Any:
+    if node.target.startswith("et_vk."):
+        raise _Skip("its et_vk kernels run in the Vulkan delegate (the CPU reference kernels do not undo the packing)")
+    fn = operator.getitem if node.target == "getitem" else resolve_target(node.target, dialect)
+    with torch.no_grad():
+        return fn(*(_value(a, env) for a in node.args), **{k: _value(v, env) for k, v in node.kwargs.items()})
+
+
+@dataclass
+class _Region:
+    """One side of a plan: nodes to run in order, reading ``env`` (inputs and constants)."""
+
+    snap: GraphSnapshot
+    cap: Captured
+    env: dict[str, Any]
+    symbols: Mapping[str, int]
+    g: torch.Generator
+
+    def get(self, name: str) -> Any:
+        if name not in self.env:
+            self.env[name] = self._outside(name)
+        return self.env[name]
+
+    def _outside(self, name: str) -> Any:
+        info = self.snap.constants.get(name)
+        if info is not None:
+            return self.cap.tensors[name] if info.source is None else materialize(info.source, self.cap.tensors)
+        spec = self.snap.node(name).tensor_spec
+        if spec is None:
+            raise _Skip(f"it reads {name}, whose value is not a tensor of known shape")
+        return _random(spec, self.symbols, self.g)
+
+    def run(self, nodes: list[NodeSnapshot], dialect: str) -> None:
+        local = {n.name for n in nodes}
+        for n in nodes:
+            for r in dict.fromkeys(r for a in (*n.args, *n.kwargs.values()) for r in refs(a)):
+                if r not in local:
+                    self.get(r)
+            self.env[n.name] = _run(n, dialect, self.env)
+
+
+def _rel(got: Any, want: Any) -> float:
+    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+        return 0.0 if got == want else float("inf")
+    if got.shape != want.shape:
+        return float("inf")
+    diff = (got.double() - want.double()).abs().max().item() if want.numel() else 0.0
+    scale = want.double().abs().max().item() if want.numel() else 1.0
+    return float(diff / (scale or 1.0))
+
+
+def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float, seed: int) -> PlanCheck:
+    removed = set(p.erase) | {old for old, _ in p.replace} | set(p.prune)
+    before_nodes = [n for n in snap.nodes if n.name in removed and n.op == "call_function"]
+    new_nodes = [
+        NodeSnapshot(name=n.name, op="call_function", target=n.target, args=n.args, kwargs=n.kwargs, spec=n.spec)
+        for n in p.nodes
+    ]
+    symbols: dict[str, int] = {}
+    inputs: dict[str, Any] = {}
+    try:
+        before = _Region(snap, cap, inputs, symbols, torch.Generator().manual_seed(seed))
+        before.run(before_nodes, snap.dialect)
+        gone = set(p.erase) | {old for old, _ in p.replace}  # a pruned node the replacement reads stays
+        shared = {k: v for k, v in before.env.items() if k not in gone}
+        after = _Region(snap, cap, dict(shared), symbols, torch.Generator().manual_seed(seed + 1))
+        for c in p.constants:  # (expressions read the program's own constants: derived ones are inlined)
+            after.env[c.name] = materialize(c.expr, cap.tensors)
+        after.run(new_nodes, snap.dialect)
+    except _Skip as e:
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {e}")
+    except Exception as e:  # an op that fails on these inputs says the plan is wrong, or the inputs are
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {type(e).__name__}: {e}")
+    worst = max((_rel(after.env[new], before.env[old]) for old, new in p.replace), default=0.0)
+    note = "" if worst <= tolerance else f"max relative difference {worst:.3g} > {tolerance:g}"
+    return PlanCheck(rule=p.rule, anchor=p.anchor, ok=worst <= tolerance, max_rel=worst, note=note)
+
+
+def check_plans(
+    program: Program | Captured, report: RewriteReport, *, tolerance: float = 1e-4, seed: int = 0
+) -> list[PlanCheck]:
+    """Check each plan of ``report`` (made on ``program`` before it was changed) on its own."""
+    cap = program if isinstance(program, Captured) else capture_program(program)
+    out: list[PlanCheck] = []
+    current = report.before
+    for i, stage in enumerate(report.stages or (report.plans,)):
+        out.extend(_check(cap, current, p, tolerance, seed + 2 * i) for p in stage)
+        step = rewrite(current, stage)
+        if isinstance(step, Failure):
+            break
+        current = step.unwrap()
+    return out

@@ -1,0 +1,155 @@
+"""Lowering pipelines end to end: passes that need no program in their constructor, in
+to_edge_transform_and_lower, EdgeProgramManager.transform and ExportedProgramPassManager; every
+quantized program, declined convs included, lowers through the Vulkan partitioner."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge, to_edge_transform_and_lower
+from executorch.exir.pass_manager import ExportedProgramPassManager
+
+import adapters
+from adapters.passes import FuseConvBatchNormPass, QuantizedConvolutionPass, RulesPass, SplitGroupConvolutionPass
+from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.rules.quantized_conv import DEQUANTIZE_WEIGHT
+from tests.models import QGrouped, QMobile, QOddDepthwise, QResNet, QTransposed, QTwin, ResNeXtish, randomize_bn
+from tests.programs import assert_close, run, run_pte
+from tests.quantized import pt2e
+
+
+def resnext() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    return randomize_bn(ResNeXtish()), (torch.randn(1, 16, 12, 12),)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FuseConvBatchNormPass(),
+        lambda: SplitGroupConvolutionPass(),
+        lambda: RulesPass([fuse_conv_bn(), split_group_conv()]),
+    ],
+    ids=["fuse", "split", "rules"],
+)
+def test_passes_without_a_program_in_to_edge_transform_and_lower(make: object) -> None:
+    model, x = resnext()
+    with torch.no_grad():
+        want = [model(*x)]
+    p = make()  # type: ignore[operator]
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model, x), transform_passes=[p], partitioner=[XnnpackPartitioner()]
+    )
+    assert p.last is not None and len(p.last.report.plans) > 0 and p.last.report.rejections == ()
+    assert_close(run_pte(lowered.to_executorch().buffer, x), want)
+
+
+def test_pass_in_edge_manager_and_pass_manager_without_a_program() -> None:
+    model, x = resnext()
+    with torch.no_grad():
+        want = [model(*x)]
+    fuse = FuseConvBatchNormPass()
+    edge = to_edge(torch.export.export(model, x)).transform([fuse])
+    assert fuse.last is not None and len(fuse.last.report.plans) == 6
+    assert_close(run(edge.exported_program(), x), want)
+    ep = to_edge(torch.export.export(model, x)).exported_program()
+    result = ExportedProgramPassManager([RulesPass([fuse_conv_bn(), split_group_conv()])])(ep)
+    assert result.modified
+    assert_close(run(result.exported_program, x), want)
+    old_style = to_edge(torch.export.export(model, x))
+    old_style = old_style.transform([FuseConvBatchNormPass(old_style.exported_program())])  # still works
+    assert_close(run(old_style.exported_program(), x), want)
+
+
+def rewire_zero_point(ep: torch.export.ExportedProgram) -> None:
+    """Give the first int8 weight a non-zero zero point (asymmetric weights)."""
+    key = sorted(k for k in ep.state_dict if "zero_point" in k)[0]
+    ep.state_dict[key][0] = 3
+
+
+def second_user(ep: torch.export.ExportedProgram) -> None:
+    """Give the first quantized conv's float output a second user: ``out + 0 * conv.sum()``."""
+    graph = ep.graph
+    conv = next(n for n in graph.nodes if "aten.conv" in str(n.target))
+    out = graph.output_node()
+    result = out.args[0][0]
+    with graph.inserting_before(out):
+        total = graph.call_function(torch.ops.aten.sum.default, (conv,))
+        zero = graph.call_function(torch.ops.aten.mul.Tensor, (total, 0.0))
+        both = graph.call_function(torch.ops.aten.add.Tensor, (result, zero))
+    for node in (total, zero, both):
+        node.meta["val"] = node.target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args))
+    out.args = ((both, *out.args[0][1:]),)
+    ep.graph_signature.output_specs[0].arg.name = both.name
+    ep.graph_module.recompile()
+
+
+QUANTIZED = {
+    "mobilenet": (QMobile, (1, 3, 16, 16), None, True),
+    "resnet": (QResNet, (1, 3, 16, 16), None, True),
+    "grouped": (QGrouped, (1, 8, 8, 8), None, True),
+    "transposed": (QTransposed, (1, 8, 5, 5), None, True),
+    "odd_depthwise": (QOddDepthwise, (1, 3, 8, 8), None, True),
+    "per_tensor": (QMobile, (1, 3, 16, 16), None, False),
+    "asymmetric": (QTwin, (1, 8, 8, 8), rewire_zero_point, True),
+    "second_user": (QTwin, (1, 8, 8, 8), second_user, True),
+}
+# the reasons the convs that fall back stand in for (the others are packed)
+FALLBACKS = {
+    "grouped": ["channel-alignment"],
+    "odd_depthwise": ["channel-alignment"],
+    "asymmetric": ["asymmetric-weight"],
+    "second_user": ["conv-output-shared"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUANTIZED))
+def test_every_quantized_program_lowers_through_vulkan(name: str) -> None:
+    cls, shape, edit, per_channel = QUANTIZED[name]
+    torch.manual_seed(0)
+    x = (torch.randn(shape),)
+    ep = pt2e(randomize_bn(cls()), x, per_channel=per_channel)
+    if edit is not None:
+        edit(ep)
+    edge = to_edge(ep)
+    packing = QuantizedConvolutionPass()
+    edge = edge.transform([packing])
+    assert packing.last is not None
+    report = packing.last.report
+    assert report.plans and all(r.reason.code in {"not-quantized"} for r in report.rejections)
+    assert sorted(p.instead_of.code for p in report.plans if p.instead_of) == FALLBACKS.get(name, [])
+    buffer = edge.to_backend(VulkanPartitioner()).to_executorch().buffer
+    assert buffer[4:8] == b"ET12"
+
+
+def test_quantized_pass_in_to_edge_transform_and_lower_with_vulkan() -> None:
+    x = (torch.randn(1, 3, 8, 8),)
+    packing = QuantizedConvolutionPass()
+    lowered = to_edge_transform_and_lower(
+        pt2e(QOddDepthwise(), x), transform_passes=[packing], partitioner=[VulkanPartitioner()]
+    )
+    assert packing.last is not None
+    fallback = [p for p in packing.last.report.plans if p.instead_of is not None]
+    assert [p.instead_of.code for p in fallback if p.instead_of] == ["channel-alignment"]
+    assert lowered.to_executorch().buffer[4:8] == b"ET12"
+
+
+@pytest.mark.parametrize("name", sorted(QUANTIZED))
+def test_the_fallback_is_exact(name: str) -> None:
+    # every conv falls back (the fallback rule on its own): the program runs on the host, and its
+    # int8 results equal the original's bit for bit (same float weights as dequantize computes)
+    cls, shape, edit, per_channel = QUANTIZED[name]
+    torch.manual_seed(0)
+    x = (torch.randn(shape),)
+    ep = to_edge(pt2e(randomize_bn(cls()), x, per_channel=per_channel)).exported_program()
+    if edit is not None:
+        edit(ep)
+    original = copy.deepcopy(ep)
+    outcome = adapters.transform(ep, [DEQUANTIZE_WEIGHT]).unwrap()
+    assert len(outcome.report.plans) >= 2
+    assert not any("dequantize_per_channel" in str(n.target) for n in ep.graph.nodes)
+    got, want = run(ep, x), run(original, x)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

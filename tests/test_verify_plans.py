@@ -1,0 +1,139 @@
+"""Per-plan validation: each applied plan checked on its own, so a wrong plan is named; and the
+command line's reliability (atomic saves, one-line errors, dynamic shapes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import adapters
+from adapters.cli import main
+from adapters.validate import check_plans
+from fxpure.families import BATCH_NORM, CONV
+from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, rule
+from fxpure.plan import RewritePlan
+from fxpure.rules import RULES, fuse_conv_bn
+from fxpure.weights import WeightExpr, fold_batch_norm
+from tests.models import ResNetish, example, randomize_bn
+from tests.programs import build
+
+
+def _forgets_gamma(
+    p: Planner, bn: Bound, conv: Bound, w: WeightExpr, mean: WeightExpr, var: WeightExpr, beta: WeightExpr | None
+) -> RewritePlan:
+    # deliberately wrong: folds the batch norm as if gamma were 1
+    weight, bias = fold_batch_norm(weight=w, bias=None, mean=mean, var=var, gamma=None, beta=beta, eps=1e-5).unwrap()
+    return p.replace(bn, p.respell(conv, weight=p.const(weight, "w_bad"), bias=p.const(bias, "b_bad")))
+
+
+def wrong_fold() -> PatternRule:
+    pattern = Op(
+        BATCH_NORM,
+        name="bn",
+        out=0,
+        training=Lit(False),
+        input=Op(CONV, name="conv", weight=Const("w"), bias=None, groups=1),
+        bias=Const("beta", optional=True),
+        running_mean=Const("mean"),
+        running_var=Const("var"),
+    )
+    return rule("wrong-fold", pattern, plan=_forgets_gamma)
+
+
+def test_a_wrong_plan_is_named_and_the_right_ones_pass() -> None:
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "aten")
+    before = adapters.capture(program)
+    good = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap().report
+    checks = check_plans(program, good)
+    assert len(checks) == 5 and all(c.ok for c in checks) and max(c.max_rel for c in checks) < 1e-5
+    bad = adapters.transform(program, [wrong_fold()], dry_run=True).unwrap().report
+    assert len(bad.plans) == 4  # the stem conv has a bias: not this rule's pattern
+    checks = check_plans(program, bad)
+    assert [c.ok for c in checks] == [False] * 4
+    assert {c.anchor for c in checks} == {p.anchor for p in bad.plans}
+    assert all("max relative difference" in c.note for c in checks)
+    assert adapters.capture(program) == before  # checking changes nothing
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    model = randomize_bn(ResNetish())
+    path = tmp_path / "resnet.pt2"
+    torch.export.save(torch.export.export(model, example(model)), path)
+    return path
+
+
+def test_cli_verify_names_the_wrong_plan(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(RULES, "wrong-fold", wrong_fold)
+    code = main(["apply", str(saved), "-o", str(tmp_path / "out.pt2"), "--rules", "wrong-fold", "--verify"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.count("FAILED (max relative difference") == 4 and "plan wrong-fold at batch_norm_1: FAILED" in out
+    code = main(["apply", str(saved), "-o", str(tmp_path / "ok.pt2"), "--verify"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count(": ok (max rel diff") >= 5
+
+
+def test_output_may_be_the_input_and_a_failed_save_keeps_the_original(
+    saved: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = saved.read_bytes()
+
+    def half_written(program: object, path: object) -> None:
+        Path(str(path)).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch.export, "save", half_written)
+    assert main(["apply", str(saved), "-o", str(saved)]) == 2
+    assert saved.read_bytes() == original and list(saved.parent.iterdir()) == [saved]
+    monkeypatch.undo()
+    assert main(["apply", str(saved), "-o", str(saved)]) == 0
+    assert len(list(torch.export.load(saved).graph.find_nodes(op="placeholder"))) < 20  # fused in place
+
+
+class TrainingBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bn(self.conv(x))
+        return out
+
+
+def test_edge_refusal_and_lowering_failure_are_one_line_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "train.pt2"
+    torch.export.save(torch.export.export(TrainingBN().train(), (torch.randn(2, 3, 8, 8),)), path)
+    assert main(["explain", str(path), "--edge"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fxpure: error: ") and "to_edge cannot lower" in err[0]
+    out, pte = tmp_path / "out.pt2", tmp_path / "out.pte"
+    assert main(["apply", str(path), "-o", str(out), "--pte", str(pte)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing written" in err[0]
+    assert not out.exists() and not pte.exists()
+
+
+def test_a_directory_is_not_reported_as_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_verify_respects_the_declared_range_of_a_dynamic_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = randomize_bn(ResNetish()).eval()
+    batch = torch.export.Dim("batch", min=4, max=16)
+    ep = torch.export.export(model, (torch.randn(5, 3, 16, 16),), dynamic_shapes=({0: batch},))
+    path = tmp_path / "dyn.pt2"
+    torch.export.save(ep, path)
+    assert main(["apply", str(path), "-o", str(tmp_path / "o.pt2"), "--verify"]) == 0
+    assert "verify: max abs diff" in capsys.readouterr().out
