@@ -18,7 +18,7 @@ import adapters
 from adapters.passes import SplitGroupConvolutionPass
 from fxpure.rules import fuse_conv_bn, split_group_conv
 from tests.models import SPLIT_MODELS, ResNeXtish, randomize_bn
-from tests.programs import assert_close, assert_sound, build, count, dead_constants, run, run_pte
+from tests.programs import assert_close, assert_sound, build, count, dead_constants, run, run_pte, validate
 
 SPLIT = {"resnext": 2, "shufflenet": 2, "audio": 9, "out_of_policy": 0}
 NEW_CONVS = {"resnext": 4 + 8, "audio": sum(range(2, 11))}
@@ -138,7 +138,7 @@ def test_dynamic_batch_edge_pte_runs_at_other_batch_sizes() -> None:
     ep = torch.export.export(model, (torch.randn(2, 16, 12, 12),), dynamic_shapes=({0: batch},))
     edge = to_edge(ep)
     assert adapters.transform(edge.exported_program(), [split_group_conv()]).unwrap().changed
-    edge.exported_program().validate()
+    validate(edge.exported_program())
     buffer = edge.to_executorch().buffer
     for n in (2, 3, 5):
         x = (torch.randn(n, 16, 12, 12),)
