@@ -22,7 +22,8 @@ def _timed(label: str, fn: Callable[[], T]) -> T:
 
 
 def demo() -> int:
-    """Export the embedded CNN, fuse conv+BN, check numerics, lower to .pte and run it."""
+    """Export the embedded CNN, fold and split, check numerics, lower to .pte and run it; then
+    quantize it, pack its int8 convs for Vulkan and write the Vulkan .pte."""
     warnings.filterwarnings("ignore")
     import torch
     from executorch.exir import to_edge
@@ -33,7 +34,7 @@ def demo() -> int:
     from adapters.realize import transform
     from adapters.report import node_meta, table
     from fxpure.plan import Rule
-    from fxpure.rules import fuse_conv_bn, split_group_conv
+    from fxpure.rules import fold_binary, fuse_conv_bn, fuse_linear_bn, split_group_conv
 
     def run_pte(buffer: bytes, x: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, float]:
         method = Runtime.get().load_program(buffer).load_method("forward")
@@ -44,7 +45,9 @@ def demo() -> int:
             out = method.execute(list(x))[0]
         return out, (time.perf_counter() - t0) / 20 * 1e3
 
-    print("fxpure demo: conv + batch-norm fusion and grouped-conv splitting on an embedded CNN")
+    print(
+        "fxpure demo: batch-norm and constant folding, grouped-conv splitting, int8 Vulkan packing on an embedded CNN"
+    )
     model, x = demo_model()
     with torch.no_grad():
         want = model(*x)
@@ -52,7 +55,7 @@ def demo() -> int:
     plain = _timed("to_edge (unfused copy)", lambda: to_edge(copy.deepcopy(exported)))
     edge = _timed("to_edge", lambda: to_edge(exported))
     program = edge.exported_program()
-    rules: list[Rule] = [fuse_conv_bn(), split_group_conv()]
+    rules: list[Rule] = [fuse_conv_bn(), fuse_linear_bn(), fold_binary(), split_group_conv()]
     metas = node_meta(program.graph_module)
     result = _timed("fxpure transform (plan + apply)", lambda: transform(program, rules))
     if isinstance(result, Failure):

@@ -82,5 +82,12 @@ SOURCE_FNS: dict[str, Any] = {
     "cat": torch.cat,
     "conv1d": torch.conv1d,
     "conv2d": torch.conv2d,
+    "conv_transpose2d": torch.conv_transpose2d,
     "convolution": torch.convolution,
+    "linear": torch.nn.functional.linear,
+    "permute": torch.permute,
+    "unsqueeze": torch.unsqueeze,
+    "squeeze": torch.squeeze,
+    "reshape": torch.reshape,
+    "slice": operator.getitem,
 }

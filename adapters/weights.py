@@ -105,18 +105,22 @@ def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Mem
     Pass one ``memo`` to several calls to compute shared sub-expressions once.
     """
     cache: Memo = {} if memo is None else memo
+    read: set[str] = set()
 
     def ev(e: WeightExpr) -> torch.Tensor:
         if isinstance(e, Source):
+            read.add(e.key)
             return tensors[e.key].detach()
         value = cache.get(e)
         if value is None:
             value = cache[e] = _RULES[type(e)](e, ev)
+        elif not read:  # from the memo, on a path that read nothing yet: the result may be a view of it
+            read.update(sources(e))
         return value
 
     with torch.no_grad():
         owned = ev(expr).contiguous()
-    ptrs = {tensors[k].untyped_storage().data_ptr() for k in sources(expr)}
-    if owned.untyped_storage().data_ptr() in ptrs:
-        owned = owned.clone()
+    ptr = owned.untyped_storage().data_ptr()
+    if any(tensors[k].untyped_storage().data_ptr() == ptr for k in read):
+        owned = owned.clone()  # the result shares storage with an input (a view, a no-op cast): own it
     return owned

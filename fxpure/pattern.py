@@ -760,11 +760,15 @@ class _Need:
         return Check(label=f"channels({name})", reads=reads, codes=frozenset({"channel-mismatch"}), run=run)
 
     @staticmethod
-    def check(fn: Callable[..., Reason | None], *, codes: Iterable[str]) -> Check:
+    def check(fn: Callable[..., Reason | None], *, codes: Iterable[str], at: str | None = None) -> Check:
         """A rule's own check: ``fn`` takes bound values by name (and ``match`` for the whole match)
-        and returns a Reason or None; ``codes`` are the codes it may return. A function annotated to
-        return ``bool`` (or not annotated) is refused here."""
-        return _check_fn(fn, codes)
+        and returns a Reason or None; ``codes`` are the codes it may return; its reasons are located
+        at the binding ``at`` (default: the first it reads) unless they carry a path. A function
+        annotated to return ``bool`` (or not annotated) is refused here."""
+        check = _check_fn(fn, codes)
+        if at is None:
+            return check
+        return replace(check, reads=(at, *(r for r in check.reads if r != at)))
 
 
 need = _Need()

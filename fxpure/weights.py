@@ -27,9 +27,37 @@ FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
 
 
+class _Expr:
+    """Structural equality with the hash computed once: expressions are dictionary keys all along
+    a rewrite (one constant per distinct expression, one evaluation per shared subexpression), and
+    a recomputed hash would walk the whole tree each time."""
+
+    __slots__ = ("_hash",)
+    _hash: int
+
+    def _key(self) -> tuple[object, ...]:
+        names: dict[str, object] = getattr(self, "__dataclass_fields__", {})
+        return (type(self), *(getattr(self, name) for name in names))
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            h = hash(self._key())
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, _Expr) or type(other) is not type(self) or hash(self) != hash(other):
+            return False
+        return self._key() == other._key()
+
+
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Source:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Source(_Expr):
     """An existing constant, by the name of the node that holds it."""
 
     key: str
@@ -37,8 +65,8 @@ class Source:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Permute:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Permute(_Expr):
     """``x.permute(dims)``; inverse: the inverse permutation."""
 
     x: WeightExpr
@@ -46,8 +74,8 @@ class Permute:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reshape:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Reshape(_Expr):
     """``x.reshape(shape)``; inverse: reshape back."""
 
     x: WeightExpr
@@ -55,8 +83,8 @@ class Reshape:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Unsqueeze:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Unsqueeze(_Expr):
     """``x.unsqueeze(dim)``: a new dim of size 1 (for broadcasting, or a conv1d weight as conv2d)."""
 
     x: WeightExpr
@@ -64,8 +92,8 @@ class Unsqueeze:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Slice:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Slice(_Expr):
     """``x`` narrowed to ``start:stop`` along ``dim``."""
 
     x: WeightExpr
@@ -75,8 +103,8 @@ class Slice:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PadTo:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class PadTo(_Expr):
     """``x`` zero-padded at the end of ``dim`` to a multiple of ``multiple``."""
 
     x: WeightExpr
@@ -85,8 +113,8 @@ class PadTo:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SumOver:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SumOver(_Expr):
     """``x`` summed over ``dims`` (dropped), accumulated and returned as ``dtype``."""
 
     x: WeightExpr
@@ -95,8 +123,8 @@ class SumOver:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Cast:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Cast(_Expr):
     """``x.to(dtype)``."""
 
     x: WeightExpr
@@ -104,8 +132,8 @@ class Cast:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Concat:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Concat(_Expr):
     """``torch.cat(xs, dim)``."""
 
     xs: tuple[WeightExpr, ...]
@@ -113,8 +141,8 @@ class Concat:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fill:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Fill(_Expr):
     """A new tensor of ``shape`` holding ``value`` everywhere; ``shape=()`` is a scalar."""
 
     shape: tuple[int, ...]
@@ -123,8 +151,8 @@ class Fill:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Binary:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Binary(_Expr):
     """Elementwise ``a (op) b`` with numpy broadcasting; both operands of one dtype (``Cast`` first)."""
 
     op: Literal["add", "sub", "mul", "div"]
@@ -133,8 +161,8 @@ class Binary:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Unary:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Unary(_Expr):
     """Elementwise ``op(x)``; sqrt, rsqrt and reciprocal need a floating ``x``."""
 
     op: Literal["sqrt", "rsqrt", "neg", "reciprocal"]
@@ -142,8 +170,8 @@ class Unary:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Quantize:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Quantize(_Expr):
     """``clamp(round(x / scale) + zero_point, quant_min, quant_max)`` as ``dtype``; ``axis=None``:
     one scale and zero point (shape ``()`` or ``(1,)``), else one per index of dim ``axis``."""
 
@@ -157,8 +185,8 @@ class Quantize:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Dequantize:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Dequantize(_Expr):
     """``(x - zero_point) * scale`` as ``dtype``; parameters laid out as for :class:`Quantize`."""
 
     x: WeightExpr

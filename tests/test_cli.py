@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -135,7 +136,12 @@ def test_demo_runs_every_rule_end_to_end() -> None:
     r = fxpure("demo")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fuse-conv-bn: 7 to rewrite, 2 declined" in r.stdout
+    assert "fuse-linear-bn: 1 to rewrite, 1 declined (1 producer-not-linear)" in r.stdout
     assert "split-group-conv: 1 to rewrite, 2 declined" in r.stdout
+    assert "quantized-conv: 7 to rewrite, 1 declined (1 not-quantized)" in r.stdout  # the transposed conv
+    vulkan = re.search(r"wrote (\S+fxpure-demo-vulkan\.pte) \(([\d,]+) bytes\)", r.stdout)
+    assert vulkan is not None and Path(vulkan[1]).read_bytes()[4:8] == b"ET12"
+    assert Path(vulkan[1]).stat().st_size == int(vulkan[2].replace(",", ""))
     assert r.stdout.rstrip().endswith("ok")
 
 

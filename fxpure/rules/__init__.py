@@ -3,15 +3,35 @@
 from collections.abc import Callable, Mapping
 
 from fxpure.plan import Rule
+from fxpure.rules.concat_parallel_linears import concat_parallel_linears
+from fxpure.rules.conv1d_to_conv2d import conv1d_to_conv2d
+from fxpure.rules.fold_binary import fold_binary
 from fxpure.rules.fuse_conv_bn import fuse_conv_bn
+from fxpure.rules.fuse_linear_bn import fuse_linear_bn
+from fxpure.rules.linear_to_conv2d import linear_to_conv2d
 from fxpure.rules.quantized_conv import quantized_conv
 from fxpure.rules.split_group_conv import split_group_conv
 
-# stable kebab-case name -> rule with its default policy
+# stable kebab-case name -> rule with its default policy (the CLI's --rules)
 RULES: Mapping[str, Callable[[], Rule]] = {
     "fuse-conv-bn": fuse_conv_bn,
     "split-group-conv": split_group_conv,
     "quantized-conv": quantized_conv,
+    "fuse-linear-bn": fuse_linear_bn,
+    "fold-binary": fold_binary,
+    "conv1d-to-conv2d": conv1d_to_conv2d,
+    "linear-to-conv2d": linear_to_conv2d,
+    "concat-parallel-linears": concat_parallel_linears,
 }
 
-__all__ = ["RULES", "fuse_conv_bn", "quantized_conv", "split_group_conv"]
+__all__ = [
+    "RULES",
+    "concat_parallel_linears",
+    "conv1d_to_conv2d",
+    "fold_binary",
+    "fuse_conv_bn",
+    "fuse_linear_bn",
+    "linear_to_conv2d",
+    "quantized_conv",
+    "split_group_conv",
+]

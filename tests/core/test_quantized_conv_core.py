@@ -44,7 +44,8 @@ def test_kernel_choice_and_packing(knobs: dict[str, Any], kernel: str, packed: t
     # the inverse plan recovers the original weight exactly (shape here; values in integration tests)
     assert w.source is not None
     inner, back = unpack(w.source, Source(key="w_packed", spec=w.spec)).unwrap()
-    assert inner == Source(key="w", spec=g.constants["w"].spec) and infer_spec(back).unwrap() == inner.spec
+    assert isinstance(inner, Source) and inner == Source(key="w", spec=g.constants["w"].spec)
+    assert infer_spec(back).unwrap() == inner.spec
     oc = g.node("q0").spec.shape[1]  # type: ignore[union-attr]
     sums = after.constants["w_sums"]
     assert (

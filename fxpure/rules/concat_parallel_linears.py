@@ -1,0 +1,247 @@
+"""concat_parallel_linears: linears reading one input  =>  one linear on the concatenated weights,
+its output cut back along the last dim.
+
+    q = x @ Wq.T + bq,  k = x @ Wk.T,  v = x @ Wv.T + bv
+      =>  qkv = x @ cat(Wq, Wk, Wv).T + cat(bq, 0, bv);  q, k, v = qkv[..., :|q|], qkv[..., |q|:|q|+|k|], ...
+
+A multi-anchor rule: a candidate is a node read as the input by two or more linears, in any
+spelling ``fxpure.linear`` knows (aten ``linear``; edge ``permute_copy`` + ``addmm``/``mm``,
+wrapped in ``view_copy`` for rank > 2; edge with ``linear`` preserved). Any number of them,
+of any output sizes, with or without bias, join. A linear of the group that cannot join is
+rejected at its own product node with its reason, and the others still join if two or more
+remain; the shared input ends as the plan or as a rejection (``too-few-linears``, say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import final
+
+from returns.result import Failure, Result, Success
+
+from fxpure.families import ADDMM, LINEAR, MM, VIEW
+from fxpure.linear import Linear, emit_linear, linear_of, linear_root
+from fxpure.pattern import Match, Planner, Var, match
+from fxpure.plan import RewritePlan
+from fxpure.reasons import GENERIC_CODES, Declined, Malformed, OutputShared, Reason, SymbolicShape
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
+from fxpure.weights import Concat, Fill, WeightExpr
+
+NAME = "concat-parallel-linears"
+
+# the slice and split ops each dialect spells (edge has no view ops)
+SLICE_OP: Mapping[str, str] = {"aten": "aten.slice.Tensor", "edge": "aten.slice_copy.Tensor"}
+SPLIT_OP: Mapping[str, str] = {"aten": "aten.split_with_sizes.default", "edge": "aten.split_with_sizes_copy.default"}
+PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets
+MATMULS = ADDMM.targets | MM.targets
+
+# a linear in any spelling, its weight and bias unchecked: which input it reads
+FOUND = linear_root(weight=Var("w"), bias=Var("b"))
+# the same linear with a constant weight and bias: one that can join
+JOINS = linear_root()
+
+CODES = GENERIC_CODES | {"too-few-linears", "dtype-mismatch", "not-constant", "symbolic-shape", "output-shared"}
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Member:
+    """A linear that joins: its match and nodes, weight, bias (None: none), output spec and size."""
+
+    match: Match
+    lin: Linear
+    w: WeightExpr
+    b: WeightExpr | None
+    spec: TensorSpec
+    features: int
+
+
+def _owner(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, Reason | None] | None:
+    """The input the linear at ``node`` (its product) reads, or None if it is no linear; with a
+    reason when it cannot join whatever its weights: an edge product reading a flattening of the
+    input whose flat output is read by more than the reshape back (rank > 2)."""
+    found = match(FOUND, snap, node)
+    x = found.unwrap().bindings.get("x") if isinstance(found, Success) else None
+    if not isinstance(x, NodeRef):
+        return None
+    readers = snap.users.get(node.name, ())
+    flat = snap.node(x.name)
+    if node.target in MATMULS and flat.target in VIEW.targets and len(readers) > 1:
+        source = VIEW.bind(snap, flat).map(lambda a: a.get("self")).value_or(None)
+        back = next((r for r in readers if snap.node(r).target in VIEW.targets), None)
+        if back is not None and isinstance(source, NodeRef):
+            return source.name, OutputShared(node=node.name, users=tuple(r for r in readers if r != back))
+    return x.name, None
+
+
+def _linears(snap: GraphSnapshot, x: str) -> tuple[tuple[NodeSnapshot, Reason | None], ...]:
+    """The linears reading ``x`` (products among its users, or behind a reshape of it), in order."""
+    near = dict.fromkeys(u for v in snap.users.get(x, ()) for u in (v, *snap.users.get(v, ())))
+    out = []
+    for n in sorted(near, key=snap.index.__getitem__):
+        node = snap.node(n)
+        owner = _owner(snap, node) if node.target in PRODUCTS else None
+        if owner is not None and owner[0] == x:
+            out.append((node, owner[1]))
+    return tuple(out)
+
+
+def _fit(node: str, w: TensorSpec | None, b: TensorSpec | None, out: TensorSpec | None, x: TensorSpec) -> Reason | None:
+    """Static output features, a (out, in) weight and an (out,) bias, all in the input's dtype."""
+    if out is None or not out.shape or w is None:
+        return Malformed(node=node, detail=f"{node} has no known output or weight shape")
+    if not isinstance(out.shape[-1], int):
+        return SymbolicShape(node=node, role="output", shape=out.shape)
+    if w.shape != (out.shape[-1], x.shape[-1]) or (b is not None and b.shape != w.shape[:1]):
+        shapes = f"weight {w.shape}, bias {b.shape if b else None}, output {out.shape}, input {x.shape}"
+        return Malformed(node=node, detail=f"{node} does not compute a linear: {shapes}")
+    dtypes = {w.dtype, out.dtype, *([b.dtype] if b is not None else [])}
+    if dtypes != {x.dtype}:
+        detail = f"{node} computes in {', '.join(sorted(dtypes))}, its input is {x.dtype}"
+        return Declined(code="dtype-mismatch", node=node, detail=detail)
+    return None
+
+
+def _join(snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
+    """The linear at ``node`` as a member of its group, or the typed reason it cannot join."""
+    found = match(JOINS, snap, node)  # not-constant: a weight or bias computed at run time
+    if isinstance(found, Failure):
+        return Failure(found.failure())
+    m = found.unwrap()
+    lin, w, b, w_spec = linear_of(m), m.bindings["w"], m.bindings.get("b"), m.spec("w")
+    assert isinstance(w, WeightExpr) and (b is None or isinstance(b, WeightExpr))  # Const binds expressions
+    out = lin.spec
+    reason = _fit(node.name, w_spec, m.spec("b"), out, x)
+    if reason is not None:
+        return Failure(reason)
+    assert out is not None and isinstance(out.shape[-1], int)  # checked by _fit
+    return Success(_Member(match=m, lin=lin, w=w, b=b, spec=out, features=out.shape[-1]))
+
+
+def _input_spec(snap: GraphSnapshot, x: str) -> Result[TensorSpec, Reason]:
+    """The shared input's spec, with a static feature size."""
+    spec = snap.node(x).tensor_spec
+    if spec is None or not spec.shape:
+        return Failure(Malformed(node=x, detail=f"{x} has no known shape"))
+    if not isinstance(spec.shape[-1], int):
+        return Failure(SymbolicShape(node=x, role="input features", shape=spec.shape))
+    return Success(spec)
+
+
+def _why(snap: GraphSnapshot, node: NodeSnapshot, reason: Reason | None, x: TensorSpec) -> Reason | None:
+    """Why the linear at ``node`` cannot join (its own ``reason``, else its weights'), or None."""
+    return reason or _join(snap, node, x).swap().value_or(None)
+
+
+def _plan_group(
+    snap: GraphSnapshot, x: str, linears: Sequence[tuple[NodeSnapshot, Reason | None]], split: bool
+) -> Result[RewritePlan, Reason]:
+    """The plan joining the linears of ``x`` that can join, or why fewer than two can."""
+    spec = _input_spec(snap, x)
+    if isinstance(spec, Failure):
+        return Failure(spec.failure())
+    results = [(n.name, Failure(r) if r is not None else _join(snap, n, spec.unwrap())) for n, r in linears]
+    members = [r.unwrap() for _, r in results if isinstance(r, Success)]
+    if len(members) >= 2:
+        return Success(_plan(snap, x, members, split))
+    why = "; ".join(f"{n}: {r.failure().code}" for n, r in results if isinstance(r, Failure))
+    detail = f"{x} is read by {len(linears)} linears, {len(members)} of which can join ({why})"
+    return Failure(Declined(code="too-few-linears", node=x, detail=detail))
+
+
+def _parts(p: Planner, joined: NodeRef, members: Sequence[_Member], split: bool) -> list[NodeRef]:
+    """Each linear's columns of the joined output: a slice each, or the getitems of one split."""
+    dim, sizes = len(members[0].spec.shape) - 1, tuple(m.features for m in members)
+    whole = None
+    if split:
+        specs, name = tuple(m.spec for m in members), f"{members[0].lin.op.name}_split"
+        whole = p.call(
+            SPLIT_OP[p.dialect], name=name, spec=specs, source_fn="split", self=joined, split_sizes=sizes, dim=dim
+        )
+    out = []
+    for i, m in enumerate(members):
+        a = sum(sizes[:i])
+        target = SLICE_OP[p.dialect] if whole is None else "getitem"
+        args: dict[str, Arg] = (
+            {"self": joined, "dim": dim, "start": a, "end": a + sizes[i]}
+            if whole is None
+            else {"self": whole, "index": i}
+        )
+        # a part stands for its linear (module stack, stack trace), spelled as y[..., a:b] is
+        name, of = f"{m.lin.op.name}_part", m.lin.op.name
+        out.append(p.call(target, name=name, spec=m.spec, provenance=of, source_fn="getitem", **args))
+    return out
+
+
+def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool) -> RewritePlan:
+    # x -> linear(cat(W_i), cat(b_i or 0)) -> part_i (out_i columns, last dim) takes linear_i's uses
+    members = sorted(members, key=lambda m: snap.index[m.lin.outer.name])
+    first = members[0]  # the earliest output: its input and reshapes come before every replaced node
+    p = Planner(NAME, first.match, also=[m.match for m in members[1:]], anchor=x)
+    base = first.lin.op.name
+    weight = Concat(xs=tuple(m.w for m in members), dim=0)
+    zeros = [Fill(shape=(m.features,), value=0.0, dtype=m.spec.dtype) for m in members]
+    bias = Concat(xs=tuple(m.b if m.b is not None else z for m, z in zip(members, zeros, strict=True)), dim=0)
+    has_bias = any(m.b is not None for m in members)
+    total = sum(m.features for m in members)
+    w, b = p.const(weight, f"{base}_cat_weight"), p.const(bias, f"{base}_cat_bias") if has_bias else None
+    parts = _parts(p, emit_linear(p, first.lin, w, b, out_features=total, suffix="cat"), members, split)
+    return p.finish([(m.lin.outer, part) for m, part in zip(members, parts, strict=True)])
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ConcatParallelLinears:
+    """The rule (a ``fxpure.Rule``): its anchors are the inputs read by two or more linears, and
+    each of their linears that cannot join (rejected there, with its reason)."""
+
+    split: bool = False
+    name: str = NAME
+    codes: frozenset[str] = CODES
+
+    def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
+        """Every shared input, and every linear of one that cannot join, in topological order."""
+        groups: dict[str, list[tuple[NodeSnapshot, Reason | None]]] = {}
+        for n in snap.calls(PRODUCTS):
+            owner = _owner(snap, n)
+            if owner is not None:
+                groups.setdefault(owner[0], []).append((n, owner[1]))
+        shared = {x: ns for x, ns in groups.items() if len(ns) >= 2}
+        out = [snap.node(x) for x in shared]
+        # KIT-GAP: a plan carries no rejections of some of its group's members, so a linear that
+        # cannot join is an anchor of its own, where its reason is reported
+        for x, ns in shared.items():
+            spec = _input_spec(snap, x)
+            if isinstance(spec, Failure):
+                continue  # the input is rejected for the whole group
+            out.extend(n for n, r in ns if n.name not in shared and _why(snap, n, r, spec.unwrap()) is not None)
+        return sorted(out, key=lambda n: snap.index[n.name])
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        """At a shared input: the plan (or why not); at one of its linears: why it cannot join."""
+        linears = _linears(snap, node.name)
+        if len(linears) >= 2:
+            return _plan_group(snap, node.name, linears, self.split)
+        owner = _owner(snap, node) if node.target in PRODUCTS else None
+        group = _linears(snap, owner[0]) if owner is not None else ()
+        if owner is None or len(group) < 2:
+            return Failure(Malformed(node=node.name, detail=f"{node.name} is not an anchor of {NAME}"))
+        x, reason = owner
+        spec = _input_spec(snap, x)
+        if isinstance(spec, Success):
+            reason = _why(snap, node, reason, spec.unwrap())
+        return Failure(reason or Malformed(node=node.name, detail=f"{node.name} joins the linears of {x} there"))
+
+
+def concat_parallel_linears(*, split: bool = False) -> ConcatParallelLinears:
+    """The parallel-linears rule: the linears reading one input become one linear whose output is
+    sliced back into theirs. ``split=True``: one ``split_with_sizes`` (edge: ``_copy``) and its
+    ``getitem``s instead of a slice per linear; ExecuTorch 1.5.1's edge verifier fixes a symbolic
+    leading dim of a split's outputs to its example size (so after a later ``to_edge``, or an
+    ``EdgeProgramManager.transform``, the .pte refuses other batch sizes), slices have no such issue.
+
+    >>> sorted(concat_parallel_linears().codes - GENERIC_CODES)
+    ['dtype-mismatch', 'not-constant', 'output-shared', 'symbolic-shape', 'too-few-linears']
+    """
+    return ConcatParallelLinears(split=split)

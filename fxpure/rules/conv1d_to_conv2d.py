@@ -1,0 +1,146 @@
+"""conv1d_to_conv2d: conv1d(x, W) => squeeze(conv2d(unsqueeze(x, 2), W.unsqueeze(2)), 2) (for backends
+with 2D kernels only: XNNPACK, NPUs).
+
+Every spelling of a 1D convolution, transposed or not: ``conv1d`` (explicit or string padding),
+``conv_transpose1d``, and ``convolution`` with a rank-3 weight (aten and edge). The weight becomes
+a derived constant ``(O, I/g, 1, K)`` (``(I, O/g, 1, K)`` transposed), from a parameter, an earlier
+rule's derived constant, or the integer weight behind a dequantize (re-spelled for the 4D weight);
+stride, padding, dilation and output padding gain a unit leading dim. Sizes of the activations
+are never read: batch and length stay whatever they are at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fxpure.families import CONV
+from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Var, dequantized, need, rule
+from fxpure.plan import RewritePlan
+from fxpure.reasons import Declined, Reason
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, Spec, TensorSpec
+from fxpure.weights import Unsqueeze, WeightExpr
+
+NAME = "conv1d-to-conv2d"
+
+# conv1d spelling -> its conv2d spelling in the aten dialect (edge spells every conv `convolution`)
+CONV2D: Mapping[str, str] = {
+    "aten.conv1d.default": "aten.conv2d.default",
+    "aten.conv1d.padding": "aten.conv2d.padding",
+    "aten.conv_transpose1d.default": "aten.conv_transpose2d.input",
+    "aten.conv_transpose1d.input": "aten.conv_transpose2d.input",
+    "aten.convolution.default": "aten.convolution.default",
+}
+EDGE_CONV = "aten.convolution.default"
+# the user-level function of a new conv, by target, for quantizer metadata (source_fn_stack)
+SOURCE_FN: Mapping[str, str] = {
+    "aten.conv2d.default": "conv2d",
+    "aten.conv2d.padding": "conv2d",
+    "aten.convolution.default": "convolution",
+}
+# dialect -> (unsqueeze, squeeze over a list of dims); edge has no view ops
+VIEWS: Mapping[str, tuple[str, str]] = {
+    "aten": ("aten.unsqueeze.default", "aten.squeeze.dims"),
+    "edge": ("aten.unsqueeze_copy.default", "aten.squeeze_copy.dims"),
+}
+
+# conv(x, W or dequantize(W_int), b?) with one spatial dim
+PATTERN = Op(
+    CONV,
+    name="conv",
+    input=Var("x"),
+    weight=OneOf(Const("w"), dequantized(Const("wq"), name="dqw")),
+)
+
+
+def _explicit(conv: Bound, match: Match) -> Reason | None:
+    """String padding ("same", "valid") only where the conv2d spelling can carry it on."""
+    padding = conv.args["padding"]
+    if not isinstance(padding, str) or _target(conv, match.snap) == "aten.conv2d.padding":
+        return None
+    detail = f"{conv.name}: padding={padding!r} has no {EDGE_CONV} spelling (edge takes explicit padding)"
+    return Declined(code="string-padding", node=conv.name, detail=detail)
+
+
+def _target(conv: Bound, snap: GraphSnapshot) -> str:
+    return EDGE_CONV if snap.dialect == "edge" else CONV2D[conv.node.target]
+
+
+def _at2(spec: Spec) -> TensorSpec | None:
+    """The spec with a unit dim inserted at 2 (an (N, C, L) activation or a (C0, C1, K) weight)."""
+    if not isinstance(spec, TensorSpec):
+        return None
+    return TensorSpec(shape=(*spec.shape[:2], 1, *spec.shape[2:]), dtype=spec.dtype)
+
+
+def _lead(values: Arg, first: int) -> Arg:
+    """A 1D int list as 2D, with ``first`` for the new unit dim; a string padding stays as it is."""
+    return (first, *values) if isinstance(values, tuple) else values
+
+
+def _weight(p: Planner, conv: Bound, w: WeightExpr | None, wq: WeightExpr | None, dqw: Bound | None) -> NodeRef:
+    """The 4D weight: a derived constant, or a new dequantize of the 4D integer weight."""
+    if w is not None:
+        return p.const(Unsqueeze(x=w, dim=2), f"{conv.name}_weight_2d")
+    assert wq is not None and dqw is not None  # the pattern binds one or the other
+    int_w = p.const(Unsqueeze(x=wq, dim=2), f"{dqw.ref('input').name}_2d", kind="buffer")
+    name, spec = f"{dqw.name}_2d", _at2(dqw.spec)
+    axis = dqw.args.get("axis")
+    if not isinstance(axis, int):  # per tensor
+        return p.respell(dqw, name=name, spec=spec, input=int_w)
+    return p.respell(dqw, name=name, spec=spec, input=int_w, axis=axis % 3)  # (C0, C1, K) -> (C0, C1, 1, K)
+
+
+def _plan(
+    p: Planner,
+    conv: Bound,
+    x: NodeRef,
+    w: WeightExpr | None = None,
+    wq: WeightExpr | None = None,
+    dqw: Bound | None = None,
+) -> RewritePlan:
+    # unsqueeze(x, 2) -> conv2d(W.unsqueeze(2), [1, s], [0, p], [1, d], [0, op]) -> squeeze(., [2])
+    unsqueeze, squeeze = VIEWS[p.dialect]
+    target, a = _target(conv, p.match.snap), conv.args
+    base = conv.name
+    # KIT-GAP: adapters.torchnames.SOURCE_FNS has no unsqueeze/squeeze (nor conv_transpose2d), so the
+    # view nodes keep the conv's source_fn_stack (nn.Conv1d) instead of naming their own function
+    x2 = p.call(unsqueeze, name=f"{base}_in_2d", spec=_at2(p.match.spec("x")), self=x, dim=2)
+    args: dict[str, Arg] = {
+        "input": x2,
+        "weight": _weight(p, conv, w, wq, dqw),
+        "bias": a["bias"],
+        "stride": _lead(a["stride"], 1),
+        "padding": _lead(a["padding"], 0),
+        "dilation": _lead(a["dilation"], 1),
+        "groups": a["groups"],
+    }
+    if conv.bool("transposed") or target == EDGE_CONV:
+        args["output_padding"] = _lead(a["output_padding"], 0)
+    if target == EDGE_CONV:
+        args["transposed"] = a["transposed"]
+    y2 = p.call(
+        target, name=f"{base}_2d", spec=_at2(conv.spec), provenance=base, source_fn=SOURCE_FN.get(target), **args
+    )
+    return p.replace(conv, p.call(squeeze, name=f"{base}_out_1d", spec=conv.spec, self=y2, dim=(2,)))
+
+
+CONV1D_TO_CONV2D = rule(
+    NAME,
+    PATTERN,
+    need.rank("x", (3,)),
+    need.static("x", dims=(1,)),
+    need.static("conv", dims=(1,)),
+    need.check(_explicit, codes=("string-padding",)),
+    plan=_plan,
+    candidate=lambda conv, _: conv.args.get("rank") == 1,
+)
+
+
+def conv1d_to_conv2d() -> PatternRule:
+    """Every 1D convolution (transposed too) as a 2D one on a unit-height view of its input.
+
+    >>> from fxpure.reasons import GENERIC_CODES
+    >>> sorted(conv1d_to_conv2d().codes - GENERIC_CODES)
+    ['not-constant', 'string-padding', 'symbolic-shape', 'unsupported-rank', 'wrong-op']
+    """
+    return CONV1D_TO_CONV2D

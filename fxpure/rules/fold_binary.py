@@ -1,0 +1,264 @@
+"""fold_binary: conv | linear, then (* / + -) a constant per output channel  =>  the same op with W, b folded.
+
+The binary op is ``y' = a * y + k`` per output channel of ``y`` (the conv's or linear's output);
+then ``W' = a * W`` (along the output channels, in the weight's own layout) and ``b' = a * b + k``.
+A bias appears when the op adds and there was none (``mm`` becomes ``addmm``). ``c / y`` is not
+affine in ``y`` and is declined. Everything is computed in float32 and cast back, as
+``fold_batch_norm`` does.
+
+The candidates are the mul, div, add, sub and rsub ops with an operand computed by a conv or a
+linear (a residual ``x + y`` of two other ops is not one). A chain ``conv * s + t`` folds one op
+per run, since a run plans on one snapshot: list the rule twice and the second run folds into
+the first one's (still unmaterialised) weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Literal, TypeAlias
+
+from fxpure.families import ADD, ADDMM, CONV, DIV, LINEAR, MM, MUL, RSUB, SUB, VIEW
+from fxpure.linear import emit_linear, linear, linear_of
+from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
+from fxpure.plan import RewritePlan
+from fxpure.reasons import Declined, Malformed, Reason
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, TensorSpec
+from fxpure.weights import FLOAT_DTYPES, Binary, Cast, Fill, Reshape, Unary, WeightExpr, infer_spec, out_channels
+
+NAME = "fold-binary"
+NOT_PRODUCER = "producer-not-conv-or-linear"
+DIVISOR = "output-is-divisor"
+PER_CHANNEL = "not-per-channel"
+PROMOTION = "dtype-promotion"
+
+# the convolutions, named for messages about a producer that is neither
+CONV_OR_LINEAR = replace(CONV, noun="a convolution or a linear")
+CONV_SHARED, LINEAR_SHARED = "conv-output-shared", "linear-output-shared"
+PRODUCER = OneOf(
+    Op(
+        CONV_OR_LINEAR,
+        name="conv",
+        code=NOT_PRODUCER,
+        shared=CONV_SHARED,
+        weight=Const("w"),
+        bias=Const("b", optional=True),
+    ),
+    linear("lin", code=NOT_PRODUCER, shared=LINEAR_SHARED),
+)
+OPERAND = OneOf(Const("c"), Scalar("c"))
+ALPHA = Scalar("alpha")
+
+# y = conv(x, w, b?) | linear(x, w, b?); c a constant (tensor or number); torch spells ``c - y``
+# for a number c as rsub(y, c) (aten; edge turns it into sub)
+PATTERN = OneOf(
+    Op(MUL, name="bin", commute=True, self=PRODUCER, other=OPERAND),  # y * c, c * y
+    Op(DIV, name="bin", self=PRODUCER, other=OPERAND),  # y / c
+    Op(ADD, name="bin", commute=True, self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y + alpha c, c + alpha y
+    Op(SUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y - alpha c
+    Op(SUB, name="bin", other=PRODUCER, self=OPERAND, alpha=ALPHA),  # c - alpha y (y matched first)
+    Op(RSUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # c - alpha y
+    Op(DIV, name="bin", other=PRODUCER, self=OPERAND),  # c / y: matched to be declined (output-is-divisor)
+)
+MATMULS = ADDMM.targets | MM.targets
+PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
+
+
+def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
+    """``value`` is a conv's or linear's output: its product's, or the reshape's after a matmul."""
+    node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
+    if node is None or node.target not in VIEW.targets:
+        return node is not None and node.target in PRODUCTS
+    inner = node.args[0] if node.args else None
+    return isinstance(inner, NodeRef) and snap.node(inner.name).target in MATMULS
+
+
+def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
+    """A binary op with an operand computed by a conv or a linear."""
+    return any(_computed_by_product(snap, bin.args.get(arg)) for arg in ("self", "other"))
+
+
+Scale: TypeAlias = tuple[Literal["mul", "div"], WeightExpr] | None
+Affine: TypeAlias = tuple[Scale, WeightExpr | None]  # (a, k): y' = a * y + k; None: a = 1, k = 0
+
+
+def _fill(value: float) -> WeightExpr:
+    return Fill(shape=(1,), value=value, dtype="float32")
+
+
+def _times(x: WeightExpr, k: float) -> WeightExpr:
+    return x if k == 1 else Unary(op="neg", x=x) if k == -1 else Binary(op="mul", a=x, b=_fill(k))
+
+
+def _by(k: float) -> Scale:
+    return None if k == 1 else ("mul", _fill(k))
+
+
+# (op, y is its first operand) -> (c as a float32 vector, alpha) -> (a, k)
+AFFINE: Mapping[tuple[str, bool], Callable[[WeightExpr, float], Affine]] = {
+    ("mul", True): lambda c, _: (("mul", c), None),
+    ("mul", False): lambda c, _: (("mul", c), None),
+    ("div", True): lambda c, _: (("div", c), None),
+    ("add", True): lambda c, alpha: (None, _times(c, alpha)),
+    ("add", False): lambda c, alpha: (_by(alpha), c),
+    ("sub", True): lambda c, alpha: (None, _times(c, -alpha)),
+    ("sub", False): lambda c, alpha: (_by(-alpha), c),
+    ("rsub", True): lambda c, alpha: (_by(-alpha), c),
+}
+
+
+def _name(match: Match) -> str:
+    """The binding name of the producer's outer node."""
+    if "conv" in match.bindings:
+        return "conv"
+    return "lin_out" if "lin_out" in match.bindings else "lin"
+
+
+def _producer(match: Match) -> Bound:
+    """The node that carries the conv's or linear's output."""
+    y = match.bindings[_name(match)]
+    assert isinstance(y, Bound)  # the pattern binds ops under these names
+    return y
+
+
+def _key(bin: Bound, match: Match) -> tuple[str, bool]:
+    return bin.node.target.split(".")[1], bin.args.get("self") == NodeRef(_producer(match).name)
+
+
+def _affine(bin: Bound, match: Match) -> Reason | None:
+    """The op is affine in the producer's output (``c / y`` is not)."""
+    if _key(bin, match) in AFFINE:
+        return None
+    y = _producer(match)
+    detail = f"{bin.name} divides by the output of {y.name}: not a scale and shift of it"
+    return Declined(code=DIVISOR, node=bin.name, detail=detail, path=match.sites[_name(match)].path)
+
+
+def _same_dtype(bin: Bound, match: Match) -> Reason | None:
+    """The op keeps the producer's dtype (folding cannot promote, e.g. float16 times a float32 tensor)."""
+    y = _producer(match)
+    if bin.spec is None or y.spec is None:
+        return Malformed(node=bin.name, detail="the op or its operand has no known dtype")
+    if bin.spec.dtype == y.spec.dtype:
+        return None
+    detail = f"{bin.name} turns the {y.spec.dtype} output of {y.name} into {bin.spec.dtype} (a folded op keeps it)"
+    return Declined(code=PROMOTION, node=bin.name, detail=detail)
+
+
+def _channels(w: TensorSpec, conv: Bound | None) -> int:
+    n = w.shape[0] if conv is None else out_channels(w, transposed=conv.bool("transposed"), groups=conv.int("groups"))
+    return n if isinstance(n, int) else -1
+
+
+def _per_channel(bin: Bound, c: WeightExpr | float, match: Match, conv: Bound | None = None) -> Reason | None:
+    """A tensor constant broadcasts along the output channels only (size 1 or C there, 1 elsewhere)."""
+    y, c_spec, w = _producer(match).spec, match.spec("c"), match.spec("w")
+    if not isinstance(c, WeightExpr) or c_spec is None:
+        return None
+    if y is None or w is None:
+        return Malformed(node=bin.name, detail="the producer's output or weight has no known shape")
+    rank, n = len(y.shape), _channels(w, conv)
+    axis = 1 if conv is not None else rank - 1
+    aligned = (1,) * (rank - len(c_spec.shape)) + c_spec.shape
+    if len(c_spec.shape) <= rank and all(d == 1 or (i == axis and d == n) for i, d in enumerate(aligned)):
+        return None
+    site = match.sites["c"]
+    detail = (
+        f"{site.role} of {bin.name} has shape {c_spec.shape}: it must broadcast along the {n} output channels "
+        f"(dim {axis} of {y.shape}) only"
+    )
+    return Declined(code=PER_CHANNEL, node=bin.name, detail=detail, path=site.path)
+
+
+def _vector(c: WeightExpr | float) -> WeightExpr:
+    """The constant as a float32 vector of 1 or C entries."""
+    if not isinstance(c, WeightExpr):
+        return _fill(float(c))
+    return Reshape(x=Cast(x=c, dtype="float32"), shape=(infer_spec(c).unwrap().numel,))
+
+
+def _scaled(w: WeightExpr, scale: tuple[Literal["mul", "div"], WeightExpr], conv: Bound | None) -> WeightExpr:
+    """``w`` (float32) times (or over) a per-output-channel vector, in the weight's layout."""
+    op, vec = scale
+    dims = tuple(d for d in infer_spec(w).unwrap().shape if isinstance(d, int))
+    n = infer_spec(vec).unwrap().numel
+    w32: WeightExpr = Cast(x=w, dtype="float32")
+    ones = (1,) * (len(dims) - 2)
+    if n == 1:
+        return Binary(op=op, a=w32, b=vec)
+    if conv is None or not conv.bool("transposed"):  # (OC, ...): output channels lead
+        return Binary(op=op, a=w32, b=Reshape(x=vec, shape=(n, *(1,) * (len(dims) - 1))))
+    g = conv.int("groups")  # (IC, OC/g, ...): output channel g*(OC/g)+j sits at [g*(IC/g)+i, j]
+    grouped = Reshape(x=w32, shape=(g, dims[0] // g, *dims[1:]))
+    per_out = Reshape(x=vec, shape=(g, 1, dims[1], *ones))
+    return Reshape(x=Binary(op=op, a=grouped, b=per_out), shape=dims)
+
+
+def _bias(b: WeightExpr | None, affine: Affine, n: int, dtype: str) -> WeightExpr | None:
+    scale, shift = affine
+    if b is None and shift is None:
+        return None
+    out: WeightExpr = Cast(x=b, dtype="float32") if b is not None else Fill(shape=(n,), value=0.0, dtype="float32")
+    if b is not None and scale is not None:
+        out = Binary(op=scale[0], a=out, b=scale[1])
+    if shift is not None:
+        out = Binary(op="add", a=out, b=shift)
+    return Cast(x=out, dtype=dtype)
+
+
+def _folded(
+    p: Planner, w: WeightExpr, b: WeightExpr | None, affine: Affine, conv: Bound | None, old: NodeRef, name: str
+) -> tuple[NodeRef, NodeRef | None]:
+    """The new weight (the old one when the scale is 1) and bias (None when there is none)."""
+    scale = affine[0]
+    spec = infer_spec(w).unwrap()
+    weight = old if scale is None else p.const(Cast(x=_scaled(w, scale, conv), dtype=spec.dtype), f"{name}_weight")
+    bias = _bias(b, affine, _channels(spec, conv), spec.dtype)
+    return weight, None if bias is None else p.const(bias, f"{name}_bias")
+
+
+def _plan(
+    p: Planner,
+    bin: Bound,
+    w: WeightExpr,
+    c: WeightExpr | float,
+    conv: Bound | None = None,
+    b: WeightExpr | None = None,
+    alpha: float = 1,
+) -> RewritePlan:
+    # y' = conv(x, a * W, a * b + k) | linear(x, a * W, a * b + k)
+    kind, first = _key(bin, p.match)
+    affine = AFFINE[(kind, first)](_vector(c), float(alpha))
+    if conv is not None:
+        weight, bias = _folded(p, w, b, affine, conv, conv.ref("weight"), f"{conv.name}_{kind}")
+        return p.replace(bin, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias))
+    lin = linear_of(p.match)
+    old = lin.t.ref("self") if lin.t is not None else lin.op.ref("weight")
+    weight, bias = _folded(p, w, b, affine, None, old, f"{lin.op.name}_{kind}")
+    return p.replace(bin, emit_linear(p, lin, weight, bias, suffix=kind))
+
+
+FOLD_BINARY = rule(
+    NAME,
+    PATTERN,
+    need.check(_affine, codes=(DIVISOR,)),
+    need.static("w"),
+    need.dtype("w", FLOAT_DTYPES),
+    need.check(_same_dtype, codes=(PROMOTION, "malformed-node")),
+    need.check(_per_channel, codes=(PER_CHANNEL, "malformed-node")),
+    plan=_plan,
+    candidate=_candidate,
+)
+
+
+def fold_binary() -> PatternRule:
+    """The binary-folding rule: a constant scale or shift per output channel folded into the conv or
+    linear before it.
+
+    >>> from fxpure.reasons import GENERIC_CODES
+    >>> sorted(fold_binary().codes - GENERIC_CODES)
+    ['arg-mismatch', 'conv-output-shared', 'dtype-promotion', 'linear-output-shared', 'not-constant', \
+'not-per-channel', 'not-scalar', 'output-is-divisor', 'producer-not-conv-or-linear', \
+'symbolic-shape', 'unsupported-dtype']
+    """
+    return FOLD_BINARY

@@ -1,0 +1,119 @@
+"""fuse_linear_bn: linear -> eval batch_norm over its features  =>  linear with the batch norm folded into W, b.
+
+A batch norm normalises dim 1; a linear writes its features in its last dim. They line up
+for a ``[N, F]`` output, or when a permute (or transpose) puts the features at dim 1 first
+(``bn(linear(x).transpose(1, 2))``): then the batch norm becomes that permute of the new
+linear. ``BatchNorm1d(T)`` straight on a ``[B, T, F]`` output is declined, even when T == F.
+"""
+
+from __future__ import annotations
+
+from returns.result import Result
+
+from fxpure.families import BATCH_NORM, PERMUTE, TRANSPOSE_DIMS
+from fxpure.linear import emit_linear, linear, linear_of
+from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, need, rule
+from fxpure.plan import RewritePlan
+from fxpure.reasons import BadExpr, Declined, Malformed, Reason
+from fxpure.weights import FLOAT_DTYPES, WeightExpr, fold_batch_norm
+
+NAME = "fuse-linear-bn"
+NOT_LINEAR = "producer-not-linear"
+LINEAR_SHARED = "linear-output-shared"
+AXIS = "bn-axis-mismatch"
+
+# the linear in any spelling, read by the batch norm (or the permute) only
+LINEAR = linear("lin", code=NOT_LINEAR, shared=LINEAR_SHARED)
+# the op that moves a [B, T, F] linear output to [B, F, T]: permute (edge: permute_copy) or transpose
+SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
+
+# bn(linear(x, w, b?) | permute(linear(x, w, b?)), gamma?, beta?, mean, var, training=False)[0]
+PATTERN = Op(
+    BATCH_NORM,
+    name="bn",
+    out=0,
+    out_code="bn-stats-used",
+    training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
+    input=OneOf(LINEAR, SWAP),
+    weight=Const("gamma", optional=True),
+    bias=Const("beta", optional=True),
+    running_mean=Const("mean"),
+    running_var=Const("var"),
+)
+
+
+def _source_dim(perm: Bound, rank: int) -> int | None:
+    """The dim of the permute's input that lands at dim 1 of its output (None: not a permutation of it)."""
+    dims = perm.args.get("dims")
+    if dims is None:  # transpose(dim0, dim1)
+        a, b = perm.int("dim0") % rank, perm.int("dim1") % rank
+        return b if a == 1 else a if b == 1 else 1
+    picked = [d % rank for d in dims if isinstance(d, int)] if isinstance(dims, tuple) else []
+    return picked[1] if sorted(picked) == list(range(rank)) and rank > 1 else None
+
+
+def _axes(bn: Bound, match: Match, perm: Bound | None = None) -> Reason | None:
+    """The batch norm's channel dim (1) is the linear's feature dim (its last)."""
+    spec = linear_of(match).spec
+    if spec is None or not spec.shape:
+        return Malformed(node=bn.name, detail="the linear's output has no known shape")
+    rank = len(spec.shape)
+    source = 1 if perm is None else _source_dim(perm, rank)
+    if source is None and perm is not None:
+        return Malformed(node=perm.name, detail=f"{perm.args.get('dims')} is not a permutation of {rank} dims")
+    if source == rank - 1:
+        return None
+    via = "" if perm is None else f" (through {perm.name})"
+    detail = (
+        f"{bn.name} normalises dim {source} of the linear's output {spec.shape}{via}, "
+        f"but the linear's features are its last dim ({rank - 1})"
+    )
+    return Declined(code=AXIS, node=bn.name, detail=detail, path=match.sites["perm" if perm else "bn"].path)
+
+
+def _plan(
+    p: Planner,
+    bn: Bound,
+    w: WeightExpr,
+    mean: WeightExpr,
+    var: WeightExpr,
+    gamma: WeightExpr | None,
+    beta: WeightExpr | None,
+    b: WeightExpr | None = None,
+    perm: Bound | None = None,
+) -> Result[RewritePlan, BadExpr]:
+    # linear(x, W * s, (b - mean) * s + beta) [-> the same permute]; mm becomes addmm
+    lin = linear_of(p.match)
+    base = lin.op.name
+    folded = fold_batch_norm(weight=w, bias=b, mean=mean, var=var, gamma=gamma, beta=beta, eps=bn.float("eps"))
+
+    def emit(wb: tuple[WeightExpr, WeightExpr]) -> RewritePlan:
+        weight, bias = p.const(wb[0], f"{base}_bn_weight"), p.const(wb[1], f"{base}_bn_bias")
+        new = emit_linear(p, lin, weight, bias, suffix="bn")
+        if perm is not None:
+            new = p.respell(perm, name=f"{perm.name}_bn", self=new)
+        return p.replace(bn, new)
+
+    return folded.map(emit)
+
+
+FUSE_LINEAR_BN = rule(
+    NAME,
+    PATTERN,
+    need.check(_axes, codes=(AXIS, "malformed-node")),
+    need.static("w"),
+    need.dtype("w", FLOAT_DTYPES),
+    need.channels("mean", of="w"),
+    plan=_plan,
+)
+
+
+def fuse_linear_bn() -> PatternRule:
+    """The linear + batch-norm fusion rule: every eval batch norm over a linear's features folded into it.
+
+    >>> from fxpure.reasons import GENERIC_CODES
+    >>> sorted(fuse_linear_bn().codes - GENERIC_CODES)
+    ['arg-mismatch', 'bn-axis-mismatch', 'bn-stats-used', 'bn-training-mode', 'channel-mismatch', \
+'linear-output-shared', 'not-constant', 'producer-not-linear', 'symbolic-shape', 'unsupported-dtype']
+    """
+    return FUSE_LINEAR_BN

@@ -1,0 +1,409 @@
+"""concat_parallel_linears on hand-built snapshots: every plan shape and every reason code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from fxpure import NodeRef, plan, rewrite, verify
+from fxpure.rules.concat_parallel_linears import concat_parallel_linears
+from fxpure.serial import to_data
+from fxpure.snapshot import Arg, GraphSnapshot
+from fxpure.testing import GraphBuilder, spec
+from fxpure.weights import Concat, Fill, Source
+
+RULE = concat_parallel_linears()
+SLICE = {"aten": "aten.slice.Tensor", "edge": "aten.slice_copy.Tensor"}
+SPLIT = {"aten": "aten.split_with_sizes.default", "edge": "aten.split_with_sizes_copy.default"}
+
+
+def parallel(
+    *,
+    outs: Sequence[int | str] = (6, 4, 4),
+    bias: Sequence[bool] = (True, False, True),
+    form: str = "aten",
+    rank: int = 3,
+    batch: int | str = 2,
+    seq: int | str = 3,
+    features: int | str = 8,
+    lifted: bool = True,
+    weight_input: int | None = None,
+    bias_input: int | None = None,
+    dtypes: Mapping[int, str] | None = None,
+    rows: Mapping[int, int] | None = None,
+    cols: Mapping[int, int] | None = None,
+    shared_view: bool = False,
+    flat_user: int | None = None,
+    late_size: bool = False,
+) -> GraphSnapshot:
+    """x -> linear_i(W_i, b_i) for each i -> output (linear 1 through a relu), in one spelling:
+    ``aten`` (aten.linear), ``edge`` (permute_copy + addmm/mm, inside view_copy for rank 3) or
+    ``edge-linear`` (edge with linear preserved). Linear i's product is ``lin{i}``. Knobs for
+    every rejection: a weight or bias computed at run time, another dtype, weight rows that do
+    not match the output (``rows``) or the input (``cols``), a flat output also read by a relu (``flat_user``); and
+    ``late_size``: out0 reshapes with a size computed after the other linears' outputs."""
+    g = GraphBuilder(dialect="aten" if form == "aten" else "edge", lifted=lifted)
+    dtypes, rows, cols = dtypes or {}, rows or {}, cols or {}
+    lead: tuple[int | str, ...] = (batch, seq) if rank == 3 else (batch,)
+    x = g.input("x", (*lead, features))
+    nd = form == "edge" and rank == 3
+    sizes: tuple[Arg, ...] = lead
+    numel: Arg = batch * seq if isinstance(batch, int) and isinstance(seq, int) else 0
+    if nd and not all(isinstance(d, int) for d in lead):
+        sizes = tuple(g.node("aten.sym_size.int", (x, d), name=f"sym{d}") for d in range(2))
+        numel = g.node("_operator.mul", sizes, name="numel")
+    flat_dim = numel if isinstance(numel, int) else f"{batch}*{seq}"
+    results: list[NodeRef] = []
+    view: NodeRef | None = None
+    for i, (o, has_bias) in enumerate(zip(outs, bias, strict=True)):
+        dtype = dtypes.get(i, "float32")
+        w_shape = (rows.get(i, o), cols.get(i, features))
+        w = g.input(f"w{i}", w_shape) if i == weight_input else g.parameter(f"w{i}", w_shape, dtype, key=f"l{i}.w")
+        b = None
+        if has_bias:
+            b = g.input(f"b{i}", w_shape[:1]) if i == bias_input else g.parameter(f"b{i}", w_shape[:1], dtype)
+        out = spec(*lead, o, dtype=dtype)
+        if form != "edge":
+            results.append(g.call("aten.linear.default", name=f"lin{i}", out=out, input=x, weight=w, bias=b))
+            continue
+        if nd and (view is None or not shared_view):
+            view = g.call("aten.view_copy.default", name=f"flat{i}", out=(flat_dim, features), self=x, size=(numel, 8))
+        t = g.call("aten.permute_copy.default", name=f"t{i}", out=(features, o), self=w, dims=(1, 0))
+        mat = view if nd and view is not None else x
+        prod = spec(flat_dim, o, dtype=dtype) if nd else out
+        if b is None:
+            y = g.call("aten.mm.default", name=f"lin{i}", out=prod, self=mat, mat2=t)
+        else:
+            y = g.call("aten.addmm.default", name=f"lin{i}", out=prod, self=b, mat1=mat, mat2=t)
+        if i == flat_user:
+            results.append(g.call("aten.relu.default", name=f"flat_relu{i}", out=prod, self=y))
+        if nd and not (late_size and i == 0):
+            y = g.call("aten.view_copy.default", name=f"out{i}", out=out, self=y, size=(*sizes, o))
+        results.insert(i, y)
+    if late_size:  # out0 reads a size computed after the other linears' outputs
+        late = g.node("aten.sym_size.int", (x, 0), name="late")
+        size = (late, sizes[1], outs[0])
+        results[0] = g.call("aten.view_copy.default", name="out0", out=spec(*lead, outs[0]), self=results[0], size=size)
+    results[1] = g.call("aten.relu.default", name="act1", out=spec(*lead, outs[1]), self=results[1])
+    g.output(*results)
+    return g.build()
+
+
+def outer(form: str, rank: int, i: int) -> str:
+    """The node that carries linear i's result."""
+    return f"out{i}" if form == "edge" and rank == 3 else f"lin{i}"
+
+
+def calls(s: GraphSnapshot) -> list[str]:
+    return [n.name for n in s.nodes if n.op == "call_function"]
+
+
+def src(g: GraphSnapshot, key: str) -> Source:
+    return Source(key=key, spec=g.constants[key].spec)
+
+
+def widths(after: GraphSnapshot) -> tuple[int, ...]:
+    """The column count of every slice the rule made, in order (each checked to follow the last)."""
+    parts = [n for n in after.nodes if n.name.endswith("_part")]
+    assert all(n.target in SLICE.values() for n in parts)
+    starts, ends = [n.args[2] for n in parts], [n.args[3] for n in parts]
+    assert starts == [0, *ends[:-1]]
+    return tuple(int(e) - int(a) for a, e in zip(starts, ends, strict=True))  # type: ignore[arg-type]
+
+
+FORMS = [("aten", 3, True), ("aten", 2, False), ("edge", 2, True), ("edge", 3, True), ("edge-linear", 3, True)]
+PARTS = ["lin0_part", "lin1_part", "lin2_part", "act1"]
+JOINED_NODES = {
+    ("aten", 3): ["lin0_cat", *PARTS],
+    ("aten", 2): ["lin0_cat", *PARTS],
+    ("edge-linear", 3): ["lin0_cat", *PARTS],
+    ("edge", 2): ["t0_cat", "lin0_cat", *PARTS],
+    ("edge", 3): ["flat0", "t0_cat", "lin0_cat", "out0_cat", *PARTS],
+}
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize(("form", "rank", "lifted"), FORMS)
+def test_plan_shape(form: str, rank: int, lifted: bool, split: bool) -> None:
+    g = parallel(form=form, rank=rank, lifted=lifted)
+    report = plan(g, [concat_parallel_linears(split=split)])
+    assert report.rejections == ()
+    (p,) = report.plans
+    assert (p.rule, p.anchor) == ("concat-parallel-linears", "x")
+    after = verify(report.after).unwrap()
+    nodes = JOINED_NODES[(form, rank)]
+    assert calls(after) == (nodes if not split else [*nodes[: -len(PARTS)], "lin0_split", *PARTS])
+    lead = (2, 3) if rank == 3 else (2,)
+    # one weight (14, 8): the three stacked; one bias: the two biases with zeros for the linear without
+    assert sorted(after.constants) == ["lin0_cat_bias", "lin0_cat_weight"]
+    weight, bias = after.constants["lin0_cat_weight"], after.constants["lin0_cat_bias"]
+    assert weight.source == Concat(xs=(src(g, "w0"), src(g, "w1"), src(g, "w2")), dim=0)
+    assert bias.source == Concat(xs=(src(g, "b0"), Fill(shape=(4,), value=0.0, dtype="float32"), src(g, "b2")), dim=0)
+    assert (weight.spec, bias.spec) == (spec(14, 8), spec(14))
+    assert after.node("lin0_cat_weight").op == ("placeholder" if lifted else "get_attr")
+    # the linear, in the first one's spelling, with 14 outputs, cut 6 / 4 / 4 along the last dim
+    joined = NodeRef("out0_cat" if (form, rank) == ("edge", 3) else "lin0_cat")
+    assert after.node(joined.name).spec == spec(*lead, 14)
+    specs = (spec(*lead, 6), spec(*lead, 4), spec(*lead, 4))
+    bounds = ((0, 6), (6, 10), (10, 14))
+    if split:
+        whole = after.node("lin0_split")
+        assert (whole.target, whole.args, whole.spec) == (SPLIT[g.dialect], (joined, (6, 4, 4), rank - 1), specs)
+    for i in range(3):
+        part = after.node(f"lin{i}_part")
+        args = (NodeRef("lin0_split"), i) if split else (joined, rank - 1, *bounds[i])
+        assert (part.target, part.args, part.spec) == ("getitem" if split else SLICE[g.dialect], args, specs[i])
+        # the part stands for its linear: meta (module stack, stack trace) from it, spelled as y[..., a:b]
+        assert (part.provenance, part.source_fn) == (f"lin{i}", "getitem")
+    # every use of each linear now reads its part
+    assert after.outputs == ("lin0_part", "act1", "lin2_part")
+    assert after.node("act1").args == (NodeRef("lin1_part"),)
+    assert p.replace == tuple((outer(form, rank, i), f"lin{i}_part") for i in range(3))
+    lin = after.node("lin0_cat")
+    if form == "edge":
+        t = after.node("t0_cat")
+        assert t.args == (NodeRef("lin0_cat_weight"), (1, 0)) and t.spec == spec(8, 14)
+        x = NodeRef("flat0" if rank == 3 else "x")
+        assert lin.target == "aten.addmm.default" and lin.args == (NodeRef("lin0_cat_bias"), x, NodeRef("t0_cat"))
+    else:
+        assert lin.target == "aten.linear.default"
+        assert lin.args == (NodeRef("x"), NodeRef("lin0_cat_weight"), NodeRef("lin0_cat_bias"))
+    if (form, rank) == ("edge", 3):
+        assert after.node("out0_cat").args == (NodeRef("lin0_cat"), (2, 3, 14))
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_without_any_bias_there_is_no_bias(form: str) -> None:
+    g = parallel(form=form, rank=2, bias=(False, False, False))
+    after = plan(g, [RULE]).after
+    assert sorted(after.constants) == ["lin0_cat_weight"]
+    lin = after.node("lin0_cat")
+    if form == "edge":
+        assert lin.target == "aten.mm.default" and lin.args == (NodeRef("x"), NodeRef("t0_cat"))
+    else:
+        assert lin.args[:2] == (NodeRef("x"), NodeRef("lin0_cat_weight")) and lin.args[2:] in ((), (None,))
+
+
+def test_with_every_bias_the_biases_are_stacked() -> None:
+    g = parallel(bias=(True, True, True))
+    bias = plan(g, [RULE]).after.constants["lin0_cat_bias"]
+    assert bias.source == Concat(xs=(src(g, "b0"), src(g, "b1"), src(g, "b2")), dim=0)
+
+
+def test_a_first_linear_without_bias_becomes_an_addmm() -> None:
+    g = parallel(form="edge", rank=3, outs=(3, 5), bias=(False, True))
+    after = verify(plan(g, [RULE]).after).unwrap()
+    lin = after.node("lin0_cat")
+    assert lin.target == "aten.addmm.default"
+    assert lin.args == (NodeRef("lin0_cat_bias"), NodeRef("flat0"), NodeRef("t0_cat"))
+    zeros = Fill(shape=(3,), value=0.0, dtype="float32")
+    assert after.constants["lin0_cat_bias"].source == Concat(xs=(zeros, src(g, "b1")), dim=0)
+
+
+@pytest.mark.parametrize("outs", [(4, 4), (1, 7, 2), (16, 4, 4, 8), (3, 1, 4, 1, 5)])
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_any_number_of_any_sizes(outs: tuple[int, ...], form: str) -> None:
+    n = len(outs)
+    g = parallel(outs=outs, bias=tuple(i % 2 == 0 for i in range(n)), form=form)
+    report = plan(g, [RULE])
+    assert report.rejections == () and len(report.plans) == 1
+    after = verify(report.after).unwrap()
+    assert after.constants["lin0_cat_weight"].spec == spec(sum(outs), 8)
+    assert widths(after) == outs
+    assert tuple(after.node(f"lin{i}_part").spec for i in range(n)) == tuple(spec(2, 3, o) for o in outs)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "rejected", "joined"),
+    [
+        ({"weight_input": 1}, {("lin1", "not-constant")}, (6, 4)),
+        ({"bias_input": 2}, {("lin2", "not-constant")}, (6, 4)),
+        ({"dtypes": {2: "float16"}}, {("lin2", "dtype-mismatch")}, (6, 4)),
+        ({"outs": (6, "s5", 4)}, {("lin1", "symbolic-shape")}, (6, 4)),
+        ({"rows": {0: 5}}, {("lin0", "malformed-node")}, (4, 4)),
+        ({"cols": {2: 7}}, {("lin2", "malformed-node")}, (6, 4)),
+        ({"form": "edge", "flat_user": 1}, {("lin1", "output-shared")}, (6, 4)),
+        (
+            {"weight_input": 1, "outs": (6, 4), "bias": (True, True)},
+            {("x", "too-few-linears"), ("lin1", "not-constant")},
+            None,
+        ),
+        ({"features": "s9"}, {("x", "symbolic-shape")}, None),
+        (
+            {"dtypes": {0: "float16", 1: "bfloat16"}},
+            {("x", "too-few-linears"), ("lin0", "dtype-mismatch"), ("lin1", "dtype-mismatch")},
+            None,
+        ),
+    ],
+)
+def test_each_rejection(
+    knobs: dict[str, object], rejected: set[tuple[str, str]], joined: tuple[int, ...] | None
+) -> None:
+    g = parallel(**knobs)  # type: ignore[arg-type]
+    report = plan(g, [RULE])
+    got = {(r.node, r.reason.code) for r in report.rejections}
+    assert got == rejected
+    assert {c for _, c in got} <= RULE.codes
+    assert all(r.rule == "concat-parallel-linears" for r in report.rejections)
+    if joined is None:
+        assert report.plans == () and report.after == g  # declined: untouched
+        return
+    assert len(report.plans) == 1
+    after = verify(report.after).unwrap()
+    assert widths(after) == joined
+    for node, _ in rejected:
+        assert node in after.index  # the linear that cannot join is left as it was
+        assert after.node(node) == g.node(node)
+
+
+def test_reasons_say_what_is_wrong() -> None:
+    def reasons(**knobs: object) -> dict[str, str]:
+        return {r.node: r.reason.message for r in plan(parallel(**knobs), [RULE]).rejections}  # type: ignore[arg-type]
+
+    assert reasons(weight_input=1)["lin1"] == "weight of lin1 is not a constant (it is computed by 'w1')"
+    assert reasons(bias_input=2)["lin2"] == "bias of lin2 is not a constant (it is computed by 'b2')"
+    assert reasons(dtypes={2: "float16"})["lin2"] == "lin2 computes in float16, its input is float32"
+    assert reasons(outs=(6, "s5", 4))["lin1"] == "output of lin1 has symbolic shape (2, 3, 's5')"
+    assert reasons(form="edge", flat_user=1)["lin1"] == "output of lin1 is also used by flat_relu1"
+    assert "input features of x has symbolic shape" in reasons(features="s9")["x"]
+    few = reasons(weight_input=1, outs=(6, 4), bias=(True, True))["x"]
+    assert few == "x is read by 2 linears, 1 of which can join (lin1: not-constant)"
+
+
+def test_anchors_are_the_input_and_the_linears_that_cannot_join() -> None:
+    g = parallel(weight_input=1, dtypes={2: "float16"}, outs=(6, 4, 4, 2), bias=(True, True, True, False))
+    assert [n.name for n in RULE.anchors(g)] == ["x", "lin1", "lin2"]
+    assert [n.name for n in RULE.anchors(parallel())] == ["x"]
+    # asked directly, a linear that joins points at the input; an unrelated node is no anchor
+    joins = RULE.plan_at(g, g.node("lin0")).failure()
+    assert (joins.code, joins.message) == ("malformed-node", "lin0: lin0 joins the linears of x there")
+    other = RULE.plan_at(g, g.node("act1")).failure()
+    assert (other.code, other.message) == ("malformed-node", "act1: act1 is not an anchor of concat-parallel-linears")
+
+
+def test_one_linear_is_no_candidate() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2, 8))
+    w = g.parameter("w", (6, 8))
+    y = g.call("aten.linear.default", name="lin", out=(2, 6), input=x, weight=w)
+    g.output(y, g.call("aten.relu.default", name="r", out=(2, 8), self=x))
+    report = plan(g.build(), [RULE])
+    assert report.plans == () and report.rejections == ()
+
+
+def test_a_weight_used_elsewhere_stays_and_one_used_twice_is_stacked_twice() -> None:
+    g = GraphBuilder()
+    w = g.parameter("w", (4, 8))
+    x, y = g.input("x", (2, 8)), g.input("y", (2, 8))
+    q = g.call("aten.linear.default", name="q", out=(2, 4), input=x, weight=w)
+    k = g.call("aten.linear.default", name="k", out=(2, 4), input=x, weight=w)
+    other = g.call("aten.linear.default", name="other", out=(2, 4), input=y, weight=w)
+    g.output(q, k, other)
+    s = g.build()
+    report = plan(s, [RULE])
+    assert [p.anchor for p in report.plans] == ["x"]
+    after = verify(report.after).unwrap()
+    w_src = src(s, "w")
+    assert after.constants["q_cat_weight"].source == Concat(xs=(w_src, w_src), dim=0)
+    assert after.constants["w"] == s.constants["w"] and after.node("other") == s.node("other")  # untouched
+    # without the other reader, the old weight goes
+    g2 = GraphBuilder()
+    w2, x2 = g2.parameter("w", (4, 8)), g2.input("x", (2, 8))
+    g2.output(*(g2.call("aten.linear.default", name=n, out=(2, 4), input=x2, weight=w2) for n in ("q", "k")))
+    assert "w" not in plan(g2.build(), [RULE]).after.constants
+
+
+def test_a_shared_flat_view_is_kept_for_the_joined_linear() -> None:
+    g = parallel(form="edge", rank=3, shared_view=True)
+    report = plan(g, [RULE])
+    after = verify(report.after).unwrap()
+    assert calls(after)[0] == "flat0" and after.node("lin0_cat").args[1] == NodeRef("flat0")
+
+
+def test_edge_reshapes_of_unjoined_linears_stay() -> None:
+    g = parallel(form="edge", rank=3, weight_input=1)
+    after = verify(plan(g, [RULE]).after).unwrap()
+    assert {"flat1", "t1", "lin1", "out1"} <= set(after.index)
+    assert {"flat2", "t2", "lin2", "out2"}.isdisjoint(after.index)
+
+
+def test_the_new_nodes_go_before_the_earliest_output_with_what_they_read() -> None:
+    # out0 is written last and reads a size computed after out1 and out2: the joined linear is
+    # spelled after the linear whose output comes first, so it reads nothing defined later
+    g = parallel(form="edge", rank=3, late_size=True, batch="s0", seq=3)
+    assert g.index["late"] > g.index["out2"]
+    report = plan(g, [RULE])
+    assert len(report.plans) == 1 and report.rejections == ()
+    after = verify(report.after).unwrap()
+    assert after.node("out1_cat").args[1] == (NodeRef("sym0"), NodeRef("sym1"), 14)
+
+
+@pytest.mark.parametrize("form", ["aten", "edge", "edge-linear"])
+def test_dynamic_batch_and_sequence_stay_symbolic(form: str) -> None:
+    g = parallel(form=form, batch="s0", seq="s1")
+    report = plan(g, [RULE])
+    assert report.rejections == ()
+    after = verify(report.after).unwrap()
+    parts = tuple(after.node(f"lin{i}_part").spec for i in range(3))
+    assert parts == (spec("s0", "s1", 6), spec("s0", "s1", 4), spec("s0", "s1", 4))
+    if form == "edge":
+        assert after.node("out0_cat").args[1] == (NodeRef("sym0"), NodeRef("sym1"), 14)
+        assert after.node("lin0_cat").spec == spec("s0*s1", 14)
+        assert after.node("flat0").args[1] == (NodeRef("numel"), 8)
+    else:
+        assert after.node("lin0_cat").spec == spec("s0", "s1", 14)
+
+
+def test_nested_groups_join_in_one_pass() -> None:
+    # the outer group takes a's uses; the inner group reads a (so does not claim it) and gets a's part
+    g = GraphBuilder()
+    ws = [g.parameter(f"w{i}", (8, 8)) for i in range(4)]
+    x = g.input("x", (2, 8))
+    a = g.call("aten.linear.default", name="a", out=(2, 8), input=x, weight=ws[0])
+    b = g.call("aten.linear.default", name="b", out=(2, 8), input=x, weight=ws[1])
+    c = g.call("aten.linear.default", name="c", out=(2, 8), input=a, weight=ws[2])
+    d = g.call("aten.linear.default", name="d", out=(2, 8), input=a, weight=ws[3])
+    g.output(b, c, d)
+    report = plan(g.build(), [RULE])
+    assert [p.anchor for p in report.plans] == ["x", "a"] and report.rejections == ()
+    after = verify(report.after).unwrap()
+    assert sorted(after.constants) == ["a_cat_weight", "c_cat_weight"]
+    assert calls(after) == ["a_cat", "a_part", "b_part", "c_cat", "c_part", "d_part"]
+    assert after.node("c_cat").args[:2] == (NodeRef("a_part"), NodeRef("c_cat_weight"))
+    assert after.outputs == ("b_part", "c_part", "d_part")
+
+
+def test_a_second_pass_finds_nothing_more() -> None:
+    after = plan(parallel(form="edge"), [RULE]).after
+    again = plan(after, [RULE])
+    assert again.plans == () and again.rejections == ()
+
+
+def test_plans_are_deterministic_data() -> None:
+    g = parallel(form="edge")
+    a, b = plan(g, [RULE]), plan(g, [RULE])
+    assert a.plans == b.plans and a.after == b.after
+    assert rewrite(g, a.plans).unwrap() == a.after
+    json.dumps(to_data(a.plans))  # plain data, for --json and golden files
+
+
+def test_unknown_shapes_are_declined() -> None:
+    g = GraphBuilder()
+    w0, w1 = g.parameter("w0", (4, 8)), g.parameter("w1", (2, 8))
+    x = g.input("x", (2, 8))
+    y = g.call("aten.relu.default", name="y", out=None, self=x)  # no known shape
+    a = g.call("aten.linear.default", name="a", out=(2, 4), input=y, weight=w0)
+    b = g.call("aten.linear.default", name="b", out=(2, 2), input=y, weight=w1)
+    c = g.call("aten.linear.default", name="c", out=(2, 4), input=x, weight=w0)
+    d = g.call("aten.linear.default", name="d", out=None, input=x, weight=w1)
+    g.output(a, b, c, d)
+    report = plan(g.build(), [RULE])
+    got = {(r.node, r.reason.code, r.reason.message) for r in report.rejections}
+    assert got == {
+        ("y", "malformed-node", "y: y has no known shape"),
+        ("x", "too-few-linears", "x is read by 2 linears, 1 of which can join (d: malformed-node)"),
+        ("d", "malformed-node", "d: d has no known output or weight shape"),
+    }
+    assert report.plans == ()

@@ -1,0 +1,325 @@
+"""linear_to_conv2d on hand-built snapshots: the plan for every spelling and rank, every reason with
+its exact code and pattern path, dequantized and shared weights, dynamic sizes, and a model's own
+flatten around a product."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from fxpure import NodeRef, plan, snapshot, verify
+from fxpure.rules.linear_to_conv2d import linear_to_conv2d
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot
+from fxpure.testing import GraphBuilder, spec
+from fxpure.weights import Reshape, Source
+
+RULE = linear_to_conv2d()
+VIEW = {"aten": "aten.view.default", "edge": "aten.view_copy.default"}
+PERMUTE = {"aten": "aten.permute.default", "edge": "aten.permute_copy.default"}
+
+
+def linear(
+    *,
+    spelling: str = "linear",  # "linear" | "addmm" (permute + addmm/mm, reshaped around for rank > 2) | "t"
+    dialect: str = "aten",
+    lifted: bool = True,
+    lead: tuple[int | str, ...] = (2, 5),
+    features: int | str = 8,
+    out: int = 6,
+    bias: str = "param",  # "param" | "none" | "input" | "matrix"
+    weight: str = "param",  # "param" | "input" | "dq" | "dq-tensor" | "dq-of-input" | "vector"
+    axis: int = 0,
+    shared: str = "",  # "" | "linear" (a second linear on the weight) | "output" (the weight is an output)
+    t_shared: bool = False,
+    beta: float = 1.0,
+) -> GraphSnapshot:
+    """x -> a linear in one spelling -> output, with a knob per plan shape and reason."""
+    g = GraphBuilder(dialect=dialect, lifted=lifted)
+    w_shape: tuple[int | str, ...] = (features,) if weight == "vector" else (out, features)
+    w = _weight(g, weight, w_shape, axis)
+    b: Arg = None
+    if bias != "none":
+        b_shape = (lead[0], out) if bias == "matrix" else (out,)
+        b = g.input("b", b_shape) if bias == "input" else g.parameter("b", b_shape)
+    x = g.input("x", (*lead, features))
+    y_shape = (*lead, out) if weight != "vector" else lead
+    extra: list[Arg] = []
+    if spelling == "linear":
+        y = g.call("aten.linear.default", name="lin", out=y_shape, input=x, weight=w, bias=b)
+    else:
+        t = (
+            g.call("aten.t.default", name="lin_t", out=(features, out), self=w)
+            if spelling == "t"
+            else g.call(PERMUTE[dialect], name="lin_t", out=(features, out), self=w, dims=(1, 0))
+        )
+        y = _product(g, dialect, x, t, b, (*lead, features), out, beta)
+        extra += [t] if t_shared else []
+    if shared == "linear":
+        extra.append(g.call("aten.linear.default", name="lin_b", out=y_shape, input=x, weight=w, bias=b))
+    elif shared == "output":
+        extra.append(w)
+    g.output(y, *extra)
+    return g.build()
+
+
+def _weight(g: GraphBuilder, kind: str, shape: tuple[int | str, ...], axis: int) -> NodeRef:
+    """The weight as a parameter, an input, or an int8 one behind a dequantize."""
+    dtype = "int8" if kind.startswith("dq") else "float32"
+    w = g.input("w", shape, dtype) if kind in ("input", "dq-of-input") else g.parameter("w", shape, dtype)
+    int8: dict[str, Arg] = {"quant_min": -127, "quant_max": 127, "dtype": DTypeArg("int8")}
+    if kind == "dq-tensor":
+        q: dict[str, Arg] = {"input": w, "scale": 0.02, "zero_point": 0, **int8}
+        return g.call("quantized_decomposed.dequantize_per_tensor.default", name="dqw", out=shape, **q)
+    if kind not in ("dq", "dq-of-input"):
+        return w
+    n = shape[axis]
+    zps = g.buffer("zps", (n,), "int64", values=[0] * int(n))
+    q = {"input": w, "scale": g.buffer("scales", (n,)), "zero_point": zps, "axis": axis, **int8}
+    return g.call("quantized_decomposed.dequantize_per_channel.default", name="dqw", out=shape, **q)
+
+
+def _product(
+    g: GraphBuilder, dialect: str, x: NodeRef, t: NodeRef, b: Arg, x_shape: tuple[int | str, ...], out: int, beta: float
+) -> NodeRef:
+    """addmm (mm without bias) on x, flattened to rows first and reshaped back when it has rank > 2."""
+    flat, rows = x, x_shape[0]
+    if len(x_shape) > 2:
+        rows = "rows"
+        flat = g.call(VIEW[dialect], name="lin_in", out=(rows, x_shape[-1]), self=x, size=(-1, x_shape[-1]))
+    if b is None:
+        y = g.call("aten.mm.default", name="lin", out=(rows, out), self=flat, mat2=t)
+    else:
+        y = g.call("aten.addmm.default", name="lin", out=(rows, out), self=b, mat1=flat, mat2=t, beta=beta)
+    if len(x_shape) <= 2:
+        return y
+    size = (*x_shape[:-1], out)
+    return g.call(
+        VIEW[dialect], name="lin_out", out=size, self=y, size=tuple(-1 if isinstance(d, str) else d for d in size)
+    )
+
+
+LEAD = {2: (2,), 3: (2, 5), 4: (2, 3, 5)}
+# rank -> each new node before and after the conv: (op, its argument, output shape); the conv's output
+CHAIN: dict[
+    int, tuple[list[tuple[str, Any, tuple[int, ...]]], tuple[int, ...], list[tuple[str, Any, tuple[int, ...]]]]
+] = {
+    2: ([("unsqueeze", 2, (2, 8, 1)), ("unsqueeze", 3, (2, 8, 1, 1))], (2, 6, 1, 1), [("squeeze", (2, 3), (2, 6))]),
+    3: (
+        [("permute", (0, 2, 1), (2, 8, 5)), ("unsqueeze", 2, (2, 8, 1, 5))],
+        (2, 6, 1, 5),
+        [("squeeze", (2,), (2, 6, 5)), ("permute", (0, 2, 1), (2, 5, 6))],
+    ),
+    4: ([("permute", (0, 3, 1, 2), (2, 8, 3, 5))], (2, 6, 3, 5), [("permute", (0, 2, 3, 1), (2, 3, 5, 6))]),
+}
+TARGETS = {
+    ("aten", "unsqueeze"): "aten.unsqueeze.default",
+    ("aten", "squeeze"): "aten.squeeze.dims",
+    ("aten", "permute"): "aten.permute.default",
+    ("edge", "unsqueeze"): "aten.unsqueeze_copy.default",
+    ("edge", "squeeze"): "aten.squeeze_copy.dims",
+    ("edge", "permute"): "aten.permute_copy.default",
+}
+W = Source(key="w", spec=spec(6, 8))
+
+
+@pytest.mark.parametrize("bias", ["param", "none"])
+@pytest.mark.parametrize("rank", [2, 3, 4])
+@pytest.mark.parametrize(
+    ("spelling", "dialect"),
+    [("linear", "aten"), ("linear", "edge"), ("addmm", "edge"), ("addmm", "aten"), ("t", "aten")],
+)
+def test_plan_for_every_spelling_and_rank(spelling: str, dialect: str, rank: int, bias: str) -> None:
+    g = linear(spelling=spelling, dialect=dialect, lead=LEAD[rank], bias=bias)
+    report = plan(g, [RULE])
+    assert report.rejections == ()
+    (p,) = report.plans
+    after = verify(report.after).unwrap()
+    before, conv_shape, back = CHAIN[rank]
+    prev = NodeRef("x")
+    for i, (op, arg, shape) in enumerate(before):
+        n = after.node(f"lin_nchw{i}")
+        assert (n.target, n.args, n.spec) == (TARGETS[(dialect, op)], (prev, arg), spec(*shape))
+        prev = NodeRef(n.name)
+    conv = after.node("lin_conv")
+    b = NodeRef("b") if bias == "param" else None
+    if dialect == "edge":
+        conv_args: tuple[Arg, ...] = (prev, NodeRef("lin_weight_1x1"), b, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+        assert (conv.target, conv.args) == ("aten.convolution.default", conv_args)
+    else:
+        assert (conv.target, conv.args) == ("aten.conv2d.default", (prev, NodeRef("lin_weight_1x1"), b))
+    assert conv.spec == spec(*conv_shape) and conv.source_fn == conv.target.split(".")[1]
+    prev = NodeRef("lin_conv")
+    for i, (op, arg, shape) in enumerate(back):
+        n = after.node(f"lin_back{i}")
+        assert (n.target, n.args, n.spec) == (TARGETS[(dialect, op)], (prev, arg), spec(*shape))
+        prev = NodeRef(n.name)
+    assert after.outputs == (prev.name,)
+    assert after.node(prev.name).spec == g.node(g.outputs[0]).spec
+    w = after.constants["lin_weight_1x1"]
+    assert (w.source, w.spec, w.kind) == (Reshape(x=W, shape=(6, 8, 1, 1)), spec(6, 8, 1, 1), "parameter")
+    assert {"w", "lin", "lin_t", "lin_in", "lin_out"}.isdisjoint(after.index)  # the linear is gone, whole
+    assert {n.provenance for n in after.nodes if n.op == "call_function"} == {"lin"}
+    assert p.anchor == "lin"
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_dynamic_batch_and_sequence_stay_symbolic(dialect: str) -> None:
+    g = linear(spelling="addmm", dialect=dialect, lead=("s0", "s1"))
+    after = plan(g, [RULE]).after
+    assert after.node("lin_nchw1").spec == spec("s0", 8, 1, "s1")
+    assert after.node("lin_conv").spec == spec("s0", 6, 1, "s1")
+    assert after.node("lin_back1").spec == spec("s0", "s1", 6)
+    # no size is written into a new node: only dims of permutes, unsqueezes and squeezes
+    assert [n.args[1] for n in after.nodes if n.name.startswith(("lin_nchw", "lin_back"))] == [
+        (0, 2, 1),
+        2,
+        (2,),
+        (0, 2, 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("weight", "axis", "normal"), [("dq", 0, 0), ("dq", -2, 0), ("dq", 1, 1), ("dq-tensor", 0, None)]
+)
+def test_dequantized_weight_is_reshaped_behind_a_new_dequantize(weight: str, axis: int, normal: int | None) -> None:
+    g = linear(weight=weight, axis=axis, spelling="addmm", dialect="edge")
+    report = plan(g, [RULE])
+    assert report.rejections == ()
+    after = report.after
+    dq = after.node("dqw_1x1")
+    assert dq.target == g.node("dqw").target and dq.spec == spec(6, 8, 1, 1)
+    int8 = (-127, 127, DTypeArg("int8"))
+    want = (NodeRef("w_1x1"), NodeRef("scales"), NodeRef("zps"), normal, *int8) if normal is not None else None
+    assert dq.args == (want or (NodeRef("w_1x1"), 0.02, 0, *int8))
+    w = after.constants["w_1x1"]
+    assert w.source == Reshape(x=Source(key="w", spec=spec(6, 8, dtype="int8")), shape=(6, 8, 1, 1))
+    assert (w.spec, w.kind) == (spec(6, 8, 1, 1, dtype="int8"), "buffer")
+    assert after.node("lin_conv").args[1] == NodeRef("dqw_1x1")
+    assert {"w", "dqw", "lin_t"}.isdisjoint(after.index)
+
+
+def test_weight_shared_by_two_linears_is_reshaped_once() -> None:
+    report = plan(linear(shared="linear"), [RULE])
+    assert len(report.plans) == 2
+    after = report.after
+    assert after.node("lin_conv").args[1] == after.node("lin_b_conv").args[1] == NodeRef("lin_weight_1x1")
+    assert sorted(after.constants) == ["b", "lin_weight_1x1"]
+
+
+def test_weight_also_read_elsewhere_is_left_as_it_is() -> None:
+    g = linear(shared="output")
+    after = plan(g, [RULE]).after
+    assert after.constants["w"] == g.constants["w"] and after.outputs[1] == "w"
+    assert after.node("lin_conv").args[1] == NodeRef("lin_weight_1x1")
+
+
+def test_computed_bias_passes_through() -> None:
+    after = plan(linear(bias="input"), [RULE]).after
+    assert after.node("lin_conv").args[2] == NodeRef("b")
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code", "path", "message"),
+    [
+        ({"lead": ()}, "unsupported-rank", "lin.input", "lin has 1 input dims, the rule handles (2, 3, 4)"),
+        ({"lead": (2, 2, 2, 2)}, "unsupported-rank", "lin.input", "lin has 5 input dims"),
+        (
+            {"lead": (2, 2, 2, 2), "spelling": "addmm", "dialect": "edge"},
+            "unsupported-rank",
+            "lin.mat1/lin_in.self",
+            "5 input dims",
+        ),
+        ({"weight": "vector"}, "unsupported-rank", "lin.weight", "lin has 1 weight dims, the rule handles (2,)"),
+        ({"features": "s2"}, "symbolic-shape", "lin.input", "input of lin has symbolic shape (2, 5, 's2')"),
+        ({"bias": "matrix", "lead": (2,), "spelling": "addmm"}, "bias-not-per-channel", "lin.self", "bias (2, 6)"),
+        ({"weight": "input"}, "not-constant", "lin.weight", "weight of lin is not a constant"),
+        (
+            {"weight": "input", "spelling": "addmm", "dialect": "edge"},
+            "not-constant",
+            "lin.mat2/lin_t.self",
+            "self of lin_t",
+        ),
+        ({"weight": "dq-of-input"}, "not-constant", "lin.weight/dqw.input", "weight of lin is not a constant"),
+        ({"t_shared": True, "spelling": "addmm"}, "output-shared", "lin.mat2/lin_t", "output of lin_t is also used"),
+        ({"beta": 2.0, "spelling": "addmm"}, "arg-mismatch", "lin.beta", "beta of lin is 2.0"),
+    ],
+)
+def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) -> None:
+    g = linear(**knobs)
+    report = plan(g, [RULE])
+    assert report.plans == () and report.after == g
+    (r,) = report.rejections
+    assert (r.rule, r.node, r.reason.code, r.reason.path) == ("linear-to-conv2d", "lin", code, path)
+    assert message in r.reason.message
+
+
+def test_input_without_shape_is_malformed() -> None:
+    g = linear()
+    nodes = [replace(n, spec=None) if n.name == "x" else n for n in g.nodes]
+    (r,) = plan(snapshot(nodes, g.constants), [RULE]).rejections
+    assert (r.reason.code, r.reason.path) == ("malformed-node", "lin.input")
+
+
+def flattened(dialect: str = "edge") -> GraphSnapshot:
+    """A model's own flatten before a rank-2 linear and its own reshape after:
+    x (2, 3, 4) -> view (2, 12) -> addmm -> (2, 6) -> view (2, 2, 3)."""
+    g = GraphBuilder(dialect=dialect)
+    w, b = g.parameter("w", (6, 12)), g.parameter("b", (6,))
+    x = g.input("x", (2, 3, 4))
+    flat = g.call(VIEW[dialect], name="lin_in", out=(2, 12), self=x, size=(2, 12))
+    t = g.call(PERMUTE[dialect], name="lin_t", out=(12, 6), self=w, dims=(1, 0))
+    y = g.call("aten.addmm.default", name="lin", out=(2, 6), self=b, mat1=flat, mat2=t)
+    g.output(g.call(VIEW[dialect], name="lin_out", out=(2, 2, 3), self=y, size=(2, 2, 3)))
+    return g.build()
+
+
+def test_a_models_own_flatten_is_kept_around_a_rank_2_conv() -> None:
+    g = flattened()
+    report = plan(g, [RULE])
+    assert len(report.plans) == 1
+    after = verify(report.after).unwrap()
+    assert after.node("lin_in") == g.node("lin_in")  # the model's flatten feeds the conv
+    assert after.node("lin_nchw0").args == (NodeRef("lin_in"), 2)
+    assert after.node("lin_conv").spec == spec(2, 6, 1, 1)
+    reshape = after.node("lin_out_new")  # the model's reshape, on the conv's result
+    assert (reshape.target, reshape.args, reshape.spec) == (
+        "aten.view_copy.default",
+        (NodeRef("lin_back0"), (2, 2, 3)),
+        spec(2, 2, 3),
+    )
+    assert after.outputs == ("lin_out_new",) and "lin_out" not in after.index
+
+
+def with_symbolic_sizes(*, size_read_elsewhere: bool) -> GraphSnapshot:
+    """The edge spelling of a linear on a dynamic batch: the reshapes' sizes are computed in the
+    graph (``sym_size``, ``mul``), as ``to_edge`` writes them."""
+    g = GraphBuilder(dialect="edge")
+    w = g.parameter("w", (6, 8))
+    x = g.input("x", ("s0", 5, 8))
+    n = g.node("aten.sym_size.int", (x, 0), name="sym_size")
+    rows = g.node("_operator.mul", (n, 5), name="mul")
+    flat = g.call("aten.view_copy.default", name="lin_in", out=("5*s0", 8), self=x, size=(rows, 8))
+    t = g.call("aten.permute_copy.default", name="lin_t", out=(8, 6), self=w, dims=(1, 0))
+    y = g.call("aten.mm.default", name="lin", out=("5*s0", 6), self=flat, mat2=t)
+    out = g.call("aten.view_copy.default", name="lin_out", out=("s0", 5, 6), self=y, size=(n, 5, 6))
+    g.output(out, *([rows] if size_read_elsewhere else []))
+    return g.build()
+
+
+def test_sizes_of_the_removed_reshapes_go_with_them() -> None:
+    after = plan(with_symbolic_sizes(size_read_elsewhere=False), [RULE]).after
+    assert {"sym_size", "mul", "lin_in", "lin_out"}.isdisjoint(after.index)
+    kept = plan(with_symbolic_sizes(size_read_elsewhere=True), [RULE]).after
+    assert {"sym_size", "mul"} <= set(kept.index) and "lin_in" not in kept.index
+
+
+def test_a_product_whose_weight_is_not_transposed_is_not_a_linear() -> None:
+    g = GraphBuilder()
+    w, b = g.parameter("w", (8, 6)), g.parameter("b", (6,))
+    y = g.call("aten.addmm.default", name="lin", out=(2, 6), self=b, mat1=g.input("x", (2, 8)), mat2=w)
+    g.output(y)
+    (r,) = plan(g.build(), [RULE]).rejections
+    assert (r.reason.code, r.reason.path) == ("wrong-op", "lin.mat2/lin_t")
+    assert "mat2 of lin comes from w" in r.reason.message

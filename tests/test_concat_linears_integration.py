@@ -1,0 +1,340 @@
+"""concat_parallel_linears end to end: attention blocks (Q/K/V, GQA), MLP and multi-head models in
+every program form, numerics against eager, the ExecuTorch runtime, dynamic shapes, declines."""
+
+from __future__ import annotations
+
+import copy
+import math
+import operator
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge
+from torch import nn
+from torch.export import ExportedProgram
+from torch.nn import functional as F
+
+import adapters
+from adapters.passes import RulesPass
+from fxpure.reasons import NotConstant
+from fxpure.rules.concat_parallel_linears import concat_parallel_linears
+from tests.programs import Program, assert_close, assert_sound, run, run_pte
+
+FORMS = ("gm", "aten", "edge", "edge-linear")
+# a linear's product in every spelling (the oracle for "how many linears are left")
+PRODUCTS = ("aten.linear.default", "aten.addmm.default", "aten.mm.default")
+
+
+class Attention(nn.Module):
+    """Self-attention: Q/K/V projections (GQA: ``kv_heads`` < ``heads`` gives smaller K/V), softmax
+    attention, an output projection. ``bias``: for q, k, v."""
+
+    def __init__(
+        self, dim: int = 32, heads: int = 4, kv_heads: int = 4, bias: tuple[bool, bool, bool] = (True, True, True)
+    ) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, heads * self.hd, bias=bias[0])
+        self.k = nn.Linear(dim, kv_heads * self.hd, bias=bias[1])
+        self.v = nn.Linear(dim, kv_heads * self.hd, bias=bias[2])
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.hd), dim=-1)
+        out: torch.Tensor = self.o((att @ v).transpose(1, 2).reshape(b, t, d))
+        return out
+
+
+class SwiGLU(nn.Module):
+    """Gate and up projections of one input (no bias), as in Llama's MLP."""
+
+    def __init__(self, dim: int = 32, hidden: int = 48) -> None:
+        super().__init__()
+        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down(F.silu(self.gate(x)) * self.up(x))
+        return out
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: GQA attention (q bias only) and a SwiGLU MLP."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads=4, kv_heads=2, bias=(True, False, False))
+        self.mlp = SwiGLU(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.n1(x))
+        out: torch.Tensor = x + self.mlp(self.n2(x))
+        return out
+
+
+class Heads(nn.Module):
+    """Four classifier heads of different sizes on one (batch, features) input, mixed bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(24, n, bias=i % 2 == 0) for i, n in enumerate((3, 5, 1, 7)))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.relu(h(x)) if i == 1 else h(x) for i, h in enumerate(self.heads))
+
+
+class Pair(nn.Module):
+    """Two linears with bias on a rank-2 input (two addmm on edge)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 12), nn.Linear(16, 20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.a(x).sum(-1, keepdim=True) * self.b(x)
+        return out
+
+
+class Computed(nn.Module):
+    """K's weight is computed at run time, so k cannot join; q and v (``lonely``: only q) can."""
+
+    def __init__(self, lonely: bool = False) -> None:
+        super().__init__()
+        self.q, self.wk = nn.Linear(16, 8), nn.Parameter(torch.randn(6, 16))
+        self.v = nn.ModuleList([] if lonely else [nn.Linear(16, 4, bias=False)])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self.q(x), F.linear(x, self.wk * 2.0), *(v(x) for v in self.v))
+
+
+class Tied(nn.Module):
+    """One weight read by two linears of x (one with bias) and by a linear of another input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(8, 16)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.w), F.linear(x, self.w, self.b), F.linear(y, self.w)
+
+
+class Nested(nn.Module):
+    """Two linears of x, and two linears of the first one's output (a group inside a group)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 12), nn.Linear(16, 8, bias=False)
+        self.c, self.d = nn.Linear(12, 6, bias=False), nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = self.a(x)
+        return self.b(x), torch.relu(self.c(a)), self.d(a)
+
+
+# name -> (model, input shape, linears joined per group)
+MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...], tuple[int, ...]]] = {
+    "mha": (Attention, (2, 5, 32), (3,)),
+    "block": (Block, (2, 5, 32), (3, 2)),
+    "heads": (Heads, (6, 24), (4,)),
+    "pair": (Pair, (6, 16), (2,)),
+}
+VARIANTS: dict[str, nn.Module] = {
+    "mha_no_bias": Attention(bias=(False, False, False)),
+    "gqa": Attention(heads=4, kv_heads=1, bias=(True, False, True)),
+}
+
+
+def model_of(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], tuple[int, ...]]:
+    torch.manual_seed(0)
+    if name in VARIANTS:
+        return copy.deepcopy(VARIANTS[name]).eval(), (torch.randn(2, 5, 32),), (3,)
+    cls, shape, groups = MODELS[name]
+    return cls().eval(), (torch.randn(*shape),), groups
+
+
+def edge(model: nn.Module, x: tuple[torch.Tensor, ...], form: str, **export: object) -> EdgeProgramManager:
+    ep = torch.export.export(copy.deepcopy(model), x, **export)  # type: ignore[arg-type]
+    keep = EdgeCompileConfig(preserve_ops=[torch.ops.aten.linear.default]) if form == "edge-linear" else None
+    return to_edge(ep, compile_config=keep)
+
+
+def program(model: nn.Module, x: tuple[torch.Tensor, ...], form: str, **export: object) -> Program:
+    """``gm``: unlifted GraphModule; ``aten``: torch.export; ``edge``: to_edge; ``edge-linear``:
+    to_edge with aten.linear preserved."""
+    if form in ("edge", "edge-linear"):
+        return edge(model, x, form, **export).exported_program()
+    ep = torch.export.export(copy.deepcopy(model), x, **export)  # type: ignore[arg-type]
+    return ep.module() if form == "gm" else ep
+
+
+def graph(p: Program) -> torch.fx.Graph:
+    return p.graph_module.graph if isinstance(p, ExportedProgram) else p.graph
+
+
+def products(p: Program) -> int:
+    """Linears left, in whatever spelling (an edge op prints as ``<EdgeOpOverload: aten...>``)."""
+    names = [str(n.target) for n in graph(p).nodes if n.op == "call_function"]
+    return sum(1 for t in names for op in PRODUCTS if t == op or t.startswith(f"<EdgeOpOverload: {op}>"))
+
+
+def eager(model: nn.Module, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = model(*x)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+# every model in the cheap forms; on edge (lowered and run in ExecuTorch), one of each shape:
+# GQA (rank 3, q with bias, k and v smaller), 4 heads (rank 2, mixed bias), 2 linears with bias (rank 2)
+CASES = [(name, form) for name in [*MODELS, *VARIANTS] for form in ("gm", "aten")] + [
+    ("gqa", "edge"),
+    ("gqa", "edge-linear"),
+    ("heads", "edge"),
+    ("pair", "edge"),
+]
+
+
+@pytest.mark.parametrize(("name", "form"), CASES)
+def test_joins_every_group_keeps_numerics_and_runs_in_executorch(name: str, form: str) -> None:
+    model, x, groups = model_of(name)
+    manager = edge(model, x, form) if form.startswith("edge") else None
+    p = manager.exported_program() if manager is not None else program(model, x, form)
+    before = products(p)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert outcome.report.rejections == ()
+    assert len(outcome.report.plans) == len(groups)
+    assert products(p) == before - sum(n - 1 for n in groups)
+    want = eager(model, x)
+    assert_sound(p, x, want)
+    if manager is not None:
+        assert_close(run_pte(manager.to_executorch().buffer, x), want)
+
+
+def parts(p: Program) -> list[torch.fx.Node]:
+    return [n for n in graph(p).nodes if n.name.endswith("_part")]
+
+
+def test_each_linear_gets_its_columns_back() -> None:
+    model, x, _ = model_of("gqa")
+    p = program(model, x, "aten")
+    adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    # q: 4 heads x 8 columns, k and v: 1 head x 8 (GQA), sliced off the last dim of one (2, 5, 48) output
+    assert [n.args[1:] for n in parts(p)] == [(2, 0, 32), (2, 32, 40), (2, 40, 48)]
+    assert [tuple(n.meta["val"].shape) for n in parts(p)] == [(2, 5, 32), (2, 5, 8), (2, 5, 8)]
+    assert_sound(p, x, eager(model, x))
+
+
+def test_split_spelling_lowers_and_runs_in_executorch() -> None:
+    model, x, _ = model_of("heads")
+    manager = edge(model, x, "edge")
+    adapters.transform(manager.exported_program(), [concat_parallel_linears(split=True)]).unwrap()
+    (split,) = (n for n in graph(manager.exported_program()).nodes if "split_with_sizes_copy" in str(n.target))
+    assert split.args[1:] == ([3, 5, 1, 7], 1) and len(parts(manager.exported_program())) == 4
+    want = eager(model, x)
+    assert_sound(manager.exported_program(), x, want)
+    assert_close(run_pte(manager.to_executorch().buffer, x), want)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_dynamic_batch_and_sequence_keep_working(form: str) -> None:
+    # edge: as a pass in EdgeProgramManager.transform (which re-verifies the program); aten: then to_edge
+    model, x, _ = model_of("gqa")
+    dims = ({0: torch.export.Dim("batch", min=1, max=4), 1: torch.export.Dim("seq", min=2, max=8)},)
+    rule = concat_parallel_linears()
+    manager = edge(model, x, form, dynamic_shapes=dims) if form.startswith("edge") else None
+    if manager is not None and form == "edge":
+        manager = manager.transform([RulesPass([rule])])
+    p = manager.exported_program() if manager else program(model, x, form, dynamic_shapes=dims)
+    if form != "edge":
+        assert len(adapters.transform(p, [rule]).unwrap().report.plans) == 1
+    assert len(parts(p)) == 3
+    for n in parts(p):
+        assert not isinstance(n.meta["val"].shape[0], int) and not isinstance(n.meta["val"].shape[1], int)
+    shapes = [(torch.randn(*shape),) for shape in ((1, 3, 32), (4, 8, 32))]
+    for other in shapes:
+        assert_sound(p, other, eager(model, other))
+    if form == "aten":
+        assert isinstance(p, ExportedProgram)
+        manager = to_edge(p)
+    buffer = manager.to_executorch().buffer if manager is not None else b""
+    for other in shapes if buffer else ():
+        assert_close(run_pte(buffer, other), eager(model, other))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_linear_that_cannot_join_is_rejected_and_the_rest_join(form: str) -> None:
+    model, x = Computed().eval(), (torch.randn(3, 16),)
+    p = program(model, x, form)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    (rejection,) = outcome.report.rejections
+    assert isinstance(rejection.reason, NotConstant) and "mul" in rejection.reason.source  # w * 2.0
+    assert products(p) == 2  # q and v as one, k as it was
+    assert_sound(p, x, eager(model, x))
+
+
+@pytest.mark.parametrize("form", ["aten", "edge-linear"])
+def test_too_few_joinable_linears_leave_the_program_untouched(form: str) -> None:
+    model, x = Computed(lonely=True).eval(), (torch.randn(3, 16),)
+    p = program(model, x, form)
+    code = graph(p).python_code("self").src
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert not outcome.changed and outcome.report.plans == ()
+    assert sorted(r.reason.code for r in outcome.report.rejections) == ["not-constant", "too-few-linears"]
+    assert graph(p).python_code("self").src == code
+    assert_sound(p, x, eager(model, x))
+
+
+@pytest.mark.parametrize("form", ["gm", "edge"])
+def test_a_weight_read_elsewhere_is_left_as_it_was(form: str) -> None:
+    model, x = Tied().eval(), (torch.randn(3, 16), torch.randn(3, 16))
+    p = program(model, x, form)
+    w = model.w.detach().clone()
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    assert_sound(p, x, eager(model, x))
+    kept = [t for t in (p.state_dict if isinstance(p, ExportedProgram) else dict(p.named_parameters())).values()]
+    assert any(t.shape == w.shape and torch.equal(t, w) for t in kept)  # the third linear's weight, unchanged
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_nested_groups_join_in_one_pass(form: str) -> None:
+    # the inner group reads a, whose uses the outer group's part for a takes: both join in one run
+    model, x = Nested().eval(), (torch.randn(2, 3, 16),)
+    manager = edge(model, x, form) if form == "edge" else None
+    p = manager.exported_program() if manager is not None else program(model, x, form)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 2 and outcome.report.rejections == ()
+    assert products(p) == 2 and len(parts(p)) == 4
+    want = eager(model, x)
+    assert_sound(p, x, want)
+    if manager is not None:
+        assert_close(run_pte(manager.to_executorch().buffer, x), want)
+
+
+def test_new_nodes_carry_meta_of_the_linear_they_stand_for() -> None:
+    model, x, _ = model_of("mha")
+    p = program(model, x, "aten")
+    adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    modules = [list(n.meta["nn_module_stack"].values())[-1][0] for n in parts(p)]
+    assert modules == ["q", "k", "v"]
+    assert [n.meta["source_fn_stack"][-1][1] for n in parts(p)] == [operator.getitem] * 3  # y[..., a:b]
+    for n in graph(p).nodes:
+        if n.op == "call_function":
+            assert n.meta.get("val") is not None and n.meta.get("stack_trace"), n.name
+
+
+def test_run_on_its_own_output_finds_nothing_more() -> None:
+    model, x, _ = model_of("block")
+    p = program(model, x, "aten")
+    adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    again = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert again.report.plans == () and again.report.rejections == () and not again.changed
+    assert_close(run(p, x), eager(model, x))

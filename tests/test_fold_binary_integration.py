@@ -1,0 +1,508 @@
+"""fold_binary end to end on real exported programs: the unlifted GraphModule, the aten program and
+the edge program (plain ``to_edge`` and with ``linear`` preserved); conv stacks with per-channel
+scales and shifts, transposed and grouped convs, attention-style [B, T, D] linears with a dynamic
+batch and sequence; the ExecuTorch runtime; composition after fuse_linear_bn; and upstream's NXP
+``FuseLinearAndAddPass`` and Arm ``FoldScalarMulIntoConvPass`` on the same programs."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+import adapters
+from adapters.weights import materialize
+from fxpure.rules.fold_binary import fold_binary
+from fxpure.rules.fuse_linear_bn import fuse_linear_bn
+from fxpure.weights import Source, WeightExpr, subexpressions
+from tests.linear_fold_support import arm_stand_in, assert_symbolic, nxp_stand_in
+from tests.models import randomize_bn
+from tests.programs import Program, assert_close, assert_sound, count, run, run_pte
+
+FORMS = ("gm", "aten", "edge", "edge-linear")
+Inputs = tuple[torch.Tensor, ...]
+
+
+class ConvAffine(nn.Module):
+    """A conv stack with a per-channel scale or shift after each conv: LayerScale (C, 1, 1), a
+    (1, C, 1, 1) shift added in front, ``2 - y`` and a division (grouped conv)."""
+
+    shift: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.c3, self.c4 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1, groups=4)
+        self.gamma = nn.Parameter(torch.rand(8, 1, 1) + 0.5)
+        self.register_buffer("shift", torch.randn(1, 8, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(x) * self.gamma)
+        y = torch.relu(self.shift + self.c2(y))
+        y = torch.relu(2.0 - self.c3(y))
+        out: torch.Tensor = self.c4(y) / 4.0
+        return out
+
+
+class Deconv(nn.Module):
+    """Transposed convs (grouped and not, 1-D and 2-D) and a grouped conv, scaled and shifted per
+    output channel. (3-D transposed convs are in the property test: the portable runtime has no
+    3-D convolution kernel.)"""
+
+    s1: torch.Tensor
+    s2: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t2 = nn.ConvTranspose2d(8, 12, 3, stride=2, groups=4)
+        self.u2 = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.t1 = nn.ConvTranspose1d(4, 6, 3, groups=2, bias=False)
+        self.c1 = nn.Conv1d(6, 6, 3, groups=3)
+        self.register_buffer("s2", torch.rand(12, 1, 1) + 0.5)
+        self.register_buffer("s1", torch.randn(6, 1))
+
+    def forward(self, x2: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = self.s2 * self.t2(x2)
+        b = self.c1(torch.add(self.t1(x1), self.s1, alpha=3))
+        c = torch.sub(self.u2(x2), 0.5, alpha=2)
+        return a, self.s1 - b, c
+
+
+class Attention(nn.Module):
+    """Attention-style [B, T, D] linears: the query scaled by 1/sqrt(D), a value shift added in
+    front, the output scaled (its linear has no bias: none is created)."""
+
+    v_shift: torch.Tensor
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.o = nn.Linear(d, d, bias=False)
+        self.scale = d**-0.5
+        self.register_buffer("v_shift", torch.randn(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x) * self.scale, self.k(x), self.v_shift + self.v(x)
+        attention = torch.softmax(q @ k.transpose(1, 2), dim=-1)
+        out: torch.Tensor = self.o(attention @ v) * 0.5
+        return out
+
+
+class Declines(nn.Module):
+    """Every binary op here must be declined, each for a stated reason."""
+
+    d: torch.Tensor
+    hw: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.c3, self.c4 = (nn.Conv2d(3, 4, 3) for _ in range(4))
+        self.register_buffer("d", torch.rand(4, 1, 1) + 1)
+        self.register_buffer("hw", torch.randn(1, 1, 6, 6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = self.d / self.c1(x)  # c / y: not a scale of y
+        b = self.c2(x) * self.hw  # a constant over H, W: not per channel
+        y = self.c3(x)
+        e = y * 2.0 + y  # the conv's output is read twice (by the mul and by the add)
+        return a, b, e, self.c4(x) * a  # a computed operand
+
+
+class TiedConv(nn.Module):
+    """One conv weight used twice: once scaled (folded), once plain (must keep its numbers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.c(x) * 0.5 + nn.functional.conv2d(x, self.c.weight, padding=1)
+        return out
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[tuple[int, ...], ...], int]] = {  # inputs, folds
+    "conv": (ConvAffine, ((2, 3, 8, 8),), 4),
+    "deconv": (Deconv, ((1, 8, 5, 5), (2, 4, 7)), 4),
+    "attention": (Attention, ((2, 5, 16),), 3),
+    "tied": (TiedConv, ((1, 4, 6, 6),), 1),
+    "declines": (Declines, ((2, 3, 8, 8),), 0),
+}
+# the binary ops declined where a model folds: the add of the scaled conv and the plain one
+DECLINED = {"tied": ["not-constant"]}
+# dynamic batch and sequence (static for edge-linear: a dynamic to_edge costs seconds, plain edge covers it)
+DYNAMIC = {"attention": ({0: Dim("batch", max=64), 1: Dim("seq", max=64)},)}
+
+
+def dynamic(name: str, form: str) -> Any:
+    return None if form == "edge-linear" else DYNAMIC.get(name)
+
+
+PRESERVE = EdgeCompileConfig(preserve_ops=[torch.ops.aten.linear.default])
+
+
+@functools.cache
+def example(name: str) -> tuple[nn.Module, Inputs]:
+    """The model (same weights on every call; do not modify it) and its example inputs."""
+    make, shapes, _ = MODELS[name]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = make().eval()
+    g = torch.Generator().manual_seed(0)
+    return model, tuple(torch.randn(s, generator=g) for s in shapes)
+
+
+@functools.cache
+def _edge(name: str, form: str) -> EdgeProgramManager:
+    model, x = example(name)
+    ep = torch.export.export(copy.deepcopy(model), x, dynamic_shapes=dynamic(name, form))
+    return to_edge(ep, compile_config=PRESERVE) if form == "edge-linear" else to_edge(ep)
+
+
+def edge_manager(name: str, form: str) -> EdgeProgramManager:
+    """A fresh copy of the model's edge program (``to_edge`` is the slow step: it runs once)."""
+    return copy.deepcopy(_edge(name, form))
+
+
+def build(name: str, form: str) -> Program:
+    if form.startswith("edge"):
+        return edge_manager(name, form).exported_program()
+    model, x = example(name)
+    ep = torch.export.export(copy.deepcopy(model), x, dynamic_shapes=dynamic(name, form))
+    return ep.module() if form == "gm" else ep
+
+
+def eager(model: nn.Module, x: Inputs) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = model(*x)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def binary_ops(program: Program) -> int:
+    return sum(count(program, f"aten.{op}.") for op in ("mul", "div", "add", "sub", "rsub"))
+
+
+# edge-linear differs from edge only where there are linears
+CASES = [*((n, f) for n in ("conv", "deconv") for f in FORMS[:3]), *(("attention", f) for f in FORMS)]
+CASES += [("tied", "gm"), ("tied", "aten")]
+
+
+@pytest.mark.parametrize(("name", "form"), CASES)
+def test_folds_keeps_numerics_and_runs(name: str, form: str) -> None:
+    model, x = example(name)
+    want = eager(model, x)
+    edge = edge_manager(name, form) if form.startswith("edge") else None
+    program = edge.exported_program() if edge is not None else build(name, form)
+    before = binary_ops(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == MODELS[name][2]
+    assert binary_ops(program) == before - MODELS[name][2]
+    assert [r.reason.code for r in outcome.report.rejections] == DECLINED.get(name, [])
+    assert_sound(program, x, want)
+    if dynamic(name, form) is not None:  # the dynamic batch and sequence still work
+        assert_symbolic(program, outcome.report)
+        for shape in ((7, 3, 16), (1, 9, 16)):
+            xs = (torch.randn(shape),)
+            assert_close(run(program, xs), eager(model, xs))
+    if edge is not None:  # the edge program lowers, and the runtime computes the same
+        assert_close(run_pte(edge.to_executorch().buffer, x), want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_declines_with_typed_reasons_and_leaves_the_program_untouched(form: str) -> None:
+    model, x = example("declines")
+    program = build("declines", form)
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    codes = sorted(r.reason.code for r in outcome.report.rejections)
+    # y * 2.0 + y: the mul and the add each read the conv's output, which neither can take
+    assert codes == ["conv-output-shared", "conv-output-shared", "not-constant", "not-per-channel", "output-is-divisor"]
+    assert not outcome.changed and adapters.capture(program) == before
+    assert_close(run(program, x), eager(model, x))
+
+
+class Residual(nn.Module):
+    """A residual block: its adds and the output scale read no conv (only the LayerScale does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(4, 4, 3, padding=1)
+        self.gamma = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + torch.relu(self.c(x) * self.gamma)
+        out: torch.Tensor = (y + x) * 0.5 - 1.0
+        return out
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_ops_that_read_no_conv_or_linear_are_not_reported(form: str) -> None:
+    model, x = Residual().eval(), (torch.randn(2, 4, 6, 6),)
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program = to_edge(ep).exported_program() if form == "edge" else ep
+    assert binary_ops(program) == 5
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 1 and binary_ops(program) == 4  # the LayerScale folds
+    assert outcome.report.rejections == ()  # not four "producer-not-conv-or-linear"
+    assert_sound(program, x, eager(model, x))
+
+
+class DivideByZero(nn.Module):
+    d: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3)
+        self.register_buffer("d", torch.tensor([1.0, 0.0, 2.0, 4.0]).reshape(4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.c(x) / self.d
+        return out
+
+
+def test_a_fold_that_divides_by_zero_is_declined() -> None:
+    model, x = DivideByZero().eval(), (torch.randn(1, 3, 6, 6),)
+    program = torch.export.export(model, x)
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["non-finite-weight"]
+    assert not outcome.changed and adapters.capture(program) == before
+
+
+def test_shared_weight_keeps_its_numbers() -> None:
+    model, x = example("tied")
+    program = build("tied", "aten")
+    assert isinstance(program, ExportedProgram)
+    original = program.state_dict["c.weight"].clone()
+    assert len(adapters.transform(program, [fold_binary()]).unwrap().report.plans) == 1
+    assert torch.equal(program.state_dict["c.weight"], original)  # still read by the plain conv
+    assert_close(run(program, x), eager(model, x))
+
+
+class Half(nn.Module):
+    """A conv, then ``scale(self, y)``."""
+
+    s: torch.Tensor
+
+    def __init__(self, scale: Callable[[Half, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.c, self.scale = nn.Conv2d(3, 6, 3), scale
+        self.register_buffer("s", torch.rand(6, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale(self, self.c(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_folds_in_float32_and_declines_promotion(dtype: torch.dtype) -> None:
+    x = (torch.randn(2, 3, 8, 8).to(dtype),)
+    by_number = Half(lambda m, y: y * 0.3).eval().to(dtype)  # a number keeps the half dtype
+    program = torch.export.export(by_number, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    assert all(t.dtype == dtype for t in program.state_dict.values())
+    assert_close(run(program, x), eager(by_number, x), rel=2e-2)
+    # a half conv times a float32 tensor is float32: folding would make it half
+    promoted = Half(lambda m, y: y * m.s).eval()
+    promoted.c.to(dtype)
+    program = torch.export.export(promoted, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["dtype-promotion"] and not outcome.changed
+    assert run(program, x)[0].dtype == torch.float32
+
+
+class Head(nn.Module):
+    """A classifier head: linear-BN-ReLU, then linear-BN and a temperature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.b1 = nn.Linear(16, 32), nn.BatchNorm1d(32)
+        self.l2, self.b2 = nn.Linear(32, 4, bias=False), nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b2(self.l2(torch.relu(self.b1(self.l1(x))))) / 0.7
+        return out
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_after_fuse_linear_bn_the_last_linear_holds_every_fold_computed_once(
+    form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = Head()
+    randomize_bn(model)
+    x = (torch.randn(6, 16, generator=torch.Generator().manual_seed(0)),)
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program = to_edge(ep).exported_program() if form == "edge" else ep
+    computed: list[WeightExpr] = []
+    real = materialize
+
+    def counting(expr: WeightExpr, tensors: Any, memo: Any = None) -> torch.Tensor:
+        computed.append(expr)
+        return real(expr, tensors, memo)
+
+    monkeypatch.setattr("adapters.realize.materialize", counting)
+    outcome = adapters.transform(program, [fuse_linear_bn(), fold_binary()]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fuse-linear-bn", "fuse-linear-bn", "fold-binary"]
+    assert_sound(program, x, [model(*x).detach()])
+    # four constants computed, each once: the two linears' weights and biases; the BN-folded weight
+    # of the last linear is never computed on its own
+    assert len(computed) == 4 == len(outcome.added)
+    assert count(program, "batch_norm") == 0 and count(program, "div") == 0
+    # the last linear's weight: W2 * gamma / sqrt(var + eps) per row, divided by the temperature
+    assert isinstance(program, ExportedProgram)
+    after = outcome.report.after
+    (w_name,) = (k for k, v in after.constants.items() if v.source is not None and v.spec.shape == (4, 32))
+    source = after.constants[w_name].source
+    assert source is not None
+    read = {outcome.report.before.constants[e.key].key for e in subexpressions(source) if isinstance(e, Source)}
+    folded = {"l2.weight", "b2.weight", "b2.running_var"}  # and the edge program's 0.7, a lifted tensor
+    assert read - folded == (set() if form == "aten" else {next(iter(read - folded))}) and folded <= read
+    b2, w2 = model.b2, model.l2.weight
+    assert b2.running_var is not None
+    want = w2 * (b2.weight / torch.sqrt(b2.running_var + b2.eps))[:, None] / 0.7
+    assert torch.allclose(program.state_dict[w_name], want.detach(), rtol=1e-6, atol=1e-7)
+
+
+# --- upstream on the same programs -----------------------------------------------------------------
+
+
+def nxp_pass() -> Any:
+    nxp_stand_in()
+    from executorch.backends.nxp.aten_passes.fuse_linear_and_add_pass import (  # type: ignore[import-untyped]
+        FuseLinearAndAddPass,
+    )
+
+    return FuseLinearAndAddPass()
+
+
+def arm_pass(exported_program: ExportedProgram | None = None) -> Any:
+    arm_stand_in()
+    from executorch.backends.arm._passes.fold_scalar_mul_into_conv_pass import (  # type: ignore[import-untyped]
+        FoldScalarMulIntoConvPass,
+    )
+
+    return FoldScalarMulIntoConvPass(exported_program)
+
+
+class LinearPlusNumber(nn.Module):
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 6, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.l(x) + 2.0
+        return out
+
+
+class HalfLinearPlusTensor(nn.Module):
+    c: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 6).half()
+        self.register_buffer("c", torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.l(x) + self.c
+        return out
+
+
+def gm_of(model: nn.Module, x: Inputs) -> torch.fx.GraphModule:
+    gm = torch.export.export(copy.deepcopy(model), x).module()
+    assert isinstance(gm, torch.fx.GraphModule)
+    return gm
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_nxp_raises_on_a_number_added_to_a_linear_fxpure_folds(bias: bool) -> None:
+    model, x = LinearPlusNumber(bias).eval(), (torch.randn(3, 4),)
+    with pytest.raises(AttributeError, match="'float' object has no attribute 'meta'"):
+        nxp_pass()(gm_of(model, x))
+    ours = gm_of(model, x)
+    assert len(adapters.transform(ours, [fold_binary()]).unwrap().report.plans) == 1
+    assert count(ours, "add") == 0
+    assert_close(run(ours, x), eager(model, x))
+
+
+def test_nxp_breaks_a_half_linear_plus_float32_tensor_fxpure_declines() -> None:
+    # float16 linear + float32 tensor is float32; NXP adds the float32 tensor to the float16 bias:
+    # the linear then has mixed dtypes and fails at run time
+    model, x = HalfLinearPlusTensor().eval(), (torch.randn(3, 4).half(),)
+    upstream = gm_of(model, x)
+    assert nxp_pass()(upstream).modified
+    upstream.recompile()
+    with pytest.raises(RuntimeError, match="dtype"):
+        run(upstream, x)
+    ours = gm_of(model, x)
+    outcome = adapters.transform(ours, [fold_binary()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["dtype-promotion"] and not outcome.changed
+    assert_close(run(ours, x), eager(model, x))
+
+
+def test_a_constant_added_in_front_folds_where_nxp_does_not() -> None:
+    # NXP folds add(linear, c) only ("not implemented" for add(c, linear))
+    model, x = example("attention")
+    upstream = build("attention", "gm")
+    assert isinstance(upstream, torch.fx.GraphModule) and not nxp_pass()(upstream).modified
+    ours = build("attention", "gm")
+    assert len(adapters.transform(ours, [fold_binary()]).unwrap().report.plans) == 3
+    assert_close(run(ours, x), eager(model, x))
+
+
+class ConvScale(nn.Module):
+    s: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 6, 3)
+        self.register_buffer("s", torch.rand(6, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.c(x) * self.s
+        return out
+
+
+def test_arm_writes_the_fold_into_the_exported_programs_weights_fxpure_does_not() -> None:
+    # on an unlifted module Arm copies the scaled weight into the weight tensor in place; that tensor
+    # is the ExportedProgram's own, so the program (which still multiplies) now scales twice
+    model, x = ConvScale().eval(), (torch.randn(1, 3, 8, 8),)
+    want = eager(model, x)
+    ep = torch.export.export(copy.deepcopy(model), x)
+    assert arm_pass()(ep.module()).modified
+    assert (run(ep, x)[0] - want[0]).abs().max() > 1e-2
+    ep = torch.export.export(copy.deepcopy(model), x)
+    ours = ep.module()
+    assert len(adapters.transform(ours, [fold_binary()]).unwrap().report.plans) == 1
+    assert_close(run(ours, x), want)
+    assert_close(run(ep, x), want)
+
+
+def test_arm_turns_a_float32_output_into_half_fxpure_declines() -> None:
+    model = Half(lambda m, y: y * m.s).eval()
+    model.c.half()
+    x = (torch.randn(2, 3, 8, 8).half(),)
+    assert eager(model, x)[0].dtype == torch.float32
+    upstream = gm_of(model, x)
+    assert arm_pass()(upstream).modified
+    assert run(upstream, x)[0].dtype == torch.float16
+    ours = gm_of(model, x)
+    assert [r.reason.code for r in adapters.transform(ours, [fold_binary()]).unwrap().report.rejections] == [
+        "dtype-promotion"
+    ]
+    assert run(ours, x)[0].dtype == torch.float32
+
+
+def test_transposed_convs_fold_where_arm_does_not() -> None:
+    # Arm folds a non-transposed conv2d/convolution only
+    model, x = example("deconv")
+    upstream = build("deconv", "gm")
+    assert isinstance(upstream, torch.fx.GraphModule) and not arm_pass()(upstream).modified
+    ours = build("deconv", "gm")
+    assert len(adapters.transform(ours, [fold_binary()]).unwrap().report.plans) == 4
+    assert_close(run(ours, x), eager(model, x))

@@ -1,0 +1,278 @@
+"""fuse_linear_bn end to end on real exported programs: the unlifted GraphModule, the aten program,
+the edge program (plain ``to_edge``: permute_copy + addmm/mm, view-wrapped for rank 3; and with
+``linear`` preserved); dynamic batch; shared weights; the ExecuTorch runtime; and upstream's
+XNNPACK ``FuseBatchNormPass`` and NXP ``FuseBatchNormWithLinearPass`` on the same programs."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+import adapters
+from fxpure.rules.fuse_linear_bn import fuse_linear_bn
+from tests.linear_fold_support import assert_symbolic, nxp_stand_in
+from tests.models import randomize_bn
+from tests.programs import Program, assert_close, assert_sound, count, run, run_pte
+
+FORMS = ("gm", "aten", "edge", "edge-linear")
+
+
+class MLPHead(nn.Module):
+    """A classifier head: linear-BN-ReLU, linear(no bias)-BN(no affine)-ReLU, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.b1 = nn.Linear(16, 32), nn.BatchNorm1d(32)
+        self.l2, self.b2 = nn.Linear(32, 8, bias=False), nn.BatchNorm1d(8, affine=False)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.out(torch.relu(self.b2(self.l2(torch.relu(self.b1(self.l1(x)))))))
+        return y
+
+
+class SeqBlock(nn.Module):
+    """A [B, T, D] sequence block (transformer / conformer feed-forward style) whose projections are
+    normalised over D: "transpose to channels, BN, transpose back" (as transpose and as permute)."""
+
+    def __init__(self, d: int = 12) -> None:
+        super().__init__()
+        self.q, self.bq = nn.Linear(d, d), nn.BatchNorm1d(d)
+        self.v, self.bv = nn.Linear(d, d, bias=False), nn.BatchNorm1d(d)
+        self.o = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.bq(self.q(x).transpose(1, 2)).transpose(1, 2)
+        v = self.bv(self.v(x).permute(0, 2, 1)).permute(0, 2, 1)
+        out: torch.Tensor = self.o(torch.relu(q) * v)
+        return out
+
+
+class Declines(nn.Module):
+    """Every batch norm here must be declined, each for another reason."""
+
+    def __init__(self, t: int = 6) -> None:
+        super().__init__()
+        self.a, self.ba = nn.Linear(4, t), nn.BatchNorm1d(t)  # BatchNorm1d(T) on [B, T, F] with T == F
+        self.b, self.bb = nn.Linear(4, 6), nn.BatchNorm1d(6)  # the linear's output is also used
+        self.bc = nn.BatchNorm1d(4)  # after a mean, not a linear
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.ba(self.a(x))
+        z = self.b(x.mean(dim=1))
+        return y, self.bb(z) + z, self.bc(x.mean(dim=1))
+
+
+class Tied(nn.Module):
+    """One linear weight used twice: once into a BN (fused), once plain (must keep its numbers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn = nn.Linear(8, 8), nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bn(self.a(x)) + nn.functional.linear(x, self.a.weight)
+        return out
+
+
+class Rank3(nn.Module):
+    """BatchNorm1d(T) applied straight to a [B, T, F] linear output, T == F: it normalises T."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn = nn.Linear(4, 6), nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bn(self.a(x))
+        return out
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int]] = {  # model, input shape, BNs fused
+    "mlp": (MLPHead, (6, 16), 2),
+    "seq": (SeqBlock, (2, 5, 12), 2),
+    "tied": (Tied, (4, 8), 1),
+    "declines": (Declines, (3, 6, 4), 0),
+    "rank3": (Rank3, (2, 6, 4), 0),
+}
+# the sequence model is exported with a dynamic batch and sequence length
+DYNAMIC = {"seq": ({0: Dim("batch", max=64), 1: Dim("seq", max=64)},)}
+PRESERVE = EdgeCompileConfig(preserve_ops=[torch.ops.aten.linear.default])
+
+
+@functools.cache
+def example(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The model (same weights on every call; do not modify it) and its example input."""
+    make, shape, _ = MODELS[name]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = randomize_bn(make())
+    return model, (torch.randn(shape, generator=torch.Generator().manual_seed(0)),)
+
+
+@functools.cache
+def _edge(name: str, form: str) -> EdgeProgramManager:
+    model, x = example(name)
+    ep = torch.export.export(copy.deepcopy(model), x, dynamic_shapes=DYNAMIC.get(name))
+    return to_edge(ep, compile_config=PRESERVE) if form == "edge-linear" else to_edge(ep)
+
+
+def edge_manager(name: str, form: str) -> EdgeProgramManager:
+    """A fresh copy of the model's edge program (``to_edge`` is the slow step: it runs once)."""
+    return copy.deepcopy(_edge(name, form))
+
+
+def build(name: str, form: str) -> Program:
+    """``gm``, ``aten``, ``edge`` (plain to_edge) or ``edge-linear`` (linear preserved)."""
+    if form.startswith("edge"):
+        return edge_manager(name, form).exported_program()
+    model, x = example(name)
+    ep = torch.export.export(copy.deepcopy(model), x, dynamic_shapes=DYNAMIC.get(name))
+    return ep.module() if form == "gm" else ep
+
+
+CASES = [*((n, f) for n in ("mlp", "seq") for f in FORMS), ("tied", "gm"), ("tied", "aten")]
+
+
+@pytest.mark.parametrize(("name", "form"), CASES)
+def test_fuses_keeps_numerics_and_runs(name: str, form: str) -> None:
+    model, x = example(name)
+    want = [model(*x).detach()]
+    edge = edge_manager(name, form) if form.startswith("edge") else None
+    program = edge.exported_program() if edge is not None else build(name, form)
+    bns = count(program, "batch_norm")
+    outcome = adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert len(outcome.report.plans) == MODELS[name][2] == bns
+    assert outcome.report.rejections == ()
+    assert count(program, "batch_norm") == 0
+    assert_sound(program, x, want)
+    if name in DYNAMIC:
+        assert_symbolic(program, outcome.report)
+        for shape in ((7, 3, 12), (1, 9, 12)):
+            xs = (torch.randn(shape),)
+            assert_close(run(program, xs), [model(*xs).detach()])
+    if edge is not None:  # the edge program lowers, and the runtime computes the same
+        assert_close(run_pte(edge.to_executorch().buffer, x), want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_declines_with_typed_reasons_and_leaves_the_program_untouched(form: str) -> None:
+    model, x = example("declines")
+    program = build("declines", form)
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    codes = sorted(r.reason.code for r in outcome.report.rejections)
+    assert codes == ["bn-axis-mismatch", "linear-output-shared", "producer-not-linear"]
+    assert not outcome.changed and adapters.capture(program) == before
+    assert_close(run(program, x), [t.detach() for t in model(*x)])
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_training_mode_bn_is_declined(form: str) -> None:
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6)).train()
+    ep = torch.export.export(model, (torch.randn(8, 4),))
+    program = ep.module() if form == "gm" else ep
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["bn-training-mode"]
+    assert not outcome.changed and adapters.capture(program) == before
+
+
+def test_shared_weight_keeps_its_numbers() -> None:
+    model, x = example("tied")
+    program = build("tied", "aten")
+    assert isinstance(program, ExportedProgram)
+    original = program.state_dict["a.weight"].clone()
+    adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert torch.equal(program.state_dict["a.weight"], original)  # still read by the plain linear
+    assert_close(run(program, x), [model(*x).detach()])
+
+
+# --- upstream on the same programs -----------------------------------------------------------------
+
+
+def nxp_pass() -> Any:
+    nxp_stand_in()
+    from executorch.backends.nxp.aten_passes.fuse_batch_norm_with_linear_pass import (  # type: ignore[import-untyped]
+        FuseBatchNormWithLinearPass,
+    )
+
+    return FuseBatchNormWithLinearPass()
+
+
+def xnnpack(edge: EdgeProgramManager) -> ExportedProgram:
+    from executorch.backends.xnnpack._passes.fuse_batch_norm import FuseBatchNormPass  # type: ignore[import-untyped]
+
+    out: ExportedProgram = edge.transform([FuseBatchNormPass(edge.exported_program())]).exported_program()
+    return out
+
+
+def max_error(program: Program, x: tuple[torch.Tensor, ...], want: torch.Tensor) -> float:
+    return float((run(program, x)[0] - want).abs().max())
+
+
+def test_nxp_corrupts_a_shared_weight_fxpure_does_not() -> None:
+    # NXP writes the fused weight back into the weight's attribute: the plain linear reading the
+    # same weight changes too (latent bug by reading, rules-research A1)
+    model, x = example("tied")
+    want = model(*x).detach()
+    upstream, ours = build("tied", "gm"), build("tied", "gm")
+    assert nxp_pass()(upstream).modified
+    assert max_error(upstream, x, want) > 1e-2
+    assert len(adapters.transform(ours, [fuse_linear_bn()]).unwrap().report.plans) == 1
+    assert_close(run(ours, x), [want])
+
+
+def test_nxp_folds_a_training_mode_bn_fxpure_declines() -> None:
+    # a train-mode BN normalises with batch statistics; folding running statistics changes outputs
+    model = randomize_bn(nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))).train()
+    x = (torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),)
+    want = copy.deepcopy(model)(*x).detach()
+    upstream, ours = torch.export.export(model, x).module(), torch.export.export(model, x).module()
+    assert nxp_pass()(upstream).modified
+    assert max_error(upstream, x, want) > 1e-1
+    outcome = adapters.transform(ours, [fuse_linear_bn()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["bn-training-mode"] and not outcome.changed
+    assert max_error(ours, x, want) < 1e-5
+
+
+def test_xnnpack_folds_a_rank3_bn_on_the_wrong_axis_fxpure_declines() -> None:
+    # rules-research A1, "latent (by reading)": confirmed here
+    model, x = example("rank3")
+    want = model(*x).detach()
+    upstream = xnnpack(edge_manager("rank3", "edge-linear"))
+    assert count(upstream, "batch_norm") == 0
+    assert max_error(upstream, x, want) > 1e-1
+    ours = build("rank3", "edge-linear")
+    outcome = adapters.transform(ours, [fuse_linear_bn()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["bn-axis-mismatch"] and not outcome.changed
+    assert max_error(ours, x, want) < 1e-5
+
+
+def test_plain_edge_and_non_affine_bn_fuse_where_xnnpack_does_not() -> None:
+    # XNNPACK matches edge `linear` only (not permute_copy + addmm/mm) and needs a BN weight
+    upstream_plain = xnnpack(edge_manager("mlp", "edge"))
+    upstream_linear = xnnpack(edge_manager("mlp", "edge-linear"))
+    assert count(upstream_plain, "batch_norm") == 2  # neither BN fused
+    assert count(upstream_linear, "batch_norm") == 1  # the non-affine BN is left
+    for form in ("edge", "edge-linear"):
+        ours = build("mlp", form)
+        assert len(adapters.transform(ours, [fuse_linear_bn()]).unwrap().report.plans) == 2
+        assert count(ours, "batch_norm") == 0
+
+
+def test_transposed_sequence_bn_fuses_where_nxp_does_not() -> None:
+    # NXP matches a rank-2 linear right before the BN only
+    model, x = example("seq")
+    upstream = build("seq", "gm")
+    assert isinstance(upstream, torch.fx.GraphModule) and not nxp_pass()(upstream).modified
+    ours = build("seq", "gm")
+    assert len(adapters.transform(ours, [fuse_linear_bn()]).unwrap().report.plans) == 2
+    assert_close(run(ours, x), [model(*x).detach()])

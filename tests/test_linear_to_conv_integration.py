@@ -1,0 +1,388 @@
+"""linear_to_conv2d end to end: MLPs and attention blocks with rank 2, 3 and 4 linears in every
+program form (edge with and without ``linear`` preserved), dynamic batch and sequence, tied
+weights, declines, a PT2E-quantized MLP (int8 outputs bit for bit), lowering to ExecuTorch, and
+Qualcomm's ConvertLinearToConv2d on the same programs."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import executorch.kernels.quantized  # type: ignore[import-untyped]  # noqa: F401  (the quantize ops' out variants)
+import pytest
+import torch
+from executorch.backends.qualcomm._passes.convert_linear_to_conv2d import (  # type: ignore[import-untyped]
+    ConvertLinearToConv2d,
+)
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+import adapters
+from adapters.torchnames import target_name
+from fxpure.rules.linear_to_conv2d import linear_to_conv2d
+from tests.int8_ties import assert_int8_equal
+from tests.programs import Program, assert_close, assert_sound, dead_constants, run, run_pte
+from tests.quantized import pt2e
+
+KEEP_LINEAR = EdgeCompileConfig(preserve_ops=[torch.ops.aten.linear.default])
+FORMS = ("gm", "aten", "edge", "edge-linear")
+
+
+class MLP(nn.Module):
+    """A classifier head on [N, 16] features: rank-2 linears, one without bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8, bias=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+class AttentionBlock(nn.Module):
+    """A pre-norm transformer block on [B, T, 16]: q/k/v/out projections and an MLP, all rank 3."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def split(self, t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(*t.shape[:-1], self.heads, -1).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        q, k, v = self.split(self.q(h)), self.split(self.k(h)), self.split(self.v(h))
+        attn = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+        x = x + self.out((attn @ v).transpose(1, 2).flatten(-2))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
+
+
+class ConvNeXtBlock(nn.Module):
+    """A depthwise conv, then channels-last LayerNorm and a pointwise MLP: rank-4 linears [B, H, W, C]."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.norm = nn.LayerNorm(c)
+        self.pw1, self.pw2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        h = self.pw2(nn.functional.gelu(self.pw1(h)))
+        out: torch.Tensor = x + h.permute(0, 3, 1, 2)
+        return out
+
+
+class TiedLM(nn.Module):
+    """Token embedding and LM head sharing one weight; the head is a rank-3 linear."""
+
+    def __init__(self, vocab: int = 32, d: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.embed(tokens)))
+        return out
+
+
+class FlattenHead(nn.Module):
+    """A model's own flatten before a linear and reshape after (not the linear's: kept around it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4 * 3 * 3, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(x.flatten(1)).reshape(-1, 3, 4)
+        return out
+
+
+class OddRanks(nn.Module):
+    """Linears on a rank-1 and a rank-5 input (declined) beside a rank-2 one (converted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 4), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.a(x[0]), self.b(x.reshape(2, 1, 1, 1, 8)), self.c(x)
+
+
+BATCH = Dim("batch", min=1, max=8)
+SEQ = Dim("seq", min=2, max=32)
+# model -> (example input, dynamic shapes, sizes to run it at afterwards, linears it has)
+CASES: dict[type[nn.Module], tuple[tuple[int, ...], Any, list[tuple[int, ...]], int]] = {
+    MLP: ((4, 16), ({0: BATCH},), [(3, 16), (8, 16)], 3),
+    AttentionBlock: ((2, 6, 16), ({0: BATCH, 1: SEQ},), [(3, 9, 16), (1, 32, 16)], 6),
+    ConvNeXtBlock: ((2, 8, 5, 5), ({0: BATCH},), [(3, 8, 5, 5)], 2),
+    TiedLM: ((2, 6), ({0: BATCH, 1: SEQ},), [(3, 11)], 1),
+    FlattenHead: ((2, 4, 3, 3), ({0: BATCH},), [(5, 4, 3, 3)], 1),
+}
+
+
+def case(cls: type[nn.Module]) -> tuple[tuple[int, ...], Any, list[tuple[int, ...]], int]:
+    """A model's example shape and dynamic shapes (static (2, 8) for the small ones)."""
+    return CASES.get(cls, ((2, 8), None, [], 0))
+
+
+def make(cls: type[nn.Module]) -> nn.Module:
+    """The model, in eval mode, with the same parameters every time."""
+    torch.manual_seed(0)
+    return cls().eval()
+
+
+def inputs(cls: type[nn.Module], shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(sum(shape))
+    if cls is TiedLM:
+        return (torch.randint(0, 32, shape, generator=g),)
+    return (torch.randn(shape, generator=g),)
+
+
+def eager(cls: type[nn.Module], x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = make(cls)(*x)
+    return [t.detach() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+_EDGE: dict[tuple[type[nn.Module], str, bool], EdgeProgramManager] = {}
+
+
+def edge(cls: type[nn.Module], form: str = "edge", *, dynamic: bool = True) -> EdgeProgramManager:
+    """A fresh copy of the model's edge program (to_edge runs once per model and form)."""
+    key = (cls, form, dynamic)
+    if key not in _EDGE:
+        shape, shapes, _, _ = case(cls)
+        ep = torch.export.export(make(cls), inputs(cls, shape), dynamic_shapes=shapes if dynamic else None)
+        _EDGE[key] = to_edge(ep, compile_config=KEEP_LINEAR if form == "edge-linear" else None)
+    return copy.deepcopy(_EDGE[key])
+
+
+def program(cls: type[nn.Module], form: str, *, dynamic: bool = True) -> Program:
+    if form.startswith("edge"):
+        return edge(cls, form, dynamic=dynamic).exported_program()
+    shape, shapes, _, _ = case(cls)
+    ep = torch.export.export(make(cls), inputs(cls, shape), dynamic_shapes=shapes if dynamic else None)
+    return ep.module() if form == "gm" else ep
+
+
+def targets(p: Program) -> list[str]:
+    gm = p.graph_module if isinstance(p, ExportedProgram) else p
+    return [target_name(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def linears_left(p: Program) -> int:
+    """Linear products left (aten.linear, addmm, mm; not the attention's bmm)."""
+    return sum(t in ("aten.linear.default", "aten.addmm.default", "aten.mm.default") for t in targets(p))
+
+
+def unused(p: Program) -> list[str]:
+    """Computations nothing reads (the size arithmetic of a removed reshape, say)."""
+    gm = p.graph_module if isinstance(p, ExportedProgram) else p
+    return [n.name for n in gm.graph.nodes if n.op == "call_function" and not n.users]
+
+
+def convs(p: Program) -> int:
+    return sum(t in ("aten.conv2d.default", "aten.convolution.default") for t in targets(p))
+
+
+@pytest.mark.parametrize(
+    ("cls", "form"),
+    [
+        *((MLP, form) for form in FORMS),
+        (AttentionBlock, "gm"),
+        (AttentionBlock, "aten"),
+        (AttentionBlock, "edge"),
+        (ConvNeXtBlock, "aten"),
+        (ConvNeXtBlock, "edge-linear"),
+    ],
+)
+def test_every_linear_becomes_a_1x1_conv_with_dynamic_shapes(cls: type[nn.Module], form: str) -> None:
+    _, _, sizes, linears = CASES[cls]
+    p = program(cls, form)
+    before = convs(p)
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == linears and outcome.report.rejections == ()
+    assert linears_left(p) == 0 and convs(p) == before + linears and unused(p) == []
+    for shape in sizes:  # batch (and sequence) other than the example's
+        x = inputs(cls, shape)
+        assert_sound(p, x, eager(cls, x))
+
+
+@pytest.mark.parametrize(("cls", "form"), [(AttentionBlock, "edge"), (MLP, "edge-linear")])
+def test_edge_programs_lower_and_run_in_executorch(cls: type[nn.Module], form: str) -> None:
+    manager = edge(cls, form)
+    adapters.transform(manager.exported_program(), [linear_to_conv2d()]).unwrap()
+    buffer = manager.to_executorch().buffer
+    for shape in [case(cls)[0], *case(cls)[2]]:
+        x = inputs(cls, shape)
+        assert_close(run_pte(buffer, x), eager(cls, x))
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_tied_embedding_keeps_its_weight_and_the_head_gets_a_reshaped_one(form: str) -> None:
+    p = program(TiedLM, form)
+    assert isinstance(p, ExportedProgram)
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    shapes = sorted(tuple(t.shape) for t in p.state_dict.values() if t.dim() >= 2)
+    assert shapes == [(32, 16), (32, 16, 1, 1)]  # the embedding still reads the (V, D) original
+    x = inputs(TiedLM, (3, 11))
+    assert_sound(p, x, eager(TiedLM, x))
+
+
+def test_weight_shared_by_two_linears_is_reshaped_once() -> None:
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.a(torch.relu(self.a(x)))
+            return out
+
+    p = edge(Shared, dynamic=False).exported_program()
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 2
+    weights = {n.args[1].name for n in p.graph.nodes if n.op == "call_function" and "convolution" in str(n.target)}
+    assert len(weights) == 1 and [tuple(t.shape) for t in p.state_dict.values() if t.dim() > 1] == [(8, 8, 1, 1)]
+    x = inputs(Shared, (2, 8))
+    assert_sound(p, x, eager(Shared, x))
+
+
+def test_a_models_own_flatten_stays_around_a_rank_2_conv() -> None:
+    p = edge(FlattenHead).exported_program()
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 1 and linears_left(p) == 0
+    assert targets(p).count("aten.view_copy.default") == 2  # the model's flatten and unflatten
+    x = inputs(FlattenHead, (5, 4, 3, 3))
+    assert_sound(p, x, eager(FlattenHead, x))
+
+
+@pytest.mark.parametrize("form", ["aten", "edge-linear"])
+def test_rank_1_and_5_are_declined_with_reasons(form: str) -> None:
+    p = program(OddRanks, form, dynamic=False)
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    reasons = sorted((r.reason.code, r.reason.message.split(" has ")[1]) for r in outcome.report.rejections)
+    assert reasons == [
+        ("unsupported-rank", "1 input dims, the rule handles (2, 3, 4)"),
+        ("unsupported-rank", "5 input dims, the rule handles (2, 3, 4)"),
+    ]
+    assert linears_left(p) == 2
+    x = inputs(OddRanks, (2, 8))
+    assert_sound(p, x, eager(OddRanks, x))
+
+
+def test_program_untouched_when_everything_declines() -> None:
+    class Rank5(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.fc(x)
+            return out
+
+    p = torch.export.export(Rank5(), (torch.randn(1, 2, 1, 2, 8),))
+    before = p.graph_module.code
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert not outcome.changed and [r.reason.code for r in outcome.report.rejections] == ["unsupported-rank"]
+    assert p.graph_module.code == before and dead_constants(p) == []
+
+
+# --- a PT2E-quantized MLP ------------------------------------------------------------------------------
+
+
+class TokenMLP(nn.Module):
+    """A transformer MLP on [B, T, 16] tokens, to quantize: rank-3 linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 48), nn.Linear(48, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down(torch.relu(self.up(x)))
+        return out
+
+
+_QUANTIZED: list[ExportedProgram] = []
+
+
+def quantized() -> ExportedProgram:
+    """The PT2E-quantized (XNNPACKQuantizer, per-channel) aten program, made once; copies."""
+    if not _QUANTIZED:
+        _QUANTIZED.append(pt2e(make(TokenMLP), inputs(TokenMLP, (2, 6, 16)), dynamic=({0: BATCH, 1: SEQ},)))
+    return copy.deepcopy(_QUANTIZED[0])
+
+
+@pytest.mark.parametrize("form", ["aten", "edge", "edge-linear"])
+def test_quantized_mlp_int8_outputs_equal_the_originals(form: str) -> None:
+    manager = (
+        None if form == "aten" else to_edge(quantized(), compile_config=KEEP_LINEAR if form == "edge-linear" else None)
+    )
+    p = quantized() if manager is None else manager.exported_program()
+    original = copy.deepcopy(p)
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 2 and outcome.report.rejections == ()
+    assert linears_left(p) == 0 and dead_constants(p) == []
+    for conv in (n for n in p.graph.nodes if n.op == "call_function" and "conv" in str(n.target)):
+        dq = conv.args[1]  # a new dequantize of the (O, I, 1, 1) int8 weight, per channel on axis 0
+        assert "dequantize_per_channel" in str(dq.target) and dq.args[3] == 0
+        assert dq.args[0].meta["val"].dtype == torch.int8 and dq.args[0].meta["val"].dim() == 4
+        assert dq.args[1].meta["val"].shape == (dq.args[0].meta["val"].shape[0],)  # one scale per output
+    ties = sum(assert_int8_equal(original, p, inputs(TokenMLP, s)) for s in [(2, 6, 16), (5, 13, 16), (3, 7, 16)])
+    assert ties <= 2  # of 3 x 1000-odd int8 values: float32 rounding ties only (see assert_int8_equal)
+    if manager is not None:
+        x = inputs(TokenMLP, (2, 6, 16))
+        assert_close(run_pte(manager.to_executorch().buffer, x), run(p, x))
+
+
+# --- Qualcomm's ConvertLinearToConv2d on the same programs --------------------------------------------
+
+
+def qualcomm(manager: EdgeProgramManager) -> ExportedProgram:
+    return manager.transform([ConvertLinearToConv2d(manager.exported_program())]).exported_program()
+
+
+def test_qualcomm_raises_on_rank_1_and_5() -> None:
+    with pytest.raises(Exception, match="ConvertLinearToConv2d"):
+        qualcomm(edge(OddRanks, "edge-linear", dynamic=False))
+
+
+def test_qualcomm_bakes_the_example_batch_into_its_reshapes() -> None:
+    """Its view_copy sizes are the example's SymInts, not graph values: the program cannot run."""
+    upstream = qualcomm(edge(MLP, "edge-linear"))
+    x = inputs(MLP, (3, 16))
+    with pytest.raises(NameError):
+        run(upstream, x)
+    ours = edge(MLP, "edge-linear").exported_program()
+    adapters.transform(ours, [linear_to_conv2d()]).unwrap()
+    assert_sound(ours, x, eager(MLP, x))
+
+
+def test_qualcomm_leaves_the_unreshaped_weights_behind() -> None:
+    upstream = qualcomm(edge(MLP, "edge-linear"))
+    assert convs(upstream) == 3
+    assert {"body.0.weight", "body.2.weight", "body.4.weight"} <= set(dead_constants(upstream))
+    ours = edge(MLP, "edge-linear").exported_program()
+    adapters.transform(ours, [linear_to_conv2d()]).unwrap()
+    assert convs(ours) == 3 and dead_constants(ours) == []
+
+
+def test_qualcomm_converts_only_the_preserved_linear_spelling() -> None:
+    upstream = qualcomm(edge(MLP, "edge"))  # plain to_edge: permute_copy + addmm/mm
+    assert convs(upstream) == 0 and linears_left(upstream) == 3
+    ours = edge(MLP, "edge").exported_program()
+    adapters.transform(ours, [linear_to_conv2d()]).unwrap()
+    assert convs(ours) == 3 and linears_left(ours) == 0
