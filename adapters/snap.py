@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 import torch
-from pyrsistent import pmap
+from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
@@ -36,15 +37,25 @@ _KINDS: dict[InputKind, ConstantKind] = {
 }
 
 
-def _arg(value: Any) -> Arg:
-    if isinstance(value, torch.fx.Node):
-        return NodeRef(value.name)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return tuple(_arg(v) for v in value)
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+
+
+def _arg(value: Any, refs: dict[torch.fx.Node, NodeRef]) -> Arg:
+    """An FX argument as an immutable tree; ``refs`` shares one ``NodeRef`` per node."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return cast(Arg, value)
+    if kind is torch.fx.Node:
+        ref = refs.get(value)
+        if ref is None:
+            ref = refs[value] = NodeRef(value.name)
+        return ref
+    if kind is list or kind is tuple:
+        return tuple([_arg(v, refs) for v in value])
     if isinstance(value, torch.dtype):
         return DTypeArg(dtype_name(value))
+    if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. IntEnum) of the plain kinds
+        return value
     return Opaque(repr(value))
 
 
@@ -124,17 +135,16 @@ def _attr(gm: torch.nn.Module, path: str) -> Any:
 
 
 def _constant(
-    ep: ExportedProgram | None, gm: torch.fx.GraphModule, n: torch.fx.Node, specs: dict[str, InputSpec]
+    ep: ExportedProgram | None, n: torch.fx.Node, value: Any, specs: dict[str, InputSpec]
 ) -> tuple[torch.Tensor, ConstantKind, str] | None:
-    """The tensor behind a lifted placeholder or a get_attr node, with its kind and key."""
+    """The tensor behind a lifted placeholder or a get_attr node (``value``: its attribute), with
+    its kind and key."""
     if n.op == "placeholder" and ep is not None and n.name in specs and specs[n.name].kind in _KINDS:
         spec = specs[n.name]
         t = _tensor_of(ep, spec)
         return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None else None
-    if n.op == "get_attr":
-        value = _attr(gm, str(n.target))
-        if isinstance(value, torch.Tensor):
-            return value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer", str(n.target)
+    if isinstance(value, torch.Tensor):
+        return value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer", str(n.target)
     return None
 
 
@@ -148,12 +158,13 @@ def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset
     keys += [k for k, _ in gm.named_parameters(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_buffers(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_modules(remove_duplicate=False)]
-    prefixes = {k[:i] for k in keys for i, ch in enumerate(k) if ch == "."}
+    prefixes = {k.rsplit(".", i)[0] for k in keys if "." in k for i in range(1, k.count(".") + 1)}
     return frozenset(keys) | prefixes | frozenset(dir(gm))
 
 
 def capture_program(program: Program) -> Captured:
-    """Snapshot a program and keep the live tensors and input specs beside it."""
+    """Snapshot a program and keep the live tensors and input specs beside it: one pass over the
+    nodes, which also derives users, the name index and the calls by target."""
     ep = program if isinstance(program, ExportedProgram) else None
     gm = program.graph_module if isinstance(program, ExportedProgram) else program
     if not isinstance(gm, torch.fx.GraphModule):
@@ -164,36 +175,55 @@ def capture_program(program: Program) -> Captured:
     tensors: dict[str, torch.Tensor] = {}
     calls: list[tuple[str, str, str]] = []
     branches: list[tuple[str, torch.fx.GraphModule]] = []
+    users: dict[str, list[str]] = {}
+    index: dict[str, int] = {}
+    targets: dict[str, list[str]] = {}
+    refs: dict[torch.fx.Node, NodeRef] = {}
     edge = False
-    for n in gm.graph.nodes:
-        if n.op == "call_function":
+    for i, n in enumerate(gm.graph.nodes):
+        name, op = n.name, n.op
+        if op == "call_function":
             edge = edge or is_edge(n.target)
             target = target_name(n.target)
+            targets.setdefault(target, []).append(name)
         else:
             target = str(n.target)
-            if n.op == "call_module":
+            value = _attr(gm, target) if op == "get_attr" else None
+            if op == "call_module":
                 calls.extend(_module_call(gm, n))
-            elif n.op == "get_attr" and isinstance(branch := _attr(gm, target), torch.fx.GraphModule):
-                branches.append((target, branch))
-            found = _constant(ep, gm, n, specs) if n.op in ("placeholder", "get_attr") else None
+            elif isinstance(value, torch.fx.GraphModule):
+                branches.append((target, value))
+            found = _constant(ep, n, value, specs) if op in ("placeholder", "get_attr") else None
             if found is not None:
                 t, kind, key = found
                 spec = tensor_spec(t)
                 assert spec is not None
-                constants[n.name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t), values=_values(t))
-                tensors[n.name] = t
+                constants[name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t), values=_values(t))
+                tensors[name] = t
+        users[name] = []
+        for source in n.all_input_nodes:  # in argument order, each once: users come out in topological order
+            users[source.name].append(name)
+        index[name] = i
+        kwargs = n.kwargs
         nodes.append(
             NodeSnapshot(
-                name=n.name,
-                op=n.op,
+                name=name,
+                op=op,
                 target=target,
-                args=tuple(_arg(a) for a in n.args),
-                kwargs=pmap({k: _arg(v) for k, v in n.kwargs.items()}) if n.kwargs else _EMPTY,
+                args=tuple([_arg(a, refs) for a in n.args]),
+                kwargs=pmap({k: _arg(v, refs) for k, v in kwargs.items()}) if kwargs else _EMPTY,
                 spec=_spec(n.meta.get("val")),
             )
         )
-    snap = snapshot(
-        nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
+    snap = GraphSnapshot(
+        nodes=pvector(nodes),
+        constants=pmap(constants),
+        dialect="edge" if edge else "aten",
+        lifted=ep is not None,
+        users=MappingProxyType({k: tuple(v) for k, v in users.items()}),
+        index=MappingProxyType(index),
+        targets=MappingProxyType({k: tuple(v) for k, v in targets.items()}),
+        reserved=_reserved(ep, gm),
     )
     return Captured(program, gm, snap, tensors, specs, calls, branches)
 

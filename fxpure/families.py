@@ -132,6 +132,9 @@ def _normalize_conv(snap: GraphSnapshot, node: NodeSnapshot, a: PMap[str, Arg]) 
     if not isinstance(a["input"], NodeRef) or not isinstance(a["weight"], NodeRef):
         bad = "input" if not isinstance(a["input"], NodeRef) else "weight"
         return Failure(Malformed(node=n, detail=f"{bad} is {a[bad]!r}, expected a tensor"))
+    w = snap.node(a["weight"].name).tensor_spec if a["weight"].name in snap.index else None
+    if w is not None and len(w.shape) != rank + 2:
+        return Failure(Malformed(node=n, detail=f"weight of shape {w.shape} does not fit a {rank}-d convolution"))
     out = a.evolver()
     for key in ("stride", "dilation", "output_padding", *(() if isinstance(a["padding"], str) else ("padding",))):
         ints = _ints(n, key, a[key], rank)

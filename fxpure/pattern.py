@@ -36,6 +36,7 @@ import builtins
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Literal, TypeAlias, final
 
 from pyrsistent import pmap
@@ -62,7 +63,7 @@ from fxpure.reasons import (
 )
 from fxpure.schema import TENSOR_KINDS, arguments, respell
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec
-from fxpure.weights import WeightExpr, infer_spec, out_channels
+from fxpure.weights import EXPR_NODE, WeightExpr, infer_spec, out_channels
 
 ONE: Literal["one"] = "one"
 ANY: Literal["any"] = "any"
@@ -1052,7 +1053,7 @@ class PatternRule:
         kwargs = {n: m.bindings[n] for n in self.reads if n in m.bindings}
         out = self.planner(Planner(self.name, m), **kwargs)
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
-        return result.bind(_typed)
+        return result.alt(partial(_located, m)).bind(_typed)
 
     def attempt(self, snap: GraphSnapshot, node: NodeSnapshot) -> Attempt:
         """How far the rule gets at ``node`` (for ``fxpure explain --node``)."""
@@ -1071,6 +1072,11 @@ def _is_candidate(
     if isinstance(args, Failure):
         return True
     return keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)), snap)
+
+
+def _located(m: Match, reason: Reason) -> Reason:
+    """A planner's reason about a weight expression (which knows no node) is located at the anchor."""
+    return replace(reason, node=m.anchor, path=reason.path or "plan") if reason.node == EXPR_NODE else reason
 
 
 def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:

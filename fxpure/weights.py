@@ -25,6 +25,8 @@ from fxpure.snapshot import Dim, TensorSpec
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
+# the node of a BadExpr about an expression alone; a rule's planner relocates it at its anchor
+EXPR_NODE = "<expr>"
 
 
 class _Expr:
@@ -215,7 +217,7 @@ WeightExpr: TypeAlias = (
 
 
 def _bad(detail: str) -> Result[TensorSpec, BadExpr]:
-    return Failure(BadExpr(node="<expr>", detail=detail))
+    return Failure(BadExpr(node=EXPR_NODE, detail=detail))
 
 
 def _static(spec: TensorSpec) -> tuple[int, ...] | None:
@@ -353,10 +355,10 @@ def _qparams(x: TensorSpec, e: Quantize | Dequantize) -> BadExpr | None:
             return err
         shape = r.unwrap().shape
         if e.axis is None and shape not in ((), (1,)):
-            return BadExpr(node="<expr>", detail=f"per-tensor {role} of shape {shape}")
+            return BadExpr(node=EXPR_NODE, detail=f"per-tensor {role} of shape {shape}")
         d = _norm_dim(e.axis, len(x.shape)) if e.axis is not None else None
         if e.axis is not None and (d is None or shape != (x.shape[d],)):
-            return BadExpr(node="<expr>", detail=f"{role} of shape {shape} for axis {e.axis} of {x.shape}")
+            return BadExpr(node=EXPR_NODE, detail=f"{role} of shape {shape} for axis {e.axis} of {x.shape}")
     return None
 
 
@@ -497,7 +499,7 @@ def fold_batch_norm(
     w = spec.unwrap()
     dims, oc = _static(w), out_channels(w, transposed=transposed, groups=groups)
     if dims is None or not isinstance(oc, int) or len(dims) < 2 or dims[0] % groups:
-        return Failure(BadExpr(node="<expr>", detail=f"cannot fold into a weight of shape {w.shape}"))
+        return Failure(BadExpr(node=EXPR_NODE, detail=f"cannot fold into a weight of shape {w.shape}"))
     scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_f32(var), b=Fill(shape=(), value=eps, dtype="float32")))
     if gamma is not None:
         scale = Binary(op="mul", a=_f32(gamma), b=scale)
@@ -536,18 +538,18 @@ def inverse(expr: WeightExpr, y: WeightExpr) -> Result[WeightExpr, BadExpr]:
             inner = expr.x
             return infer_spec(inner).bind(lambda s: _undo_shape(expr, y, s))
         case _:
-            return Failure(BadExpr(node="<expr>", detail=f"{type(expr).__name__} has no inverse"))
+            return Failure(BadExpr(node=EXPR_NODE, detail=f"{type(expr).__name__} has no inverse"))
 
 
 def _undo_shape(expr: Reshape | PadTo | Unsqueeze, y: WeightExpr, s: TensorSpec) -> Result[WeightExpr, BadExpr]:
     dims = _static(s)
     if dims is None:
-        return Failure(BadExpr(node="<expr>", detail=f"cannot invert over symbolic shape {s.shape}"))
+        return Failure(BadExpr(node=EXPR_NODE, detail=f"cannot invert over symbolic shape {s.shape}"))
     if not isinstance(expr, PadTo):
         return Success(Reshape(x=y, shape=dims))
     d = _norm_dim(expr.dim, len(dims))
     if d is None:
-        return Failure(BadExpr(node="<expr>", detail=f"dim {expr.dim} does not fit {dims}"))
+        return Failure(BadExpr(node=EXPR_NODE, detail=f"dim {expr.dim} does not fit {dims}"))
     return Success(Slice(x=y, dim=d, start=0, stop=dims[d]))
 
 

@@ -27,4 +27,15 @@ def test_fxpure_names() -> None:
     assert fxpure.rules.fuse_conv_bn().name == "fuse-conv-bn"
     assert fxpure.rules.split_group_conv(min_groups=2, max_groups=10).name == "split-group-conv"
     assert fxpure.rules.quantized_conv(align=4).name == "quantized-conv"
-    assert set(fxpure.rules.RULES) == {"fuse-conv-bn", "split-group-conv", "quantized-conv"}
+    assert set(fxpure.rules.RULES) == {
+        "fuse-conv-bn",
+        "split-group-conv",
+        "quantized-conv",
+        "fuse-linear-bn",
+        "fold-binary",
+        "conv1d-to-conv2d",
+        "linear-to-conv2d",
+        "concat-parallel-linears",
+    }
+    for key, factory in fxpure.rules.RULES.items():
+        assert factory().name == key

@@ -90,8 +90,8 @@ def _fits(match: Match, b: Arg = None) -> Reason | None:
     at_x = sites["x" if own else "lin_in"].path  # the flattened input, when the reshapes are the model's
     w = match.spec("w") or match.spec("wq")
     at_w = sites["w" if "w" in sites else "wq"].path
-    if spec is None or w is None:
-        return Malformed(node=node, detail="input or weight has no known shape", path=at_x)
+    if spec is None or w is None or lin.op.spec is None:
+        return Malformed(node=node, detail="input, weight or output has no known shape", path=at_x)
     if len(spec.shape) not in RANKS:
         return UnsupportedRank(node=node, rank=len(spec.shape), allowed=RANKS, of="input dims", path=at_x)
     if len(w.shape) != 2:

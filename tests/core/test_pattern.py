@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from returns.result import Result
 
 from fxpure import plan, verify
 from fxpure.families import ADD, BATCH_NORM, CONV, MUL, RELU, SUB
@@ -26,10 +27,10 @@ from fxpure.pattern import (
     rule,
 )
 from fxpure.plan import RewritePlan, Rule
-from fxpure.reasons import Declined, Reason
+from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.snapshot import Arg, GraphSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, WeightExpr
+from fxpure.weights import Binary, Permute, WeightExpr, infer_spec
 
 CONV_ARGS: dict[str, Arg] = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}
 
@@ -261,6 +262,16 @@ def test_custom_check_returns_a_located_typed_reason() -> None:
     assert "not-square" in r.codes
     reason = only_rejection(scaled(w_shape=(4, 3, 3, 1)), r)
     assert (reason.code, reason.path) == ("not-square", "mul.self/conv.weight")
+
+
+def test_a_planner_failure_about_an_expression_is_located_at_the_anchor() -> None:
+    # the weight vocabulary's BadExpr knows no node; the rule reports it at the node it was planning
+    def bad(p: Planner, mul: Bound, conv: Bound, w: WeightExpr) -> Result[RewritePlan, BadExpr]:
+        return infer_spec(Permute(x=w, dims=(0,))).map(lambda _: p.replace(mul, conv.ref("input")))
+
+    r = rule("bad", SCALED, plan=bad)
+    reason = only_rejection(scaled(), r)
+    assert (reason.code, reason.node, reason.path) == ("bad-weight-expr", "mul", "plan")
 
 
 def test_rank_and_channel_checks() -> None:
