@@ -54,6 +54,8 @@ def _arg(value: Any, refs: dict[torch.fx.Node, NodeRef]) -> Arg:
         return tuple([_arg(v, refs) for v in value])
     if isinstance(value, torch.dtype):
         return DTypeArg(dtype_name(value))
+    if isinstance(value, (list, tuple)):  # subclasses: torch.fx's immutable_list, named tuples
+        return tuple([_arg(v, refs) for v in value])
     if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. IntEnum) of the plain kinds
         return value
     return Opaque(repr(value))
