@@ -357,10 +357,25 @@ def plan(
     found outside the core (an adapter that computed a weight, say): those
     candidates are rejected with it.
 
-    >>> from fxpure.snapshot import snapshot
-    >>> report = plan(snapshot([], {}), [])
-    >>> report.plans, report.rejections
-    ((), ())
+    A conv and an eval batch norm, fused: the plan replaces both nodes by one conv reading two
+    new (derived, not yet computed) constants; ``report.before`` is the snapshot planned on.
+
+    >>> from fxpure.rules import fuse_conv_bn
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> x, w, b = g.input("x", (1, 4, 8, 8)), g.parameter("w", (8, 4, 3, 3)), g.parameter("b", (8,))
+    >>> conv = g.call("aten.conv2d.default", input=x, weight=w, bias=b, out=(1, 8, 6, 6))
+    >>> bn = g.call("aten.batch_norm.default", input=conv, weight=None, bias=None,
+    ...             running_mean=g.parameter("mean", (8,)), running_var=g.parameter("var", (8,)),
+    ...             training=False, momentum=0.1, eps=1e-5, cudnn_enabled=False, out=(1, 8, 6, 6))
+    >>> g.output(bn)
+    >>> report = plan(g.build(), [fuse_conv_bn()])
+    >>> [(p.rule, p.anchor, p.erase, [c.name for c in p.constants]) for p in report.plans], report.rejections
+    ([('fuse-conv-bn', 'batch_norm', ('batch_norm', 'conv2d'), ['conv2d_bn_weight', 'conv2d_bn_bias'])], ())
+    >>> report.after.node(report.after.outputs[0]).args
+    (NodeRef(name='x'), NodeRef(name='conv2d_bn_weight'), NodeRef(name='conv2d_bn_bias'))
+    >>> [n.name for n in report.before.nodes if n.op == "call_function"]
+    ['conv2d', 'batch_norm']
     """
     current, stages, rejections = snap, [], []
     for rule in rules:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapters import cli, realize
 from tests.models import Declines, QOddDepthwise, ResNeXtish, randomize_bn
 from tests.quantized import pt2e
 
@@ -97,6 +98,45 @@ def test_nothing_to_rewrite_is_not_an_error(saved: dict[str, Path], tmp_path: Pa
     assert r.returncode == 0 and r.stdout.startswith("nothing to rewrite")
     r = fxpure("apply", saved["plain"], "-o", tmp_path / "same.pt2")
     assert r.returncode == 0 and "nothing to rewrite" in r.stdout and (tmp_path / "same.pt2").exists()
+
+
+def _in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> int:
+    """``fxpure *args`` in this process (so a failure can be injected), its library set-up skipped."""
+    monkeypatch.setattr(cli, "_quiet_libraries", lambda: None)
+    return cli.main([str(a) for a in args])
+
+
+def test_a_rewrite_that_cannot_be_applied_is_exit_3_and_writes_nothing(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fails(*_: object) -> None:
+        raise realize._ApplyError("apply-failed", "injected: the commit failed")
+
+    monkeypatch.setattr(realize, "realize", fails)  # planning succeeds, applying the plans fails
+    out, pte = tmp_path / "out.pt2", tmp_path / "out.pte"
+    before = saved["resnext"].read_bytes()
+    assert _in_process(monkeypatch, "apply", saved["resnext"], "-o", out, "--pte", pte, "--verify") == 3
+    err = capsys.readouterr().err
+    assert "injected: the commit failed" in err and err.rstrip().endswith("(program unchanged, nothing written)")
+    assert list(tmp_path.iterdir()) == []  # no .pt2, no .pte, no temporary file
+    assert saved["resnext"].read_bytes() == before
+
+
+def test_a_failed_pte_lowering_is_exit_3_and_writes_no_pt2(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fails(program: object, names: list[str]) -> bytes:
+        raise RuntimeError("injected: the partitioner refused the program\nsecond line")
+
+    monkeypatch.setattr(cli, "_lower", fails)
+    out, pte = tmp_path / "out.pt2", tmp_path / "out.pte"
+    assert _in_process(monkeypatch, "apply", saved["resnext"], "-o", out, "--pte", pte) == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "fxpure: error: lowering to .pte failed (RuntimeError: injected: the partitioner refused the program);"
+        " nothing written"
+    )
+    assert list(tmp_path.iterdir()) == []  # the .pt2 is saved only after lowering succeeded
 
 
 @pytest.mark.parametrize(

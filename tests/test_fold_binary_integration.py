@@ -308,6 +308,22 @@ def test_half_precision_folds_in_float32_and_declines_promotion(dtype: torch.dty
     assert len(outcome.report.plans) == 1
     assert all(t.dtype == dtype for t in program.state_dict.values())
     assert_close(run(program, x), eager(by_number, x), rel=2e-2)
+    # bit for bit the float32 product rounded once (0.3 as float32, not rounded to the half dtype)
+    assert by_number.c.bias is not None
+    w, b = by_number.c.weight.detach().float(), by_number.c.bias.detach().float()
+    assert torch.equal(program.state_dict["conv2d_mul_weight"], (w * torch.tensor(0.3)).to(dtype))
+    assert torch.equal(program.state_dict["conv2d_mul_bias"], (b * torch.tensor(0.3)).to(dtype))
+    # a shift of two roundings: b - 0.7 s, in float32 and cast once (in the half dtype it differs)
+    with torch.random.fork_rng():  # fixed values: the half-dtype shift is checked to differ on them
+        torch.manual_seed(1)
+        shifted = Half(lambda m, y: torch.sub(y, m.s, alpha=0.7)).eval().to(dtype)
+    program = torch.export.export(shifted, x)
+    assert len(adapters.transform(program, [fold_binary()]).unwrap().report.plans) == 1
+    assert shifted.c.bias is not None
+    b, s = shifted.c.bias.detach(), shifted.s.detach().reshape(-1)
+    bias = (b.float() + s.float() * torch.tensor(-0.7)).to(dtype)
+    assert not torch.equal(b + s * torch.tensor(-0.7, dtype=dtype), bias)
+    assert torch.equal(program.state_dict["conv2d_sub_bias"], bias)
     # a half conv times a float32 tensor is float32: folding would make it half
     promoted = Half(lambda m, y: y * m.s).eval()
     promoted.c.to(dtype)

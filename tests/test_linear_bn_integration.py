@@ -195,6 +195,36 @@ def test_shared_weight_keeps_its_numbers() -> None:
     assert_close(run(program, x), [model(*x).detach()])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_folds_in_float32(dtype: torch.dtype) -> None:
+    with torch.random.fork_rng():  # fixed values: the half-dtype fold below is checked to differ on them
+        torch.manual_seed(0)
+        lin, bn = nn.Linear(6, 8), nn.BatchNorm1d(8)
+    model = randomize_bn(nn.Sequential(lin, bn)).to(dtype)  # converts lin and bn in place
+    x = (torch.randn(4, 6).to(dtype),)
+    program = torch.export.export(model, x)
+    want = [model(*x).detach()]
+    adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert_close(run(program, x), want, rel=2e-2)
+    assert {k: t.dtype for k, t in program.state_dict.items()} == {"linear_bn_weight": dtype, "linear_bn_bias": dtype}
+
+    def fold(compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Written out here, in ``compute``, and cast once: ``s = gamma * rsqrt(var + eps)``."""
+        assert bn.running_mean is not None and bn.running_var is not None
+        w, b, mean, var, gamma, beta = (
+            t.detach().to(compute) for t in (lin.weight, lin.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
+        )
+        s = torch.rsqrt(var + bn.eps) * gamma
+        return (w * s[:, None]).to(dtype), ((b - mean) * s + beta).to(dtype)
+
+    # bit for bit the float32 fold rounded once; the fold in the half dtype differs on these values
+    weight, bias = fold(torch.float32)
+    own_weight, own_bias = fold(dtype)
+    assert not torch.equal(own_weight, weight) and not torch.equal(own_bias, bias)
+    assert torch.equal(program.state_dict["linear_bn_weight"], weight)
+    assert torch.equal(program.state_dict["linear_bn_bias"], bias)
+
+
 # --- upstream on the same programs -----------------------------------------------------------------
 
 

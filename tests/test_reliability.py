@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
 import adapters
-from fxpure.rules import fuse_conv_bn
-from tests.models import randomize_bn
+import fxpure
+from fxpure.rules import RULES, fuse_conv_bn
+from fxpure.serial import to_data
+from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_sound, build, run
 
 
@@ -198,3 +202,20 @@ def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reaso
     (declined,) = outcome.report.rejections
     assert declined.node == "bn" and declined.reason.code == "module-call"
     assert "torch.export" in declined.reason.message
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_planning_leaves_the_snapshot_as_it_was(form: str) -> None:
+    """``plan`` and ``rewrite`` are pure: the snapshot, in a serialised copy taken before (not the
+    snapshot compared with itself, nor a snapshot sharing its node records), is unchanged after
+    every rule planned and rewrote on it, and planning again gives the same plans."""
+    model = randomize_bn(ResNeXtish())
+    snap = adapters.capture(build(model, (torch.randn(1, 16, 12, 12),), form))
+    before = json.dumps(to_data(snap), sort_keys=True)
+    rules = [make() for make in RULES.values()]
+    report = fxpure.plan(snap, rules)
+    assert len(report.plans) == 8  # 6 batch norms fused, 2 grouped convs split: the rewrite renamed readers
+    assert json.dumps(to_data(snap), sort_keys=True) == before
+    assert json.dumps(to_data(report.before), sort_keys=True) == before
+    again = fxpure.plan(snap, rules)
+    assert to_data(again.plans) == to_data(report.plans) and again.after == report.after

@@ -130,7 +130,9 @@ FAILURE_POINTS: dict[str, tuple[Any, str, int]] = {
 
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
 @pytest.mark.parametrize("point", sorted(FAILURE_POINTS))
-@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "interrupt"])
+@pytest.mark.parametrize(
+    "exc", [RuntimeError("boom"), KeyboardInterrupt("Ctrl-C mid-commit")], ids=["error", "interrupt"]
+)
 def test_every_commit_failure_point_rolls_back(
     monkeypatch: pytest.MonkeyPatch, form: str, point: str, exc: BaseException
 ) -> None:
@@ -146,11 +148,13 @@ def test_every_commit_failure_point_rolls_back(
     owner, attr, call = FAILURE_POINTS[point]
     monkeypatch.setattr(owner, attr, _fail_on_call(call, exc)(getattr(owner, attr)))
     if isinstance(exc, KeyboardInterrupt):
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt, match=r"^Ctrl-C mid-commit$") as info:
             adapters.transform(program, [fuse_conv_bn()])
+        assert info.value is exc  # re-raised as it was, not wrapped
     else:
         result = adapters.transform(program, [fuse_conv_bn()])
-        assert result.failure().code == "apply-failed" and "rolled back" in result.failure().message
+        assert result.failure().code == "apply-failed"
+        assert result.failure().message == "commit failed and was rolled back: RuntimeError: boom"
     monkeypatch.undo()
     assert str(gm.graph) == before_graph and gm.code == before_code
     after_state = gm.state_dict()

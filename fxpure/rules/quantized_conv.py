@@ -350,9 +350,13 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
     partitioner (its own quantized-conv pattern would assert on such a conv); the plan records the
     reason it stands in for (``instead_of``). ``"none"`` leaves the conv as it is.
 
+    >>> from fxpure.reasons import GENERIC_CODES
     >>> r = quantized_conv()
-    >>> "channel-alignment" in r.codes, r.fallback is not None, quantized_conv(fallback="none").fallback
-    (True, True, None)
+    >>> sorted(r.codes - GENERIC_CODES)
+    ['asymmetric-weight', 'channel-alignment', 'conv-output-shared', 'no-kernel', 'not-constant', \
+'not-quantized', 'not-scalar', 'symbolic-shape', 'unsupported-dtype', 'unsupported-rank']
+    >>> r.fallback.name if r.fallback else None, quantized_conv(fallback="none").fallback
+    ('quantized-conv-fallback', None)
     """
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
