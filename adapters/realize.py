@@ -451,10 +451,11 @@ def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
 def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Tensor]:
     memo: dict[object, torch.Tensor] = {}
     out: dict[str, torch.Tensor] = {}
+    on_meta = {k for k, t in cap.tensors.items() if t.is_meta}
     for name, info in after.constants.items():
         if info.source is None:
             continue
-        meta = sorted(k for k in sources(info.source) if cap.tensors[k].is_meta)
+        meta = sorted(k for k in sources(info.source) if k in on_meta) if on_meta else []
         if meta:
             raise _ApplyError(
                 "meta-tensor",

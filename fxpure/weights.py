@@ -34,8 +34,9 @@ class _Expr:
     a rewrite (one constant per distinct expression, one evaluation per shared subexpression), and
     a recomputed hash would walk the whole tree each time."""
 
-    __slots__ = ("_hash",)
+    __slots__ = ("_hash", "_spec")
     _hash: int
+    _spec: Result[TensorSpec, BadExpr]  # infer_spec's answer, kept once computed
 
     def _key(self) -> tuple[object, ...]:
         names: dict[str, object] = getattr(self, "__dataclass_fields__", {})
@@ -385,6 +386,15 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
     >>> infer_spec(Binary(op="mul", a=w, b=Fill(shape=(), value=2.0, dtype="float32"))).failure().message
     'mul of int8 and float32 (cast one first)'
     """
+    try:
+        return expr._spec
+    except AttributeError:
+        spec = _infer(expr)
+        object.__setattr__(expr, "_spec", spec)
+        return spec
+
+
+def _infer(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
     match expr:
         case Source():
             return Success(expr.spec)
