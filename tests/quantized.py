@@ -1,8 +1,10 @@
-"""Quantized edge programs, upstream's Vulkan conv packing, and an exact oracle for packed programs."""
+"""Quantized edge programs, upstream's Vulkan conv packing, and an exact int8 oracle for packed programs
+(``tests/q8ta_oracle.py``: what the Vulkan kernels compute from the packed arguments alone)."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,9 +22,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from adapters.weights import materialize
 from fxpure.plan import RewriteReport
-from fxpure.weights import Source, unpack
+from tests import q8ta_oracle
 
 qd = torch.ops.quantized_decomposed
 
@@ -131,76 +132,115 @@ def values(ep: ExportedProgram, x: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     return rec.values
 
 
-class _Unpacked(_Recorder):
-    """Evaluates q8ta nodes as dequantize -> conv -> [relu] -> quantize with the weights, scales and
-    bias recovered from the packed constants through the plans' inverses (never the Vulkan kernels)."""
+@dataclass(frozen=True)
+class _Chain:
+    """A q8ta node of the rewritten program and the chain it stands for in the original."""
 
-    def __init__(self, ep: ExportedProgram, report: RewriteReport) -> None:
-        super().__init__(ep.graph_module)
-        self.ep, self.report = ep, report
+    node: str  # the q8ta node
+    xq: str  # the chain's int8 input (what its dequantize reads)
+    quantized: str  # the float value its quantize reads: the conv's output, or its ReLU's
+    q: str  # the quantize: the chain's int8 output
 
-    def unpacked(self, node: torch.fx.Node) -> torch.Tensor:
-        info = self.report.after.constants[node.name]
-        packed = tensor(self.ep, node)
-        if info.source is None:
-            return packed
-        _, back = unpack(info.source, Source(key=node.name, spec=info.spec)).unwrap()
-        return materialize(back, {node.name: packed})
+
+def _chains(ep: ExportedProgram, original: ExportedProgram, report: RewriteReport) -> list[_Chain]:
+    """Each q8ta node with its chain, found by walking the original graph from the conv it replaced."""
+    provenance = {n.name: n.provenance for n in report.after.nodes if "q8ta" in n.target}
+    nodes = {n.name: n for n in original.graph.nodes}
+    out = []
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or "q8ta" not in str(n.target):
+            continue
+        source = provenance.get(n.name)
+        assert source is not None, f"{n.name}: no provenance"
+        conv = nodes[source]
+        dq = conv.args[0]
+        assert isinstance(dq, torch.fx.Node) and "dequantize_per_tensor" in str(dq.target), conv.name
+        xq = dq.args[0]
+        assert isinstance(xq, torch.fx.Node)
+        quantized = conv
+        if len(conv.users) == 1 and "relu" in str(next(iter(conv.users)).target):
+            quantized = next(iter(conv.users))
+        (q,) = [u for u in quantized.users if str(u.target).split("::")[-1].startswith("quantize_per_tensor")]
+        out.append(_Chain(node=n.name, xq=xq.name, quantized=quantized.name, q=q.name))
+    return out
+
+
+class _Fed(torch.fx.Interpreter):
+    """Runs a graph and keeps every node's value (``computed``); a node named in ``feed`` passes that
+    value on instead (``fed``)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, feed: dict[str, torch.Tensor]) -> None:
+        super().__init__(gm)
+        self.feed = feed
+        self.computed: dict[str, Any] = {}
+        self.fed: dict[str, Any] = {}
+        self.node: torch.fx.Node | None = None
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.node = n
+        value = super().run_node(n)
+        self.computed[n.name] = value
+        value = self.feed.get(n.name, value)
+        self.fed[n.name] = value
+        return value
+
+
+class _Kernels(_Fed):
+    """Runs the rewritten program with each q8ta node checked against the original chain: the kernel
+    reads the chain's int8 input, computes (``q8ta_oracle``) the chain's int8 output up to rounding
+    ties, and passes the chain's own output on, so ties do not spread and the outputs must be equal."""
+
+    def __init__(self, ep: ExportedProgram, reference: _Fed, chains: list[_Chain]) -> None:
+        names = {c.q for c in chains}
+        super().__init__(ep.graph_module, {k: v for k, v in reference.feed.items() if k not in names})
+        self.reference, self.chains = reference, {c.node: c for c in chains}
+        self.ties = self.checked = 0
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if "q8ta" not in str(target):
             return super().call_function(target, args, kwargs)
-        node = self.current
-        x, s_in, z_in, _, _, _, s_out, z_out, _, _, stride, padding, *rest = args
-        transposed = "transposed" in str(target)
-        out_pad = rest.pop(0) if transposed else [0, 0]
-        dilation, groups, activation = rest
-        w_node, scales_node, bias_node = node.args[3], node.args[5], node.args[8]
-        assert isinstance(w_node, torch.fx.Node) and isinstance(scales_node, torch.fx.Node)
-        w, scales = self.unpacked(w_node), self.unpacked(scales_node)
-        bias = self.unpacked(bias_node) if isinstance(bias_node, torch.fx.Node) else None
-        axis = 1 if transposed else 0
-        xf = qd.dequantize_per_tensor(x, s_in, z_in, -128, 127, torch.int8)
-        zeros = torch.zeros(w.shape[axis], dtype=torch.int64)
-        wf = qd.dequantize_per_channel(w, scales[: w.shape[axis]], zeros, axis, -127, 127, torch.int8)
-        y = torch.ops.aten.convolution(xf, wf, bias, stride, padding, dilation, transposed, out_pad, groups)
-        if activation == "relu":
-            y = torch.relu(y)
-        return qd.quantize_per_tensor(y, s_out, z_out, -128, 127, torch.int8)
-
-    @property
-    def current(self) -> torch.fx.Node:
-        return self._current
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        self._current = n
-        return super().run_node(n)
+        assert self.node is not None and not kwargs
+        chain, ref = self.chains[self.node.name], self.reference
+        x = args[0]
+        assert isinstance(x, torch.Tensor) and torch.equal(x, ref.fed[chain.xq]), f"{chain.node}: not the chain's input"
+        call = q8ta_oracle.parse(str(target), args)
+        got = q8ta_oracle.run(call, x, out_channels=int(self.node.meta["val"].shape[1]))
+        want, want_float = ref.computed[chain.q], ref.computed[chain.quantized]
+        self.ties += q8ta_oracle.assert_matches(got, want, want_float, call.output_scale, chain.node)
+        self.checked += 1
+        return ref.fed[chain.q]
 
 
-def unpacked_values(ep: ExportedProgram, report: RewriteReport, x: tuple[torch.Tensor, ...]) -> dict[str, Any]:
-    """Every node's value, q8ta nodes computed from the inverse plans of their packed constants."""
-    rec = _Unpacked(ep, report)
+def _run(fed: _Fed, ep: ExportedProgram, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     with torch.no_grad():
-        rec.run(*lifted_args(ep, x))
-    return rec.values
+        out = fed.run(*lifted_args(ep, x))
+    flat = list(out) if isinstance(out, (tuple, list)) else [out]
+    assert all(isinstance(t, torch.Tensor) for t in flat)
+    return flat
 
 
 def assert_exact(
     ep: ExportedProgram, original: ExportedProgram, report: RewriteReport, x: tuple[torch.Tensor, ...]
-) -> None:
-    """Each q8ta node, evaluated from its unpacked weights, gives the original chain's int8 bits."""
-    want, got = values(original, x), unpacked_values(ep, report, x)
-    anchors = {p.anchor: p for p in report.plans}
-    checked = 0
-    for n in report.after.nodes:
-        if "q8ta" not in n.target:
-            continue
-        assert n.provenance is not None
-        quant = anchors[n.provenance].replace[0][0]
-        assert got[n.name].dtype == torch.int8 and torch.equal(got[n.name], want[quant]), n.name
-        checked += 1
-    assert checked == len(report.plans) > 0
-    (out,) = [n for n in ep.graph.nodes if n.op == "output"]
-    (ref,) = [n for n in original.graph.nodes if n.op == "output"]
-    for a, b in zip(got[out.name], want[ref.name], strict=True):
-        assert torch.equal(a, b)
+) -> int:
+    """Each q8ta node, computed as the Vulkan kernel computes it from its packed arguments alone
+    (``tests/q8ta_oracle.py``), gives the original chain's int8 output on the program's own inputs and
+    on random int8 inputs to every chain, bit for bit but for rounding ties (``assert_matches``); with
+    each chain's output passed on, the rewritten program's outputs equal the original's. Returns the ties."""
+    chains = _chains(ep, original, report)
+    assert len(chains) == len(report.plans) > 0
+    ties = 0
+    shapes: dict[str, torch.Size] = {}
+    for seed in (None, 0, 1):
+        feed: dict[str, torch.Tensor] = {}
+        if seed is not None:
+            g = torch.Generator().manual_seed(seed)
+            feed = {k: torch.randint(-128, 128, s, generator=g, dtype=torch.int8) for k, s in shapes.items()}
+        reference = _Fed(original.graph_module, feed)
+        want = _run(reference, original, x)
+        shapes = shapes or {c.xq: reference.computed[c.xq].shape for c in chains}
+        kernels = _Kernels(ep, reference, chains)
+        got = _run(kernels, ep, x)
+        assert kernels.checked == len(chains)
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        ties += kernels.ties
+    return ties

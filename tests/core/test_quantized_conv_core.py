@@ -105,6 +105,9 @@ def test_no_relu_and_no_bias() -> None:
         ({"per_channel": False, "zeros": (2,)}, "asymmetric-weight", "zero points (2,) are not all 0"),
         ({"groups": 6, "cin": 6, "cout": 6}, "channel-alignment", "depthwise output channels is 6"),
         ({"groups": 8, "cin": 16, "cout": 16}, "channel-alignment", "output channels per group is 2"),
+        # the runtime refuses a grouped call whose groups split a texel of input channels
+        ({"groups": 2, "cin": 4, "cout": 8}, "channel-alignment", "input channels per group is 2"),
+        ({"transposed": True, "groups": 2, "cin": 4, "cout": 8}, "channel-alignment", "input channels per group is 2"),
         ({"extra_user": True, "relu": False}, "conv-output-shared", "output of conv is also used by q0, output"),
         ({"float_input": True}, "not-quantized", "input of conv comes from x (x)"),
         ({"float_weight": True}, "not-quantized", "weight of conv comes from w (w)"),
