@@ -284,6 +284,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table as the README shows it (ms; ratios; "—" where there is no upstream pass here)."""
+    names = [name for name, _ in COLUMNS]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for r in rows:
+        cells = [_fmt(r.get(name), 0).strip() for name in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def growth(rows: list[dict[str, Any]], side: str) -> dict[str, float | None]:
     """Per-node cost at the largest size over the smallest, per rule."""
     out: dict[str, float | None] = {}
@@ -393,6 +403,8 @@ def main() -> None:
             print(table([row]).splitlines()[1] if len(rows) > 1 else table([row]), flush=True)
     print()
     print(table(rows))
+    print()
+    print(markdown(rows))
     growth_fx, growth_floor = growth(rows, "fxpure"), growth(rows, "floor")
     print("\nper-node cost, largest size over smallest:")
     growth_up = growth(rows, "upstream")

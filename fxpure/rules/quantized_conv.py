@@ -192,10 +192,11 @@ def _vectors(conv: Bound, dqw: Bound, match: Match) -> Reason | None:
 
 def _kernel(conv: Bound, geo: Geometry, align: int) -> Result[str, Reason]:
     g, oc = geo.groups, geo.oc
-    if 1 < g < oc and geo.ocg % align:  # a group must not cross a texel
-        return Failure(_misaligned(conv, "output channels per group", geo.ocg, align))
     depthwise = geo.icg == 1 and g == oc and not conv.bool("transposed")
-    if g > 1 and not depthwise and geo.icg % align:  # the grouped kernels read input channels by texel
+    # the grouped kernels read and write channels by texel: a group must not cross one
+    if g > 1 and not depthwise and geo.ocg % align:
+        return Failure(_misaligned(conv, "output channels per group", geo.ocg, align))
+    if g > 1 and not depthwise and geo.icg % align:
         return Failure(_misaligned(conv, "input channels per group", geo.icg, align))
     if conv.bool("transposed"):
         return Success("transposed")

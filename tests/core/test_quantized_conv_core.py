@@ -108,6 +108,7 @@ def test_no_relu_and_no_bias() -> None:
         # the runtime refuses a grouped call whose groups split a texel of input channels
         ({"groups": 2, "cin": 4, "cout": 8}, "channel-alignment", "input channels per group is 2"),
         ({"transposed": True, "groups": 2, "cin": 4, "cout": 8}, "channel-alignment", "input channels per group is 2"),
+        ({"groups": 2, "cin": 8, "cout": 2}, "channel-alignment", "output channels per group is 1"),
         ({"extra_user": True, "relu": False}, "conv-output-shared", "output of conv is also used by q0, output"),
         ({"float_input": True}, "not-quantized", "input of conv comes from x (x)"),
         ({"float_weight": True}, "not-quantized", "weight of conv comes from w (w)"),
