@@ -145,7 +145,7 @@ def normal(s: GraphSnapshot) -> tuple[Any, ...]:
     return nodes, consts, s.dialect, s.lifted
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_commuting_square_and_numerics(c: Config) -> None:
     model = model_for(c)
@@ -211,7 +211,7 @@ def _split_declines(c: GroupedConfig) -> list[str]:
     return ["groups-out-of-range"] if c.groups > 10 else []
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grouped_configs())
 def test_split_commuting_square_and_numerics(c: GroupedConfig) -> None:
     cin, cout = c.groups * c.cin_per_group, c.groups * c.cout_per_group
@@ -300,7 +300,7 @@ def quant_configs(draw: st.DrawFn) -> QuantConfig:
     )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(quant_configs())
 def test_quantized_conv_commuting_square_and_exact_int8(c: QuantConfig) -> None:
     cls = torch.nn.ConvTranspose2d if c.kind == "transposed" else torch.nn.Conv2d
