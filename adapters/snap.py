@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, cast
 
 import torch
-from pyrsistent import pmap, pvector
+from pyrsistent import pmap
 from pyrsistent.typing import PMap
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
@@ -165,8 +164,7 @@ def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset
 
 
 def capture_program(program: Program) -> Captured:
-    """Snapshot a program and keep the live tensors and input specs beside it: one pass over the
-    nodes, which also derives users, the name index and the calls by target."""
+    """Snapshot a program and keep the live tensors and input specs beside it."""
     ep = program if isinstance(program, ExportedProgram) else None
     gm = program.graph_module if isinstance(program, ExportedProgram) else program
     if not isinstance(gm, torch.fx.GraphModule):
@@ -177,17 +175,13 @@ def capture_program(program: Program) -> Captured:
     tensors: dict[str, torch.Tensor] = {}
     calls: list[tuple[str, str, str]] = []
     branches: list[tuple[str, torch.fx.GraphModule]] = []
-    users: dict[str, list[str]] = {}
-    index: dict[str, int] = {}
-    targets: dict[str, list[str]] = {}
     refs: dict[torch.fx.Node, NodeRef] = {}
     edge = False
-    for i, n in enumerate(gm.graph.nodes):
+    for n in gm.graph.nodes:
         name, op = n.name, n.op
         if op == "call_function":
             edge = edge or is_edge(n.target)
             target = target_name(n.target)
-            targets.setdefault(target, []).append(name)
         else:
             target = str(n.target)
             value = _attr(gm, target) if op == "get_attr" else None
@@ -202,10 +196,6 @@ def capture_program(program: Program) -> Captured:
                 assert spec is not None
                 constants[name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t), values=_values(t))
                 tensors[name] = t
-        users[name] = []
-        for source in n.all_input_nodes:  # in argument order, each once: users come out in topological order
-            users[source.name].append(name)
-        index[name] = i
         kwargs = n.kwargs
         nodes.append(
             NodeSnapshot(
@@ -217,15 +207,8 @@ def capture_program(program: Program) -> Captured:
                 spec=_spec(n.meta.get("val")),
             )
         )
-    snap = GraphSnapshot(
-        nodes=pvector(nodes),
-        constants=pmap(constants),
-        dialect="edge" if edge else "aten",
-        lifted=ep is not None,
-        users=MappingProxyType({k: tuple(v) for k, v in users.items()}),
-        index=MappingProxyType(index),
-        targets=MappingProxyType({k: tuple(v) for k, v in targets.items()}),
-        reserved=_reserved(ep, gm),
+    snap = snapshot(
+        nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
     )
     return Captured(program, gm, snap, tensors, specs, calls, branches)
 

@@ -17,28 +17,12 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
-from adapters.realize import _prepare
+from adapters.realize import _bind, _literal, _prepare
 from adapters.snap import Program, capture_program
-from adapters.torchnames import dtype_of, resolve_target
+from adapters.torchnames import resolve_target
 from adapters.weights import materialize
 from fxpure import plan
 from fxpure.plan import Rule
-from fxpure.snapshot import Arg, DTypeArg, NodeRef
-
-
-def _template(arg: Arg) -> Any:
-    """A literal in FX form; node references stay, bound when the node is created."""
-    if isinstance(arg, tuple):
-        return [_template(a) for a in arg]
-    return dtype_of(arg.name) if isinstance(arg, DTypeArg) else arg
-
-
-def _bind(arg: Any, env: dict[str, torch.fx.Node]) -> Any:
-    if isinstance(arg, NodeRef):
-        return env[arg.name]
-    if isinstance(arg, list):
-        return [_bind(a, env) for a in arg]
-    return arg
 
 
 def prepare(program: Program, rules: list[Rule]) -> Callable[[], int]:
@@ -59,11 +43,11 @@ def prepare(program: Program, rules: list[Rule]) -> Callable[[], int]:
             new.append((rec.name, None, [], {}, nxt))
         else:
             target = resolve_target(rec.target, after.dialect)
-            args = [_template(a) for a in rec.args]
-            new.append((rec.name, target, args, {k: _template(v) for k, v in rec.kwargs.items()}, nxt))
+            args = [_literal(a) for a in rec.args]
+            new.append((rec.name, target, args, {k: _literal(v) for k, v in rec.kwargs.items()}, nxt))
     new.reverse()
     changed = [
-        (rec.name, [_template(a) for a in rec.args], {k: _template(v) for k, v in rec.kwargs.items()})
+        (rec.name, [_literal(a) for a in rec.args], {k: _literal(v) for k, v in rec.kwargs.items()})
         for rec in after.nodes
         if rec.name in before.index and before.node(rec.name) is not rec
     ]
@@ -87,12 +71,12 @@ def prepare(program: Program, rules: list[Rule]) -> Callable[[], int]:
                 if target is None:
                     node = graph.placeholder(name) if ep is not None else graph.get_attr(name)
                 else:
-                    node = graph.create_node("call_function", target, tuple(_bind(args, env)), _bind(kwargs, env), name)
+                    node = graph.create_node("call_function", target, _bind(tuple(args), env), _bind(kwargs, env), name)
             node.meta.update(metas[name])
             env[name] = node
         for name, args, kwargs in changed:
             node = env[name]
-            node.args, node.kwargs = tuple(_bind(args, env)), _bind(kwargs, env)
+            node.args, node.kwargs = _bind(tuple(args), env), _bind(kwargs, env)
         for name in reversed(erased):
             graph.erase_node(env[name])
         if ep is not None:
