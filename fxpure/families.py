@@ -13,14 +13,13 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import final
 
-from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
 from fxpure.reasons import Malformed
 from fxpure.schema import Schema, bind, parse_schema
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
 
-Normalizer = Callable[[GraphSnapshot, NodeSnapshot, PMap[str, Arg]], Result[PMap[str, Arg], Malformed]]
+Normalizer = Callable[[GraphSnapshot, NodeSnapshot, Mapping[str, Arg]], Result[Mapping[str, Arg], Malformed]]
 """Turns bound arguments into a family's normal form (e.g. ``stride=1`` -> ``(1, 1)``)."""
 
 
@@ -53,14 +52,16 @@ class Family:
         """The kinds argument ``name`` has across the spellings (empty: fixed by the spelling)."""
         return frozenset(p.kind for s in self.schemas.values() if (p := s.param(name)) is not None)
 
-    def bind(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[PMap[str, Arg], Malformed]:
+    def bind(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Mapping[str, Arg], Malformed]:
         """The node's arguments by name in the family's normal form, or why they do not fit."""
         schema = self.schemas.get(node.target)
         if schema is None or node.op != "call_function":
             return Failure(Malformed(node=node.name, detail=f"{node.target} is not {self.noun}"))
         bound = bind(node, schema)
         normalize = self.normalize
-        return bound if normalize is None else bound.bind(lambda args: normalize(snap, node, args))
+        if normalize is None or not isinstance(bound, Success):
+            return bound
+        return normalize(snap, node, bound.unwrap())
 
     def __or__(self, other: Family) -> Family:
         """Both families as one (e.g. ``ADD | SUB``)."""
@@ -78,7 +79,7 @@ def _both(a: Family, b: Family) -> Normalizer | None:
     if a.normalize is None and b.normalize is None:
         return None
 
-    def go(snap: GraphSnapshot, node: NodeSnapshot, args: PMap[str, Arg]) -> Result[PMap[str, Arg], Malformed]:
+    def go(snap: GraphSnapshot, node: NodeSnapshot, args: Mapping[str, Arg]) -> Result[Mapping[str, Arg], Malformed]:
         own = a if node.target in a.schemas else b
         return own.normalize(snap, node, args) if own.normalize is not None else Success(args)
 
@@ -123,7 +124,9 @@ def _conv_rank(snap: GraphSnapshot, node: NodeSnapshot, w: Arg) -> int | None:
     return len(spec.shape) - 2 if spec is not None and len(spec.shape) >= 3 else None
 
 
-def _normalize_conv(snap: GraphSnapshot, node: NodeSnapshot, a: PMap[str, Arg]) -> Result[PMap[str, Arg], Malformed]:
+def _normalize_conv(
+    snap: GraphSnapshot, node: NodeSnapshot, a: Mapping[str, Arg]
+) -> Result[Mapping[str, Arg], Malformed]:
     """Rank from the spelling (or the weight), int lists of that rank, a bool ``transposed``."""
     n = node.name
     rank, transposed, groups = _conv_rank(snap, node, a["weight"]), a["transposed"], a["groups"]
@@ -135,14 +138,14 @@ def _normalize_conv(snap: GraphSnapshot, node: NodeSnapshot, a: PMap[str, Arg]) 
     w = snap.node(a["weight"].name).tensor_spec if a["weight"].name in snap.index else None
     if w is not None and len(w.shape) != rank + 2:
         return Failure(Malformed(node=n, detail=f"weight of shape {w.shape} does not fit a {rank}-d convolution"))
-    out = a.evolver()
+    out = dict(a)
     for key in ("stride", "dilation", "output_padding", *(() if isinstance(a["padding"], str) else ("padding",))):
         ints = _ints(n, key, a[key], rank)
-        if isinstance(ints, Failure):
+        if not isinstance(ints, Success):
             return Failure(ints.failure())
         out[key] = ints.unwrap()
     out["rank"] = rank
-    return Success(out.persistent())
+    return Success(MappingProxyType(out))
 
 
 _CONV_ARGS = "Tensor input, Tensor weight, Tensor? bias=None, SymInt[{r}] stride=1"

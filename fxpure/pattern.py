@@ -37,10 +37,10 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, final
 
 from pyrsistent import pmap
-from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
 from fxpure.families import DEQUANTIZE, SCHEMAS, Family
@@ -267,7 +267,7 @@ class Bound:
 
     node: NodeSnapshot
     family: Family = field(compare=False)
-    args: PMap[str, Arg]
+    args: Mapping[str, Arg] = field(hash=False)
     uses: tuple[str, ...]
 
     @property
@@ -337,8 +337,8 @@ class Match:
 
     snap: GraphSnapshot
     anchor: str
-    bindings: PMap[str, Binding]
-    sites: PMap[str, Site]
+    bindings: Mapping[str, Binding] = field(hash=False)
+    sites: Mapping[str, Site] = field(hash=False)
     erase: tuple[str, ...]
     prune: tuple[str, ...]
 
@@ -371,7 +371,7 @@ class Attempt:
     rule: str
     anchor: str
     reason: Reason | None
-    bindings: PMap[str, Binding]
+    bindings: Mapping[str, Binding] = field(hash=False)
     depth: int
 
 
@@ -392,19 +392,20 @@ class _State:
     def fork(self) -> _State:
         return _State(self.snap, dict(self.bindings), dict(self.sites), list(self.erase), list(self.prune), self.depth)
 
-    def bind(self, name: str | None, value: Binding, site: Site, *, count: bool = True) -> Reason | None:
+    def bind(
+        self, name: str | None, value: Binding, node: str, role: str, path: str, *, count: bool = True
+    ) -> Reason | None:
+        """Bind ``name`` (None: nothing to bind) to ``value``, read as ``role`` of ``node`` at ``path``."""
         self.depth += count
         if name is None:
             return None
         if name in self.bindings:
             first = self.bindings[name]
             if first != value:
-                return BindingConflict(
-                    node=site.node, name=name, first=_show(first), second=_show(value), path=site.path
-                )
+                return BindingConflict(node=node, name=name, first=_show(first), second=_show(value), path=path)
             return None
         self.bindings[name] = value
-        self.sites[name] = site
+        self.sites[name] = Site(node, role, path)
         return None
 
 
@@ -424,8 +425,11 @@ def _strict_equal(a: Arg, b: Arg) -> bool:
 
 def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Reason | None:
     """Run alternatives on forks of ``st``; adopt the first that succeeds, else the furthest failure."""
+    options = list(tries)
+    if len(options) == 1:  # no alternative: no fork (the state a fork would leave is the same)
+        return options[0](st)
     best: tuple[_State, Reason] | None = None
-    for attempt in tries:
+    for attempt in options:
         fork = st.fork()
         err = attempt(fork)
         if err is None:
@@ -444,7 +448,6 @@ def _adopt(st: _State, fork: _State) -> None:
 
 def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State) -> Reason | None:
     """Match ``p`` against ``value``, argument ``role`` of node ``parent``."""
-    site = Site(parent, role, path)
     match p:
         case Op():
             return _producer(p, value, parent, role, path, st)
@@ -452,25 +455,25 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
             return _best(st, (_alt(a, value, parent, role, path) for a in p.alternatives))
         case Const():
             if value is None and p.optional:
-                return st.bind(p.name, None, site)
+                return st.bind(p.name, None, parent, role, path)
             expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
             if expr is None:
                 source = value.name if isinstance(value, NodeRef) else str(value)
                 return NotConstant(node=parent, role=role, source=source, path=path)
-            return st.bind(p.name, expr, site)
+            return st.bind(p.name, expr, parent, role, path)
         case Scalar():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return st.bind(p.name, value, site)
+                return st.bind(p.name, value, parent, role, path)
             shown = f"computed by {value.name!r}" if isinstance(value, NodeRef) else repr(value)
             return NotScalar(node=parent, role=role, value=shown, path=path)
         case Lit():
             if any(_strict_equal(value, v) for v in p.values):
-                return st.bind(p.name, value, site)
+                return st.bind(p.name, value, parent, role, path)
             return ArgMismatch(
                 code=p.code, node=parent, role=role, value=value, expected=p.values, text=p.text, path=path
             )
         case Var():
-            return st.bind(p.name, value, site)
+            return st.bind(p.name, value, parent, role, path)
 
 
 def _alt(p: Pattern, value: Arg, parent: str, role: str, path: str) -> Callable[[_State], Reason | None]:
@@ -494,7 +497,7 @@ def _op(
     """Match the op itself (``reader``: the node that reads it, None for the root and a consumer;
     ``seen_as``: the node and argument its operands' reasons name, for a transparent op)."""
     bound = p.family.bind(st.snap, node)
-    if isinstance(bound, Failure):
+    if not isinstance(bound, Success):  # (the positive test: a negative isinstance on an ABC is slow)
         bad: Malformed = bound.failure()
         return replace(bad, path=path)
     args = bound.unwrap()
@@ -510,7 +513,7 @@ def _op(
         if others:
             return OutputShared(code=p.shared, node=node.name, users=others, path=path)
     bound_op = Bound(node=node, family=p.family, args=args, uses=uses)
-    err = st.bind(p.name, bound_op, Site(node.name, "output", path), count=False)  # counted on matching
+    err = st.bind(p.name, bound_op, node.name, "output", path, count=False)  # counted on matching
     if err is not None:
         return err
     (st.erase if reader is None or p.users == ONE else st.prune).append(node.name)
@@ -524,10 +527,17 @@ def _op(
 
 
 def _arguments(
-    p: Op, args: PMap[str, Arg], node: NodeSnapshot, path: str, st: _State, seen_as: tuple[str, str] | None
+    p: Op, args: Mapping[str, Arg], node: NodeSnapshot, path: str, st: _State, seen_as: tuple[str, str] | None
 ) -> Reason | None:
     names = p.family.schemas[node.target].names
     pairs = [(k, sub) for k, sub in p.args if k in names]  # an argument a spelling lacks: not checked
+    if not p.commute or p.family.commutes is None:
+        for arg, sub in pairs:
+            parent, role = seen_as or (node.name, arg)
+            err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", st)
+            if err is not None:
+                return err
+        return None
 
     def run(order: Sequence[tuple[str, Pattern]]) -> Callable[[_State], Reason | None]:
         def go(s: _State) -> Reason | None:
@@ -540,8 +550,6 @@ def _arguments(
 
         return go
 
-    if not p.commute or p.family.commutes is None:
-        return run(pairs)(st)
     a, b = p.family.commutes
     swap = {a: b, b: a}
     return _best(st, (run(pairs), run([(swap.get(k, k), sub) for k, sub in pairs])))
@@ -608,8 +616,8 @@ def _matched(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Ma
     m = Match(
         snap=snap,
         anchor=node.name,
-        bindings=pmap(st.bindings),
-        sites=pmap(st.sites),
+        bindings=MappingProxyType(st.bindings),
+        sites=MappingProxyType(st.sites),
         erase=tuple(dict.fromkeys(st.erase)),
         prune=tuple(dict.fromkeys(n for n in st.prune if n not in st.erase)),
     )
@@ -1035,7 +1043,7 @@ class PatternRule:
         """The plan at ``node``, or the typed, located reason there is none; when the rule declines
         and its fallback applies there, the fallback's plan, which records the reason it replaces."""
         result = match(self.pattern, snap, node).bind(self._finish)
-        if not isinstance(result, Failure) or self.fallback is None:
+        if isinstance(result, Success) or self.fallback is None:
             return result
         reason: Reason = result.failure()
         other = self.fallback.plan_at(snap, node)
@@ -1060,7 +1068,9 @@ class PatternRule:
         m, err, st = _matched(self.pattern, snap, node)
         if m is not None:
             err = self._finish(m).swap().value_or(None)
-        return Attempt(rule=self.name, anchor=node.name, reason=err, bindings=pmap(st.bindings), depth=st.depth)
+        return Attempt(
+            rule=self.name, anchor=node.name, reason=err, bindings=MappingProxyType(dict(st.bindings)), depth=st.depth
+        )
 
 
 def _is_candidate(
@@ -1082,7 +1092,7 @@ def _located(m: Match, reason: Reason) -> Reason:
 def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
     for c in p.constants:
         spec = infer_spec(c.expr)
-        if isinstance(spec, Failure):
+        if not isinstance(spec, Success):
             return Failure(replace(spec.failure(), node=p.anchor, path=f"plan.{c.name}"))
     return Success(p)
 
@@ -1142,7 +1152,7 @@ def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot) -> Attempt:
         return rule.attempt(snap, node)
     result = rule.plan_at(snap, node)
     reason = result.failure() if isinstance(result, Failure) else None
-    return Attempt(rule=rule.name, anchor=node.name, reason=reason, bindings=pmap(), depth=0)
+    return Attempt(rule=rule.name, anchor=node.name, reason=reason, bindings=MappingProxyType({}), depth=0)
 
 
 def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[Attempt, ...]:

@@ -21,7 +21,7 @@ from fxpure.snapshot import (
     NodeSnapshot,
     Spec,
     derive,
-    node_refs,
+    ref_list,
 )
 from fxpure.weights import Source, WeightExpr, infer_spec
 
@@ -149,15 +149,16 @@ def _fresh(name: str, used: set[str]) -> str:
 
 
 def _rename(arg: Arg, names: Mapping[str, str]) -> Arg:
-    if isinstance(arg, NodeRef):
+    # exact types (cheaper than isinstance): an argument tree holds NodeRef (final) and plain tuples
+    if type(arg) is NodeRef:
         return NodeRef(names.get(arg.name, arg.name))
-    if isinstance(arg, tuple):
+    if type(arg) is tuple:
         return tuple(_rename(a, names) for a in arg)
     return arg
 
 
 def _renamed(node: NodeSnapshot, names: Mapping[str, str]) -> NodeSnapshot:
-    if not any(r in names for r in node_refs(node)):
+    if not any(r in names for r in ref_list(node)):
         return node
     return replace(
         node,
@@ -189,7 +190,7 @@ class _Batch:
         snap, local = self.snap, {}
         for c in p.constants:
             spec = infer_spec(c.expr)
-            if isinstance(spec, Failure):
+            if not isinstance(spec, Success):
                 return PlanConflict(node=p.anchor, detail=f"constant {c.name}: {spec.failure().message}")
             if c.expr in self.by_expr:
                 local[c.name] = self.by_expr[c.expr]
@@ -279,15 +280,17 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
         if err is not None:
             return Failure(err)
     names = _resolve(batch.redirect)
+    readers = {u for old in names for u in snap.users.get(old, ())}  # the only old nodes renamed
     out: list[NodeSnapshot] = []
     at = _constants_slot(snap)
     for i, n in enumerate(snap.nodes):
         if i == at:
             out.extend(batch.new_constants)
-        out.extend(_renamed(m, names) for m in batch.before.get(i, ()))
+        if i in batch.before:
+            out.extend(_renamed(m, names) for m in batch.before[i])
         if n.name not in batch.erase:
-            out.append(_renamed(n, names))
-    return _finish(snap, out, {**snap.constants, **batch.infos}, batch.erase, batch.prune)
+            out.append(_renamed(n, names) if n.name in readers else n)
+    return _finish(snap, out, batch.infos, batch.erase, batch.prune)
 
 
 def _dead(
@@ -307,7 +310,7 @@ def _dead(
     while todo:
         name = todo.pop()
         dead.add(name)
-        for r in dict.fromkeys(node_refs(nodes[index[name]])):
+        for r in dict.fromkeys(ref_list(nodes[index[name]])):
             left[r] = left.get(r, len(users[r])) - 1
             users[r] = tuple(u for u in users[r] if u != name)
             if not left[r] and (r in held or r in prune):
@@ -318,7 +321,7 @@ def _dead(
 def _finish(
     snap: GraphSnapshot,
     nodes: list[NodeSnapshot],
-    constants: dict[str, ConstantInfo],
+    added: dict[str, ConstantInfo],
     erased: set[str],
     prune: set[str],
 ) -> Result[GraphSnapshot, PlanConflict]:
@@ -328,14 +331,16 @@ def _finish(
             return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:
         return _conflict(bad.node, bad.detail)
-    dead = _dead(nodes, users, index, {k for k in constants if k in index}, prune)
+    held = {k for k in [*snap.constants, *added] if k in index}
+    dead = _dead(nodes, users, index, held, prune)
     live = pvector(n for n in nodes if n.name not in dead)
     if dead:
         targets = {t: tuple(n for n in ns if n not in dead) for t, ns in targets.items()}
+    constants = {k: v for k, v in [*snap.constants.items(), *added.items()] if k in held and k not in dead}
     return Success(
         GraphSnapshot(
             nodes=live,
-            constants=pmap({k: v for k, v in constants.items() if k in index and k not in dead}),
+            constants=pmap(constants),
             dialect=snap.dialect,
             lifted=snap.lifted,
             users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
@@ -384,7 +389,7 @@ def plan(
         for node in rule.anchors(current):
             known = declined.get((rule.name, node.name)) if declined else None
             result = Failure(known) if known is not None else rule.plan_at(current, node)
-            if isinstance(result, Failure):
+            if not isinstance(result, Success):
                 rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
                 continue
             p = result.unwrap()

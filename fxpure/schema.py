@@ -8,8 +8,8 @@ each argument against its declared kind; a node that does not fit is ``malformed
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeAlias, final
 
@@ -64,25 +64,50 @@ class Schema:
     outputs: int
     fixed: Mapping[str, Arg]
     rename: Mapping[str, str]
+    # derived once (binding is on every match's path)
+    positional: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    """Names of the parameters that may be passed by position."""
+    names: frozenset[str] = field(init=False, compare=False, repr=False)
+    """Every name a bound node has: parameters (as renamed) and fixed values."""
+    _by_name: Mapping[str, Param] = field(init=False, compare=False, repr=False)
+    _order: Mapping[str, int] = field(init=False, compare=False, repr=False)  # parameter -> position
+    _back: Mapping[str, str] = field(init=False, compare=False, repr=False)  # family name -> parameter
+    # per parameter, what binding needs: name, family name, default, may be None, the value types
+    # that fit outright, the kind check for the rest
+    _binding: tuple[tuple[str, str, bool, Arg, bool, frozenset[type], Callable[[Arg], bool]], ...] = field(
+        init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
         object.__setattr__(self, "rename", MappingProxyType(dict(self.rename)))
-
-    @property
-    def positional(self) -> tuple[str, ...]:
-        """Names of the parameters that may be passed by position."""
-        return tuple(p.name for p in self.params if not p.keyword_only)
-
-    @property
-    def names(self) -> frozenset[str]:
-        """Every name a bound node has: parameters (as renamed) and fixed values."""
-        return frozenset({self.rename.get(p.name, p.name) for p in self.params} | set(self.fixed))
+        object.__setattr__(self, "positional", tuple(p.name for p in self.params if not p.keyword_only))
+        object.__setattr__(
+            self, "names", frozenset({self.rename.get(p.name, p.name) for p in self.params} | set(self.fixed))
+        )
+        object.__setattr__(self, "_by_name", MappingProxyType({p.name: p for p in self.params}))
+        object.__setattr__(self, "_order", MappingProxyType({p.name: i for i, p in enumerate(self.params)}))
+        object.__setattr__(self, "_back", MappingProxyType({v: k for k, v in self.rename.items()}))
+        object.__setattr__(
+            self,
+            "_binding",
+            tuple(
+                (
+                    p.name,
+                    self.rename.get(p.name, p.name),
+                    p.has_default,
+                    p.default,
+                    p.optional or p.kind == "any",
+                    _EXACT.get(p.kind, frozenset()),
+                    _FITS[p.kind],
+                )
+                for p in self.params
+            ),
+        )
 
     def param(self, name: str) -> Param | None:
         """The parameter a family name refers to, or None (e.g. a fixed value)."""
-        back = {v: k for k, v in self.rename.items()}.get(name, name)
-        return next((p for p in self.params if p.name == back), None)
+        return self._by_name.get(self._back.get(name, name))
 
     @property
     def tuple_output(self) -> bool:
@@ -162,37 +187,45 @@ def parse_schema(
     return Schema(m["target"], tuple(params), outputs, fixed or {}, rename or {})
 
 
-def _fits(p: Param, value: Arg) -> bool:
-    if value is None:
-        return p.optional or p.kind == "any"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    match p.kind:
-        case "tensor":  # a Python number is wrapped into a tensor by torch (``x * 2.0`` -> mul.Tensor)
-            return isinstance(value, NodeRef) or number
-        case "tensors":
-            return isinstance(value, tuple) and all(v is None or isinstance(v, NodeRef) for v in value)
-        case "int":
-            return isinstance(value, NodeRef) or (isinstance(value, int) and not isinstance(value, bool))
-        case "ints":
-            items = value if isinstance(value, tuple) else (value,)
-            return all(isinstance(v, NodeRef) or (isinstance(v, int) and not isinstance(v, bool)) for v in items)
-        case "float":
-            return number or isinstance(value, NodeRef)
-        case "bool":
-            return isinstance(value, bool)
-        case "scalar":
-            return isinstance(value, (int, float, NodeRef))
-        case "dtype":
-            return isinstance(value, DTypeArg)
-        case "str":
-            return isinstance(value, str)
-        case "any":
-            return True
+def _number(value: Arg) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def bind(node: NodeSnapshot, schema: Schema) -> Result[PMap[str, Arg], Malformed]:
+def _int(value: Arg) -> bool:
+    return isinstance(value, NodeRef) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+_FITS: Mapping[Kind, Callable[[Arg], bool]] = {
+    # a Python number is wrapped into a tensor by torch (``x * 2.0`` -> mul.Tensor)
+    "tensor": lambda v: isinstance(v, NodeRef) or _number(v),
+    "tensors": lambda v: isinstance(v, tuple) and all(x is None or isinstance(x, NodeRef) for x in v),
+    "int": _int,
+    "ints": lambda v: all(_int(x) for x in v) if isinstance(v, tuple) else _int(v),
+    "float": lambda v: isinstance(v, NodeRef) or _number(v),
+    "bool": lambda v: isinstance(v, bool),
+    "scalar": lambda v: isinstance(v, (int, float, NodeRef)),
+    "dtype": lambda v: isinstance(v, DTypeArg),
+    "str": lambda v: isinstance(v, str),
+    "any": lambda v: True,
+}
+
+
+# value types that fit a kind outright (a shortcut of _FITS for the common values)
+_EXACT: Mapping[Kind, frozenset[type]] = {
+    "tensor": frozenset({NodeRef, int, float}),
+    "int": frozenset({NodeRef, int}),
+    "ints": frozenset({NodeRef, int}),
+    "float": frozenset({NodeRef, int, float}),
+    "bool": frozenset({bool}),
+    "scalar": frozenset({NodeRef, int, float, bool}),
+    "dtype": frozenset({DTypeArg}),
+    "str": frozenset({str}),
+}
+
+
+def bind(node: NodeSnapshot, schema: Schema) -> Result[Mapping[str, Arg], Malformed]:
     """The node's arguments by (family) name, defaults and fixed values filled in, each checked
-    against its declared kind.
+    against its declared kind; a read-only mapping.
 
     >>> s = parse_schema("aten.mm.default(Tensor self, Tensor mat2) -> Tensor")
     >>> n = NodeSnapshot(name="mm", op="call_function", target="aten.mm.default", args=(NodeRef("a"), 2))
@@ -201,23 +234,27 @@ def bind(node: NodeSnapshot, schema: Schema) -> Result[PMap[str, Arg], Malformed
     >>> bind(NodeSnapshot(name="mm", op="call_function", target="t", args=(NodeRef("a"),)), s).failure().message
     "mm: missing argument 'mat2'"
     """
-    positional = schema.positional
-    if len(node.args) > len(positional):
-        return Failure(Malformed(node=node.name, detail=f"{len(node.args)} positional arguments"))
-    given: dict[str, Arg] = dict(zip(positional, node.args, strict=False))
+    positional, args = schema.positional, node.args
+    if len(args) > len(positional):
+        return Failure(Malformed(node=node.name, detail=f"{len(args)} positional arguments"))
+    given: dict[str, Arg] = dict(zip(positional, args, strict=False))
     for name, value in node.kwargs.items():
-        if name in given or all(p.name != name for p in schema.params):
+        if name in given or name not in schema._by_name:
             return Failure(Malformed(node=node.name, detail=f"unexpected keyword {name!r}"))
         given[name] = value
     bound: dict[str, Arg] = dict(schema.fixed)
-    for p in schema.params:
-        if p.name not in given and not p.has_default:
-            return Failure(Malformed(node=node.name, detail=f"missing argument {p.name!r}"))
-        value = given.get(p.name, p.default)
-        if not _fits(p, value):
-            return Failure(Malformed(node=node.name, detail=f"{p.name}={value!r} is not a {p.kind}"))
-        bound[schema.rename.get(p.name, p.name)] = value
-    return Success(pmap(bound))
+    for name, key, has_default, default, none_fits, exact, fits in schema._binding:
+        if name in given:
+            value = given[name]
+        elif has_default:
+            value = default
+        else:
+            return Failure(Malformed(node=node.name, detail=f"missing argument {name!r}"))
+        if not (none_fits if value is None else type(value) in exact or fits(value)):
+            kind = schema._by_name[name].kind
+            return Failure(Malformed(node=node.name, detail=f"{name}={value!r} is not a {kind}"))
+        bound[key] = value
+    return Success(MappingProxyType(bound))
 
 
 def respell(node: NodeSnapshot, schema: Schema, updates: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], PMap[str, Arg]]:
@@ -229,11 +266,12 @@ def respell(node: NodeSnapshot, schema: Schema, updates: Mapping[str, Arg]) -> t
     >>> respell(n, s, {"bias": NodeRef("b")})[0]
     (NodeRef(name='x'), NodeRef(name='w'), NodeRef(name='b'))
     """
-    back: dict[str, str] = {v: k for k, v in schema.rename.items()}
+    back = schema._back
     positional = schema.positional
     args, kwargs = list(node.args), dict(node.kwargs)
     params = {name: back.get(name, name) for name in updates}
-    for name in sorted(updates, key=lambda n: _order(schema, params[n])):
+    order, last = schema._order, len(schema.params)
+    for name in sorted(updates, key=lambda n: order.get(params[n], last)):
         param = params[name]
         i = positional.index(param) if param in positional else len(positional)
         if i < len(args):
@@ -245,10 +283,6 @@ def respell(node: NodeSnapshot, schema: Schema, updates: Mapping[str, Arg]) -> t
     return tuple(args), pmap(kwargs)
 
 
-def _order(schema: Schema, param: str) -> int:
-    return next((i for i, p in enumerate(schema.params) if p.name == param), len(schema.params))
-
-
 def arguments(schema: Schema, values: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], PMap[str, Arg]]:
     """Positional and keyword arguments for a new call from values by (family) name: positional
     up to the last one given, keyword-only ones as keywords; omitted ones take their defaults.
@@ -257,7 +291,7 @@ def arguments(schema: Schema, values: Mapping[str, Arg]) -> tuple[tuple[Arg, ...
     >>> arguments(s, {"tensors": (NodeRef("a"), NodeRef("b")), "dim": 1})[0]
     ((NodeRef(name='a'), NodeRef(name='b')), 1)
     """
-    back = {v: k for k, v in schema.rename.items()}
+    back = schema._back
     given = {back.get(k, k): v for k, v in values.items()}
     positional = schema.positional
     last = max((i for i, n in enumerate(positional) if n in given), default=-1)

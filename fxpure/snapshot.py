@@ -148,14 +148,22 @@ def refs(arg: Arg) -> Iterator[str]:
 
 def node_refs(node: NodeSnapshot) -> Iterator[str]:
     """Names of the nodes a node reads, in argument order."""
-    for a in node.args:
-        if isinstance(a, NodeRef):
-            yield a.name
-        elif isinstance(a, tuple):
-            yield from refs(a)
-    if node.kwargs:
-        for a in node.kwargs.values():
-            yield from refs(a)
+    return iter(ref_list(node))
+
+
+def ref_list(node: NodeSnapshot) -> list[str]:
+    """``node_refs`` as a list (every rewrite and derivation walks every node's arguments)."""
+    out = _collect(node.args, [])
+    return _collect(node.kwargs.values(), out) if node.kwargs else out
+
+
+def _collect(args: Iterable[Arg], out: list[str]) -> list[str]:
+    for a in args:
+        if type(a) is NodeRef:  # exact types: cheaper than isinstance, and NodeRef is final
+            out.append(a.name)
+        elif type(a) is tuple:
+            _collect(a, out)
+    return out
 
 
 @final
@@ -258,7 +266,7 @@ def derive(
         if bad is None and n.name in index:
             bad = InvalidSnapshot(node=n.name, detail="duplicate node name")
         users.setdefault(n.name, [])
-        for r in dict.fromkeys(node_refs(n)):
+        for r in dict.fromkeys(ref_list(n)):
             if bad is None and r not in index:
                 bad = InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined")
             users.setdefault(r, []).append(n.name)

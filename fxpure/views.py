@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
-from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
 from fxpure.families import BATCH_NORM, CONV
@@ -52,7 +52,7 @@ def conv_view(snap: GraphSnapshot, node: NodeSnapshot) -> Result[ConvView, Malfo
     return CONV.bind(snap, node).bind(lambda a: _conv_from(node.name, a))
 
 
-def _conv_from(n: str, a: PMap[str, Arg]) -> Result[ConvView, Malformed]:
+def _conv_from(n: str, a: Mapping[str, Arg]) -> Result[ConvView, Malformed]:
     x, w, b, transposed, groups, padding = (
         a["input"],
         a["weight"],

@@ -15,7 +15,9 @@ several constants is computed once. Nothing here computes data;
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Literal, TypeAlias, final
 
 from returns.result import Failure, Result, Success
@@ -29,6 +31,10 @@ INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
 EXPR_NODE = "<expr>"
 
 
+# each expression class's fields, read in one call (keys are built for every hash and comparison)
+_FIELDS: dict[type, Callable[[object], tuple[object, ...]]] = {}
+
+
 class _Expr:
     """Structural equality with the hash computed once: expressions are dictionary keys all along
     a rewrite (one constant per distinct expression, one evaluation per shared subexpression), and
@@ -36,11 +42,15 @@ class _Expr:
 
     __slots__ = ("_hash", "_spec")
     _hash: int
-    _spec: Result[TensorSpec, BadExpr]  # infer_spec's answer, kept once computed
+    _spec: TensorSpec | BadExpr  # infer_spec's answer, kept once computed
 
     def _key(self) -> tuple[object, ...]:
-        names: dict[str, object] = getattr(self, "__dataclass_fields__", {})
-        return (type(self), *(getattr(self, name) for name in names))
+        cls = type(self)
+        get = _FIELDS.get(cls)
+        if get is None:
+            names: dict[str, object] = getattr(cls, "__dataclass_fields__", {})
+            get = _FIELDS[cls] = attrgetter(*names) if len(names) > 1 else lambda e: (getattr(e, *names),)
+        return (cls, *get(self))
 
     def __hash__(self) -> int:
         try:
@@ -217,8 +227,12 @@ WeightExpr: TypeAlias = (
 )
 
 
-def _bad(detail: str) -> Result[TensorSpec, BadExpr]:
-    return Failure(BadExpr(node=EXPR_NODE, detail=detail))
+Inferred: TypeAlias = TensorSpec | BadExpr
+"""A spec, or why there is none (plain values: inference runs on every derived weight of every plan)."""
+
+
+def _bad(detail: str) -> BadExpr:
+    return BadExpr(node=EXPR_NODE, detail=detail)
 
 
 def _static(spec: TensorSpec) -> tuple[int, ...] | None:
@@ -243,59 +257,59 @@ def out_channels(weight: TensorSpec, *, transposed: bool, groups: int) -> Dim:
     return d * groups if isinstance(d, int) else d
 
 
-def _permute(e: Permute, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _permute(e: Permute, s: TensorSpec) -> Inferred:
     if sorted(e.dims) != list(range(len(s.shape))):
         return _bad(f"permute {e.dims} does not fit rank {len(s.shape)}")
-    return Success(TensorSpec(shape=tuple(s.shape[d] for d in e.dims), dtype=s.dtype))
+    return TensorSpec(shape=tuple(s.shape[d] for d in e.dims), dtype=s.dtype)
 
 
-def _reshape(e: Reshape, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _reshape(e: Reshape, s: TensorSpec) -> Inferred:
     n = 1
     for d in e.shape:
         n *= d
     if _static(s) is None or n != s.numel or any(d < 0 for d in e.shape):
         return _bad(f"cannot reshape {s.shape} to {e.shape}")
-    return Success(TensorSpec(shape=e.shape, dtype=s.dtype))
+    return TensorSpec(shape=e.shape, dtype=s.dtype)
 
 
-def _unsqueeze(e: Unsqueeze, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _unsqueeze(e: Unsqueeze, s: TensorSpec) -> Inferred:
     d = _norm_dim(e.dim, len(s.shape) + 1)
     if d is None:
         return _bad(f"unsqueeze at {e.dim} does not fit rank {len(s.shape)}")
-    return Success(TensorSpec(shape=(*s.shape[:d], 1, *s.shape[d:]), dtype=s.dtype))
+    return TensorSpec(shape=(*s.shape[:d], 1, *s.shape[d:]), dtype=s.dtype)
 
 
-def _slice(e: Slice, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _slice(e: Slice, s: TensorSpec) -> Inferred:
     d = _norm_dim(e.dim, len(s.shape))
     size = s.shape[d] if d is not None else None
     if d is None or not isinstance(size, int) or not 0 <= e.start <= e.stop <= size:
         return _bad(f"slice {e.start}:{e.stop} on dim {e.dim} does not fit {s.shape}")
-    return Success(TensorSpec(shape=(*s.shape[:d], e.stop - e.start, *s.shape[d + 1 :]), dtype=s.dtype))
+    return TensorSpec(shape=(*s.shape[:d], e.stop - e.start, *s.shape[d + 1 :]), dtype=s.dtype)
 
 
-def _pad_to(e: PadTo, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _pad_to(e: PadTo, s: TensorSpec) -> Inferred:
     d = _norm_dim(e.dim, len(s.shape))
     size = s.shape[d] if d is not None else None
     if d is None or not isinstance(size, int) or e.multiple < 1:
         return _bad(f"cannot pad dim {e.dim} of {s.shape} to a multiple of {e.multiple}")
     padded = -(-size // e.multiple) * e.multiple
-    return Success(TensorSpec(shape=(*s.shape[:d], padded, *s.shape[d + 1 :]), dtype=s.dtype))
+    return TensorSpec(shape=(*s.shape[:d], padded, *s.shape[d + 1 :]), dtype=s.dtype)
 
 
-def _sum_over(e: SumOver, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _sum_over(e: SumOver, s: TensorSpec) -> Inferred:
     dims = {_norm_dim(d, len(s.shape)) for d in e.dims}
     if None in dims:
         return _bad(f"sum over {e.dims} does not fit rank {len(s.shape)}")
-    return Success(TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=e.dtype))
+    return TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=e.dtype)
 
 
-def _concat(e: Concat) -> Result[TensorSpec, BadExpr]:
+def _concat(e: Concat) -> Inferred:
     specs: list[TensorSpec] = []
     for x in e.xs:
-        r = infer_spec(x)
-        if isinstance(r, Failure):
+        r = _spec_of(x)
+        if isinstance(r, BadExpr):
             return r
-        specs.append(r.unwrap())
+        specs.append(r)
     if not specs:
         return _bad("concat of nothing")
     first = specs[0]
@@ -309,7 +323,7 @@ def _concat(e: Concat) -> Result[TensorSpec, BadExpr]:
     if not all(isinstance(x, int) for x in sizes):
         return _bad("concat along a symbolic dim")
     total = sum(x for x in sizes if isinstance(x, int))
-    return Success(TensorSpec(shape=(*first.shape[:d], total, *first.shape[d + 1 :]), dtype=first.dtype))
+    return TensorSpec(shape=(*first.shape[:d], total, *first.shape[d + 1 :]), dtype=first.dtype)
 
 
 def broadcast(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
@@ -327,34 +341,32 @@ def broadcast(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
     return tuple(reversed(out))
 
 
-def _binary(e: Binary) -> Result[TensorSpec, BadExpr]:
-    a, b = infer_spec(e.a), infer_spec(e.b)
-    if isinstance(a, Failure):
-        return a
-    if isinstance(b, Failure):
-        return b
-    sa, sb = a.unwrap(), b.unwrap()
+def _binary(e: Binary) -> Inferred:
+    sa, sb = _spec_of(e.a), _spec_of(e.b)
+    if isinstance(sa, BadExpr):
+        return sa
+    if isinstance(sb, BadExpr):
+        return sb
     shape = broadcast(sa.shape, sb.shape)
     if sa.dtype != sb.dtype:
         return _bad(f"{e.op} of {sa.dtype} and {sb.dtype} (cast one first)")
     if shape is None:
         return _bad(f"{e.op} of shapes {sa.shape} and {sb.shape} that do not broadcast")
-    return Success(TensorSpec(shape=shape, dtype=sa.dtype))
+    return TensorSpec(shape=shape, dtype=sa.dtype)
 
 
-def _unary(e: Unary, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _unary(e: Unary, s: TensorSpec) -> Inferred:
     if e.op != "neg" and s.dtype not in FLOAT_DTYPES:
         return _bad(f"{e.op} of {s.dtype} (needs a floating dtype)")
-    return Success(s)
+    return s
 
 
 def _qparams(x: TensorSpec, e: Quantize | Dequantize) -> BadExpr | None:
     for role, part in (("scale", e.scale), ("zero point", e.zero_point)):
-        r = infer_spec(part)
-        if isinstance(r, Failure):
-            err: BadExpr = r.failure()
-            return err
-        shape = r.unwrap().shape
+        r = _spec_of(part)
+        if isinstance(r, BadExpr):
+            return r
+        shape = r.shape
         if e.axis is None and shape not in ((), (1,)):
             return BadExpr(node=EXPR_NODE, detail=f"per-tensor {role} of shape {shape}")
         d = _norm_dim(e.axis, len(x.shape)) if e.axis is not None else None
@@ -363,18 +375,18 @@ def _qparams(x: TensorSpec, e: Quantize | Dequantize) -> BadExpr | None:
     return None
 
 
-def _quantize(e: Quantize, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _quantize(e: Quantize, s: TensorSpec) -> Inferred:
     if s.dtype not in FLOAT_DTYPES or e.dtype not in INT_DTYPES or e.quant_min > e.quant_max:
         return _bad(f"quantize {s.dtype} to {e.dtype} in [{e.quant_min}, {e.quant_max}]")
     err = _qparams(s, e)
-    return Failure(err) if err is not None else Success(TensorSpec(shape=s.shape, dtype=e.dtype))
+    return err if err is not None else TensorSpec(shape=s.shape, dtype=e.dtype)
 
 
-def _dequantize(e: Dequantize, s: TensorSpec) -> Result[TensorSpec, BadExpr]:
+def _dequantize(e: Dequantize, s: TensorSpec) -> Inferred:
     if s.dtype not in INT_DTYPES or e.dtype not in FLOAT_DTYPES:
         return _bad(f"dequantize {s.dtype} to {e.dtype}")
     err = _qparams(s, e)
-    return Failure(err) if err is not None else Success(TensorSpec(shape=s.shape, dtype=e.dtype))
+    return err if err is not None else TensorSpec(shape=s.shape, dtype=e.dtype)
 
 
 def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
@@ -386,6 +398,12 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
     >>> infer_spec(Binary(op="mul", a=w, b=Fill(shape=(), value=2.0, dtype="float32"))).failure().message
     'mul of int8 and float32 (cast one first)'
     """
+    spec = _spec_of(expr)
+    return Success(spec) if isinstance(spec, TensorSpec) else Failure(spec)
+
+
+def _spec_of(expr: WeightExpr) -> Inferred:
+    """``infer_spec`` as a plain value, computed once per expression."""
     try:
         return expr._spec
     except AttributeError:
@@ -394,37 +412,39 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
         return spec
 
 
-def _infer(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
+def _infer(expr: WeightExpr) -> Inferred:
+    if isinstance(expr, Source):
+        return expr.spec
+    if isinstance(expr, Fill):
+        return TensorSpec(shape=expr.shape, dtype=expr.dtype)
+    if isinstance(expr, Concat):
+        return _concat(expr)
+    if isinstance(expr, Binary):
+        return _binary(expr)
+    s = _spec_of(expr.x)  # every other expression is computed from one ``x``
+    if isinstance(s, BadExpr):
+        return s
     match expr:
-        case Source():
-            return Success(expr.spec)
-        case Fill():
-            return Success(TensorSpec(shape=expr.shape, dtype=expr.dtype))
-        case Concat():
-            return _concat(expr)
-        case Binary():
-            return _binary(expr)
         case Cast():
-            dtype = expr.dtype
-            return infer_spec(expr.x).map(lambda s: TensorSpec(shape=s.shape, dtype=dtype))
+            return TensorSpec(shape=s.shape, dtype=expr.dtype)
         case Permute():
-            return infer_spec(expr.x).bind(lambda s: _permute(expr, s))
+            return _permute(expr, s)
         case Reshape():
-            return infer_spec(expr.x).bind(lambda s: _reshape(expr, s))
+            return _reshape(expr, s)
         case Unsqueeze():
-            return infer_spec(expr.x).bind(lambda s: _unsqueeze(expr, s))
+            return _unsqueeze(expr, s)
         case Slice():
-            return infer_spec(expr.x).bind(lambda s: _slice(expr, s))
+            return _slice(expr, s)
         case PadTo():
-            return infer_spec(expr.x).bind(lambda s: _pad_to(expr, s))
+            return _pad_to(expr, s)
         case SumOver():
-            return infer_spec(expr.x).bind(lambda s: _sum_over(expr, s))
+            return _sum_over(expr, s)
         case Unary():
-            return infer_spec(expr.x).bind(lambda s: _unary(expr, s))
+            return _unary(expr, s)
         case Quantize():
-            return infer_spec(expr.x).bind(lambda s: _quantize(expr, s))
+            return _quantize(expr, s)
         case Dequantize():
-            return infer_spec(expr.x).bind(lambda s: _dequantize(expr, s))
+            return _dequantize(expr, s)
 
 
 def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
@@ -475,8 +495,14 @@ def sources(expr: WeightExpr) -> frozenset[str]:
     return frozenset(e.key for e in subexpressions(expr) if isinstance(e, Source))
 
 
+def _as(x: WeightExpr, dtype: str) -> WeightExpr:
+    """``x`` cast to ``dtype``; ``x`` itself when it already has it (a cast to its own dtype is a copy)."""
+    spec = _spec_of(x)
+    return x if isinstance(spec, TensorSpec) and spec.dtype == dtype else Cast(x=x, dtype=dtype)
+
+
 def _f32(x: WeightExpr) -> WeightExpr:
-    return Cast(x=x, dtype="float32")
+    return _as(x, "float32")
 
 
 def fold_batch_norm(
@@ -526,7 +552,7 @@ def fold_batch_norm(
     new_bias: WeightExpr = Binary(op="mul", a=shifted, b=scale)
     if beta is not None:
         new_bias = Binary(op="add", a=new_bias, b=_f32(beta))
-    return Success((Cast(x=folded, dtype=w.dtype), Cast(x=new_bias, dtype=w.dtype)))
+    return Success((_as(folded, w.dtype), _as(new_bias, w.dtype)))
 
 
 def inverse(expr: WeightExpr, y: WeightExpr) -> Result[WeightExpr, BadExpr]:
