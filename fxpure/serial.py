@@ -23,9 +23,12 @@ def to_data(value: object) -> JSON:
         return {str(k): to_data(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, JSON] = {"type": type(value).__name__}
-        out.update({f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)})
+        # a field the record derives itself (init=False) is a cache of the others, not data
+        out.update({f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init})
         for extra in ("code", "message"):
             if hasattr(value, extra) and extra not in out:
                 out[extra] = to_data(getattr(value, extra))
         return out
+    if callable(value) and hasattr(value, "__qualname__"):  # a function (a family's normaliser): by name
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
     return repr(value)

@@ -3,6 +3,7 @@ rules refused when they are built; near misses; planning helpers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -28,6 +29,7 @@ from fxpure.pattern import (
 )
 from fxpure.plan import RewritePlan, Rule
 from fxpure.reasons import BadExpr, Declined, Reason
+from fxpure.serial import to_data
 from fxpure.snapshot import Arg, GraphSnapshot
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Binary, Permute, WeightExpr, infer_spec
@@ -156,6 +158,11 @@ def test_the_failed_alternative_reported_is_the_one_that_got_furthest() -> None:
     assert (reason.code, reason.path, reason.node) == ("not-constant", "m.self/add.other/c2.weight", "conv")
     attempt = explain(g.build(), keep, g.build().node("m"))
     assert attempt.reason == reason and set(attempt.bindings) == {"m", "add", "r", "c2"} and attempt.depth == 4
+    # explain --json prints attempts: plain data, the same on every run (a schema's derived binding
+    # tables, with their functions and types, are not data)
+    text = json.dumps(to_data(attempt), sort_keys=True)
+    assert " at 0x" not in text and "<class" not in text and '"_binding"' not in text
+    assert text == json.dumps(to_data(explain(g.build(), keep, g.build().node("m"))), sort_keys=True)
 
 
 def bn_graph(*, stats_used: bool) -> GraphSnapshot:
