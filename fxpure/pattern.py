@@ -532,27 +532,28 @@ def _arguments(
     names = p.family.schemas[node.target].names
     pairs = [(k, sub) for k, sub in p.args if k in names]  # an argument a spelling lacks: not checked
     if not p.commute or p.family.commutes is None:
-        for arg, sub in pairs:
-            parent, role = seen_as or (node.name, arg)
-            err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", st)
-            if err is not None:
-                return err
-        return None
-
-    def run(order: Sequence[tuple[str, Pattern]]) -> Callable[[_State], Reason | None]:
-        def go(s: _State) -> Reason | None:
-            for arg, sub in order:
-                parent, role = seen_as or (node.name, arg)
-                err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", s)
-                if err is not None:
-                    return err
-            return None
-
-        return go
-
+        return _in_order(pairs, args, node, path, seen_as, st)
     a, b = p.family.commutes
     swap = {a: b, b: a}
-    return _best(st, (run(pairs), run([(swap.get(k, k), sub) for k, sub in pairs])))
+    swapped = [(swap.get(k, k), sub) for k, sub in pairs]
+    return _best(st, (partial(_in_order, order, args, node, path, seen_as) for order in (pairs, swapped)))
+
+
+def _in_order(
+    order: Sequence[tuple[str, Pattern]],
+    args: Mapping[str, Arg],
+    node: NodeSnapshot,
+    path: str,
+    seen_as: tuple[str, str] | None,
+    st: _State,
+) -> Reason | None:
+    """Match each argument's pattern in turn; the first reason ends it."""
+    for arg, sub in order:
+        parent, role = seen_as or (node.name, arg)
+        err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", st)
+        if err is not None:
+            return err
+    return None
 
 
 def _consumer(p: Op, node: NodeSnapshot, uses: tuple[str, ...], path: str, st: _State) -> Reason | None:
