@@ -21,7 +21,7 @@ from adapters.snap import Captured, Program, capture_program
 from adapters.torchnames import dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import RewritePlan, RewriteReport, rewrite
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, refs
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, node_refs
 
 
 @final
@@ -100,7 +100,7 @@ class _Region:
     def run(self, nodes: list[NodeSnapshot], dialect: str) -> None:
         local = {n.name for n in nodes}
         for n in nodes:
-            for r in dict.fromkeys(r for a in (*n.args, *n.kwargs.values()) for r in refs(a)):
+            for r in dict.fromkeys(node_refs(n)):
                 if r not in local:
                     self.get(r)
             self.env[n.name] = _run(n, dialect, self.env)

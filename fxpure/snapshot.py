@@ -139,11 +139,7 @@ def refs(arg: Arg) -> Iterator[str]:
     >>> list(refs((NodeRef("a"), 1, (NodeRef("b"), None))))
     ['a', 'b']
     """
-    if isinstance(arg, NodeRef):
-        yield arg.name
-    elif isinstance(arg, tuple):
-        for a in arg:
-            yield from refs(a)
+    return iter(_collect((arg,), []))
 
 
 def node_refs(node: NodeSnapshot) -> Iterator[str]:
