@@ -1,7 +1,7 @@
 """Op schemas in torch's own notation, and binding a node's arguments to them by name.
 
-A schema is written as in ``native_functions.yaml``, so a backend author can copy it
-from torch: ``"aten.mm.default(Tensor self, Tensor mat2) -> Tensor"``. Binding checks
+A schema is written as in ``native_functions.yaml``, so a backend author can copy it from
+torch's own table: ``"aten.mm.default(Tensor self, Tensor mat2) -> Tensor"``. Binding checks
 each argument against its declared kind; a node that does not fit is ``malformed-node``.
 """
 
