@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
@@ -388,9 +388,12 @@ class _State:
     erase: list[str] = field(default_factory=list)
     prune: list[str] = field(default_factory=list)
     depth: int = 0
+    kept: bool = False  # below a node others read too: what matches here is pruned, never erased
 
     def fork(self) -> _State:
-        return _State(self.snap, dict(self.bindings), dict(self.sites), list(self.erase), list(self.prune), self.depth)
+        return _State(
+            self.snap, dict(self.bindings), dict(self.sites), list(self.erase), list(self.prune), self.depth, self.kept
+        )
 
     def bind(
         self, name: str | None, value: Binding, node: str, role: str, path: str, *, count: bool = True
@@ -516,9 +519,12 @@ def _op(
     err = st.bind(p.name, bound_op, node.name, "output", path, count=False)  # counted on matching
     if err is not None:
         return err
-    (st.erase if reader is None or p.users == ONE else st.prune).append(node.name)
-    st.erase.extend(u for u in uses if u != node.name)
+    outer = st.kept
+    st.kept = outer or (reader is not None and p.users != ONE)
+    (st.prune if st.kept else st.erase).append(node.name)
+    (st.prune if st.kept else st.erase).extend(u for u in uses if u != node.name)
     err = _arguments(p, args, node, path, st, seen_as)
+    st.kept = outer
     if err is None and stray is not None and p.out is not None:
         return TupleUsed(code=p.out_code, node=node.name, user=stray.name, index=p.out, path=f"{path}.out")
     if err is None and p.user is not None:
@@ -908,19 +914,6 @@ PlanFn: TypeAlias = Callable[..., RewritePlan | Result[RewritePlan, Reason]]
 
 
 # --- rules -----------------------------------------------------------------------------------------
-
-
-def _walk(p: Pattern | None) -> Iterator[Pattern]:
-    if p is None:
-        return
-    yield p
-    if isinstance(p, Op):
-        for _, sub in p.args:
-            yield from _walk(sub)
-        yield from _walk(p.user)
-    elif isinstance(p, OneOf):
-        for a in p.alternatives:
-            yield from _walk(a)
 
 
 def _names(p: Pattern | None) -> tuple[frozenset[str], frozenset[str]]:

@@ -90,7 +90,8 @@ def _fits(match: Match, b: Arg = None) -> Reason | None:
     at_x = sites["x" if own else "lin_in"].path  # the flattened input, when the reshapes are the model's
     w = match.spec("w") or match.spec("wq")
     at_w = sites["w" if "w" in sites else "wq"].path
-    if spec is None or w is None or lin.op.spec is None:
+    dq = match.bindings.get("dqw")  # a dequantized weight is re-spelled with its own spec
+    if spec is None or w is None or lin.op.spec is None or (isinstance(dq, Bound) and dq.spec is None):
         return Malformed(node=node, detail="input, weight or output has no known shape", path=at_x)
     if len(spec.shape) not in RANKS:
         return UnsupportedRank(node=node, rank=len(spec.shape), allowed=RANKS, of="input dims", path=at_x)
@@ -115,7 +116,7 @@ def _weight(p: Planner, lin: Linear, w: WeightExpr | None, wq: WeightExpr | None
     """The (O, I, 1, 1) weight: a derived constant, or a new dequantize of the reshaped integer weight."""
     if w is not None:
         return p.const(Reshape(x=w, shape=_1x1(p.match.spec("w"))), f"{lin.op.name}_weight_1x1")
-    assert wq is not None and dqw is not None and dqw.spec is not None  # the pattern binds one or the other
+    assert wq is not None and dqw is not None and dqw.spec is not None  # bound together; _fits checked the spec
     shape = _1x1(p.match.spec("wq"))
     int_w = p.const(Reshape(x=wq, shape=shape), f"{dqw.ref('input').name}_1x1", kind="buffer")
     name, out = f"{dqw.name}_1x1", TensorSpec(shape=shape, dtype=dqw.spec.dtype)

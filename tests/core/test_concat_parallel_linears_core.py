@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
+from returns.result import Failure
 
-from fxpure import NodeRef, plan, rewrite, verify
+from fxpure import NodeRef, plan, rewrite, snapshot, verify
+from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape
 from fxpure.rules.concat_parallel_linears import concat_parallel_linears
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, GraphSnapshot
@@ -407,3 +410,109 @@ def test_unknown_shapes_are_declined() -> None:
         ("d", "malformed-node", "d: d has no known output or weight shape"),
     }
     assert report.plans == ()
+
+
+def reshaped(form: str) -> GraphSnapshot:
+    """Two linears reading a reshape of x in the model itself (``form``: ``aten``, ``edge``: mm on it, lin0
+    also read by a relu, ``edge3``: each mm in its own flatten of the reshape and back)."""
+    g = GraphBuilder(dialect="aten" if form == "aten" else "edge")
+    view = "aten.view.default" if form == "aten" else "aten.view_copy.default"
+    xv = g.call(view, name="xv", out=(6, 8), self=g.input("x", (2, 3, 8)), size=(6, 8))
+    ys = []
+    for i in range(2):
+        w = g.parameter(f"w{i}", (4, 8))
+        if form == "aten":
+            ys.append(g.call("aten.linear.default", name=f"lin{i}", out=(6, 4), input=xv, weight=w))
+            continue
+        flat = g.call(view, name=f"flat{i}", out=(6, 8), self=xv, size=(6, 8)) if form == "edge3" else xv
+        t = g.call("aten.permute_copy.default", name=f"t{i}", out=(8, 4), self=w, dims=(1, 0))
+        ys.append(g.call("aten.mm.default", name=f"lin{i}", out=(6, 4), self=flat, mat2=t))
+        if form == "edge3":
+            ys[-1] = g.call(view, name=f"out{i}", out=(3, 2, 4), self=ys[-1], size=(3, 2, 4))
+    extra = [g.call("aten.relu.default", name="r", out=(6, 4), self=ys[0])] if form != "edge3" else []
+    if form == "aten":  # lin0 also read by a reshape back
+        extra.append(g.call(view, name="back", out=(2, 3, 4), self=ys[0], size=(2, 3, 4)))
+    g.output(*ys, *extra)
+    return g.build()
+
+
+@pytest.mark.parametrize("form", ["aten", "edge", "edge3"])
+def test_linears_reading_a_reshape_of_the_input_join_there(form: str) -> None:
+    report = plan(reshaped(form), [RULE])
+    outs = ("out0", "out1") if form == "edge3" else ("lin0", "lin1")
+    assert report.rejections == () and [(p.anchor, p.replace) for p in report.plans] == [
+        ("xv", ((outs[0], "lin0_part"), (outs[1], "lin1_part")))
+    ]
+
+
+def test_a_matmul_that_is_no_linear_is_no_candidate() -> None:
+    g = GraphBuilder(dialect="edge")
+    g.output(g.call("aten.mm.default", name="mm", out=(2, 4), self=g.input("a", (2, 8)), mat2=g.input("b", (8, 4))))
+    report = plan(g.build(), [RULE])
+    assert report.plans == () and report.rejections == ()
+
+
+def test_group_reasons_in_full() -> None:
+    def reasons(g: GraphSnapshot) -> list[Reason]:
+        return [r.reason for r in plan(g, [RULE]).rejections]
+
+    def declined(detail: str) -> Declined:
+        return Declined(code="too-few-linears", node="x", detail=detail)
+
+    g = GraphBuilder()  # q before k: the reason lists them in the graph's order
+    x = g.input("x", (2, 8))
+    g.output(
+        *(g.call("aten.linear.default", name=n, out=(2, 4), input=x, weight=g.input(f"w{n}", (4, 8))) for n in "qk")
+    )
+    assert reasons(g.build())[0] == declined(
+        "x is read by 2 linears, 0 of which can join (q: not-constant; k: not-constant)"
+    )
+    edge = parallel(form="edge", flat_user=1, weight_input=0, outs=(6, 4), bias=(True, True))
+    assert reasons(edge)[0] == declined(
+        "x is read by 2 linears, 0 of which can join (lin0: not-constant; lin1: output-shared)"
+    )
+    assert reasons(parallel(features="s9")) == [SymbolicShape(node="x", role="input features", shape=(2, 3, "s9"))]
+
+
+def test_member_reasons_in_full() -> None:
+    def reasons(g: GraphSnapshot) -> list[Reason]:
+        return [r.reason for r in plan(g, [RULE]).rejections]
+
+    def bias0(shape: tuple[int, ...], dtype: str = "float32") -> GraphSnapshot:
+        g = parallel()
+        return snapshot(g.nodes, g.constants.set("b0", replace(g.constants["b0"], spec=spec(*shape, dtype=dtype))))
+
+    def malformed(node: str, shapes: str) -> Malformed:
+        return Malformed(node=node, detail=f"{node} does not compute a linear: {shapes}")
+
+    assert reasons(parallel(rows={0: 5})) == [
+        malformed("lin0", "weight (5, 8), bias (5,), output (2, 3, 6), input (2, 3, 8)")
+    ]
+    assert reasons(parallel(cols={1: 7})) == [
+        malformed("lin1", "weight (4, 7), bias None, output (2, 3, 4), input (2, 3, 8)")
+    ]
+    assert reasons(bias0((5,))) == [malformed("lin0", "weight (6, 8), bias (5,), output (2, 3, 6), input (2, 3, 8)")]
+    detail = "lin0 computes in float16, float32, its input is float32"
+    assert reasons(bias0((6,), "float16")) == [Declined(code="dtype-mismatch", node="lin0", detail=detail)]
+    g = GraphBuilder()  # lin0 has a 0-d output
+    x = g.input("x", (2, 8))
+    outs = (spec(), spec(2, 4), spec(2, 4))
+    g.output(
+        *(
+            g.call("aten.linear.default", name=f"lin{i}", out=o, input=x, weight=g.parameter(f"w{i}", (4, 8)))
+            for i, o in enumerate(outs)
+        )
+    )
+    assert reasons(g.build()) == [Malformed(node="lin0", detail="lin0 has no known output or weight shape")]
+
+
+def test_a_lone_linear_asked_directly_is_no_anchor() -> None:
+    g = GraphBuilder()
+    g.output(
+        g.call(
+            "aten.linear.default", name="lin", out=(2, 6), input=g.input("x", (2, 8)), weight=g.parameter("w", (6, 8))
+        )
+    )
+    s = g.build()
+    detail = "lin is not an anchor of concat-parallel-linears"
+    assert RULE.plan_at(s, s.node("lin")) == Failure(Malformed(node="lin", detail=detail))

@@ -10,10 +10,10 @@ import pytest
 
 import fxpure
 from fxpure import NodeRef, plan, verify
-from fxpure.reasons import GENERIC_CODES
+from fxpure.reasons import GENERIC_CODES, Declined, Malformed, Reason
 from fxpure.rules.fuse_linear_bn import fuse_linear_bn
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, GraphSnapshot
+from fxpure.snapshot import Arg, GraphSnapshot, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Source, fold_batch_norm, sources
 
@@ -299,6 +299,61 @@ def test_axis_mismatch_says_which_dims() -> None:
     assert reason.message == (
         "bn normalises dim 1 of the linear's output (4, 6, 6), but the linear's features are its last dim (2)"
     )
+
+
+def _vector_linear_bn() -> GraphSnapshot:
+    """x (IN,) -> linear -> permute (0,) -> batch_norm: a rank-1 output."""
+    g = GraphBuilder()
+    w, mean, var = g.parameter("w", (F, IN)), g.buffer("mean", (F,)), g.buffer("var", (F,))
+    y = g.call("aten.linear.default", name="lin", out=(F,), input=g.input("x", (IN,)), weight=w, bias=None)
+    y = g.call("aten.permute.default", name="perm", out=(F,), self=y, dims=(0,))
+    bn: dict[str, Arg] = {"weight": None, "bias": None, "running_mean": mean, "running_var": var, "training": False}
+    g.output(g.call(BN_TARGETS[0], name="bn", out=(F,), input=y, momentum=0.1, eps=1e-5, cudnn_enabled=False, **bn))
+    return g.build()
+
+
+def test_axis_reasons_in_full() -> None:
+    def mismatch(path: str, detail: str) -> Declined:
+        return Declined(code="bn-axis-mismatch", node="bn", path=path, detail=detail)
+
+    def swapped(g: GraphSnapshot, new: NodeSnapshot) -> GraphSnapshot:
+        return fxpure.snapshot([new if n.name == new.name else n for n in g.nodes], g.constants)
+
+    features = "but the linear's features are its last dim"
+    permuted = linear_bn(rank=3, swap="permute", bn_channels=F)
+    cases: list[tuple[GraphSnapshot, Reason]] = [
+        (  # a transpose that moves neither dim 1 nor the features: dim 1 stays
+            linear_bn(rank=3, swap="transpose", dims=(0, 2), bn_channels=F),
+            mismatch(
+                "bn.input/perm", f"bn normalises dim 1 of the linear's output (4, 3, 6) (through perm), {features} (2)"
+            ),
+        ),
+        (
+            linear_bn(rank=2, swap="permute", dims=(1, 0), bn_channels=F),
+            mismatch(
+                "bn.input/perm", f"bn normalises dim 0 of the linear's output (4, 6) (through perm), {features} (1)"
+            ),
+        ),
+        (
+            linear_bn(rank=3, seq=4),
+            mismatch("bn", f"bn normalises dim 1 of the linear's output (4, 4, 6), {features} (2)"),
+        ),
+        (
+            linear_bn(rank=3, swap="permute", dims=(0, 2, 2), bn_channels=F),
+            Malformed(node="perm", path="bn", detail="(0, 2, 2) is not a permutation of 3 dims"),
+        ),
+        (
+            swapped(permuted, replace(permuted.node("perm"), args=(NodeRef("lin"), 5))),
+            Malformed(node="perm", path="bn", detail="5 is not a permutation of 3 dims"),
+        ),
+        (_vector_linear_bn(), Malformed(node="perm", path="bn", detail="(0,) is not a permutation of 1 dims")),
+        (
+            swapped(linear_bn(), replace(linear_bn().node("lin"), spec=None)),
+            Malformed(node="bn", path="bn", detail="the linear's output has no known shape"),
+        ),
+    ]
+    for g, reason in cases:
+        assert only_rejection(g) == reason
 
 
 def test_malformed_bn_is_a_value_not_an_exception() -> None:

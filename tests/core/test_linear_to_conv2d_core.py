@@ -28,7 +28,7 @@ def linear(
     lead: tuple[int | str, ...] = (2, 5),
     features: int | str = 8,
     out: int = 6,
-    bias: str = "param",  # "param" | "none" | "input" | "matrix"
+    bias: str = "param",  # "param" | "none" | "input" | "matrix" | "scalar"
     weight: str = "param",  # "param" | "input" | "dq" | "dq-tensor" | "dq-of-input" | "vector"
     axis: int = 0,
     shared: str = "",  # "" | "linear" (a second linear on the weight) | "output" (the weight is an output)
@@ -40,7 +40,9 @@ def linear(
     w_shape: tuple[int | str, ...] = (features,) if weight == "vector" else (out, features)
     w = _weight(g, weight, w_shape, axis)
     b: Arg = None
-    if bias != "none":
+    if bias == "scalar":
+        b = 0.5
+    elif bias != "none":
         b_shape = (lead[0], out) if bias == "matrix" else (out,)
         b = g.input("b", b_shape) if bias == "input" else g.parameter("b", b_shape)
     x = g.input("x", (*lead, features))
@@ -234,6 +236,12 @@ def test_computed_bias_passes_through() -> None:
         ({"weight": "vector"}, "unsupported-rank", "lin.weight", "lin has 1 weight dims, the rule handles (2,)"),
         ({"features": "s2"}, "symbolic-shape", "lin.input", "input of lin has symbolic shape (2, 5, 's2')"),
         ({"bias": "matrix", "lead": (2,), "spelling": "addmm"}, "bias-not-per-channel", "lin.self", "bias (2, 6)"),
+        (
+            {"bias": "scalar"},
+            "bias-not-per-channel",
+            "lin.bias",
+            "lin: bias 0.5 is not one value per output feature (6,)",
+        ),
         ({"weight": "input"}, "not-constant", "lin.weight", "weight of lin is not a constant"),
         (
             {"weight": "input", "spelling": "addmm", "dialect": "edge"},
@@ -255,39 +263,69 @@ def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) 
     assert message in r.reason.message
 
 
-def test_input_without_shape_is_malformed() -> None:
-    g = linear()
+@pytest.mark.parametrize("literal", [False, True])
+def test_input_without_shape_is_malformed(literal: bool) -> None:
+    g = linear()  # x without a spec, or a literal in place of x
     nodes = [replace(n, spec=None) if n.name == "x" else n for n in g.nodes]
+    if literal:
+        nodes = [replace(n, args=(2.0, *n.args[1:])) if n.name == "lin" else n for n in g.nodes]
     (r,) = plan(snapshot(nodes, g.constants), [RULE]).rejections
-    assert (r.reason.code, r.reason.path) == ("malformed-node", "lin.input")
+    assert (r.node, r.reason.code, r.reason.node, r.reason.path, r.reason.message) == (
+        "lin",
+        "malformed-node",
+        "lin",
+        "lin.input",
+        "lin: input, weight or output has no known shape",
+    )
 
 
-def flattened(dialect: str = "edge") -> GraphSnapshot:
-    """A model's own flatten before a rank-2 linear and its own reshape after:
+def test_a_dequantized_weight_without_shape_is_malformed() -> None:
+    g = linear(weight="dq")  # the dequantize's output has no spec: declined, not an assertion error
+    nodes = [replace(n, spec=None) if n.name == "dqw" else n for n in g.nodes]
+    (r,) = plan(snapshot(nodes, g.constants), [RULE]).rejections
+    assert (r.node, r.reason.code, r.reason.path, r.reason.message) == (
+        "lin",
+        "malformed-node",
+        "lin.input",
+        "lin: input, weight or output has no known shape",
+    )
+
+
+def flattened(
+    dialect: str = "edge",
+    x: tuple[int, ...] = (2, 3, 4),
+    flat: tuple[int, int] = (2, 12),
+    out: tuple[int, ...] = (2, 2, 3),
+) -> GraphSnapshot:
+    """A model's own flatten before a rank-2 linear and its own reshape after, by default
     x (2, 3, 4) -> view (2, 12) -> addmm -> (2, 6) -> view (2, 2, 3)."""
     g = GraphBuilder(dialect=dialect)
-    w, b = g.parameter("w", (6, 12)), g.parameter("b", (6,))
-    x = g.input("x", (2, 3, 4))
-    flat = g.call(VIEW[dialect], name="lin_in", out=(2, 12), self=x, size=(2, 12))
-    t = g.call(PERMUTE[dialect], name="lin_t", out=(12, 6), self=w, dims=(1, 0))
-    y = g.call("aten.addmm.default", name="lin", out=(2, 6), self=b, mat1=flat, mat2=t)
-    g.output(g.call(VIEW[dialect], name="lin_out", out=(2, 2, 3), self=y, size=(2, 2, 3)))
+    w, b = g.parameter("w", (6, flat[1])), g.parameter("b", (6,))
+    lin_in = g.call(VIEW[dialect], name="lin_in", out=flat, self=g.input("x", x), size=flat)
+    t = g.call(PERMUTE[dialect], name="lin_t", out=(flat[1], 6), self=w, dims=(1, 0))
+    y = g.call("aten.addmm.default", name="lin", out=(flat[0], 6), self=b, mat1=lin_in, mat2=t)
+    g.output(g.call(VIEW[dialect], name="lin_out", out=out, self=y, size=out))
     return g.build()
 
 
-def test_a_models_own_flatten_is_kept_around_a_rank_2_conv() -> None:
-    g = flattened()
+# (x, the model's flatten, its reshape after); zero rows: the reshape after has x's lead dims, the
+# features still differ from x's (4 != 8), so the reshapes are the model's
+@pytest.mark.parametrize(("x", "flat", "out"), [((2, 3, 4), (2, 12), (2, 2, 3)), ((0, 3, 4), (0, 8), (0, 3, 6))])
+def test_a_models_own_flatten_is_kept_around_a_rank_2_conv(
+    x: tuple[int, ...], flat: tuple[int, int], out: tuple[int, ...]
+) -> None:
+    g = flattened(x=x, flat=flat, out=out)
     report = plan(g, [RULE])
     assert len(report.plans) == 1
     after = verify(report.after).unwrap()
     assert after.node("lin_in") == g.node("lin_in")  # the model's flatten feeds the conv
     assert after.node("lin_nchw0").args == (NodeRef("lin_in"), 2)
-    assert after.node("lin_conv").spec == spec(2, 6, 1, 1)
+    assert after.node("lin_conv").spec == spec(flat[0], 6, 1, 1)
     reshape = after.node("lin_out_new")  # the model's reshape, on the conv's result
     assert (reshape.target, reshape.args, reshape.spec) == (
         "aten.view_copy.default",
-        (NodeRef("lin_back0"), (2, 2, 3)),
-        spec(2, 2, 3),
+        (NodeRef("lin_back0"), out),
+        spec(*out),
     )
     assert after.outputs == ("lin_out_new",) and "lin_out" not in after.index
 

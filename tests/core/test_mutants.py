@@ -5,13 +5,16 @@ and the exact plans of the rules where their other tests only check the graph th
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
+import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, snapshot
-from fxpure.families import CONV, DEQUANTIZE, MUL, RELU
+from fxpure.families import ADD, BATCH_NORM, CONV, DEQUANTIZE, MM, MUL, RELU, TRANSPOSE
 from fxpure.pattern import (
     ANY,
     ONE,
@@ -20,25 +23,32 @@ from fxpure.pattern import (
     Const,
     Lit,
     Match,
+    OneOf,
     Op,
+    PatternError,
     Planner,
+    Scalar,
     Var,
     attempts,
     dequantized,
     explain,
+    match,
     need,
     rule,
 )
 from fxpure.plan import RewritePlan
 from fxpure.reasons import (
+    GENERIC_CODES,
     BindingConflict,
     ChannelMismatch,
     Declined,
     Malformed,
+    NotConstant,
     Reason,
     SymbolicShape,
     UnsupportedDtype,
     UnsupportedRank,
+    WrongOp,
 )
 from fxpure.rules import (
     concat_parallel_linears,
@@ -49,7 +59,7 @@ from fxpure.rules import (
 )
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Dequantize, Fill, Source, Unsqueeze
+from fxpure.weights import Binary, Dequantize, Fill, Source, Unsqueeze, WeightExpr
 from tests.core.build import grouped_conv, qconv
 from tests.core.test_concat_parallel_linears_core import parallel
 from tests.core.test_conv1d_to_conv2d_core import conv1d
@@ -291,6 +301,269 @@ def test_attempts_follow_the_stages() -> None:
     late = plan(snap, rules, declined={("drop-relu", "relu"): no})
     assert next((a.rule, a.reason) for a in attempts(late, rules, "relu")) == ("drop-relu", no)
     assert attempts(report, rules, "nowhere") == ()
+    # a candidate the pattern itself declines shows how far the pattern got, not what an adapter said
+    declined = plan(snap, rules, declined={("conv-f16", "conv"): no})
+    assert declined.rejections[-1].reason == no
+    assert attempts(declined, rules, "conv")[0].reason == conv.reason
+
+
+def _never(relu: Bound) -> Reason | None:
+    return Declined(code="no", node=relu.name, detail="never")
+
+
+def test_attempts_of_two_rules_at_one_node_keep_their_own_reasons() -> None:
+    never = rule("never", Op(RELU, name="relu"), need.check(_never, codes=["no"]), plan=_keep)
+    report = plan(conv_relu(), [never, SECOND])
+    no = Declined(code="no", node="relu", detail="never", path="relu")
+    # the second rule matches, and its plan (erasing a relu the output reads) fails after matching
+    first, second = attempts(report, [never, SECOND], "relu")
+    assert (first.rule, first.reason) == ("never", no)
+    assert second.rule == "second" and second.reason is not None
+    assert (second.reason.code, second.reason.message) == ("plan-conflict", "relu: erased but still read by output")
+    # fewer rules than the report's stages: the attempts of those rules
+    assert [a.rule for a in attempts(report, [never], "relu")] == ["never"]
+
+
+def _fold(p: Planner, add: Bound, a: WeightExpr, b: WeightExpr) -> RewritePlan:
+    return p.replace(add, p.const(Binary(op="add", a=a, b=b), f"{add.name}_folded"))
+
+
+FOLD = rule("fold", Op(ADD, name="add", self=Const("a"), other=Const("b")), plan=_fold)
+
+
+def test_attempts_keep_a_reason_a_later_stage_of_the_rule_made_moot() -> None:
+    # add2 reads add1: the first stage folds add1 and declines add2 (not a constant yet), the second
+    # stage folds add2; the report drops the first reason, the attempts still show it
+    g = GraphBuilder()
+    c1, c2, c3 = (g.parameter(f"c{i}", (4,)) for i in (1, 2, 3))
+    g.output(
+        g.call("aten.add.Tensor", name="add2", self=g.call("aten.add.Tensor", name="add1", self=c1, other=c2), other=c3)
+    )
+    report = plan(g.build(), [FOLD, FOLD])
+    assert [p.anchor for p in report.plans] == ["add1", "add2"] and report.rejections == ()
+    first, second = attempts(report, [FOLD, FOLD], "add2")
+    assert first.reason == NotConstant(node="add2", role="self", source="add1", path="add.self")
+    assert second.reason is None
+
+
+def test_lit_and_one_of_refuse_empty_choices_and_lit_binds_and_words_its_reason() -> None:
+    with pytest.raises(PatternError, match=r"^Lit needs at least one allowed value$"):
+        Lit()
+    with pytest.raises(PatternError, match=r"^OneOf needs two or more alternatives$"):
+        OneOf(Var("a"))
+    text = "{node} slides by {value} along {role}, wants {expected}"
+    pattern = Op(CONV, name="conv", stride=Lit((1, 1), name="s"), padding=Lit((1, 1), (2, 2), code="pad", text=text))
+    snap = conv_relu()
+    reason = rule("t", pattern, plan=_keep).plan_at(snap, snap.node("conv")).failure()
+    assert (reason.code, reason.path) == ("pad", "conv.padding")
+    assert reason.message == "conv slides by (0, 0) along padding, wants (1, 1) or (2, 2)"
+    m = match(Op(CONV, name="conv", stride=Lit((1, 1), name="s")), snap, snap.node("conv")).unwrap()
+    assert m.bindings["s"] == (1, 1) and m.sites["s"].path == "conv.stride"
+
+
+def test_bound_ints_refuses_what_is_not_a_tuple_of_ints() -> None:
+    snap = conv_relu()
+    conv = Bound(node=snap.node("conv"), family=CONV, args={"stride": (1, 2), "groups": 1, "flags": (1, True)}, uses=())
+    assert conv.ints("stride") == (1, 2)
+    with pytest.raises(TypeError, match=r"^conv.groups is 1, not a tuple of ints$"):
+        conv.ints("groups")
+    with pytest.raises(TypeError, match=r"^conv.flags is \(1, True\), not a tuple of ints$"):
+        conv.ints("flags")
+
+
+def test_a_consumer_among_alternatives_is_reported_at_the_node_it_follows() -> None:
+    g = GraphBuilder()
+    c = g.call("aten.relu.default", name="first", self=g.input("x", (2,)))
+    g.output(g.call("aten.t.default", name="t", self=c))
+    snap = g.build()
+    pattern = Op(RELU, name="first", user=OneOf(Op(RELU, code="not-relu"), Op(MUL, code="not-mul")))
+    reason = match(pattern, snap, snap.node("first")).failure()
+    expected = WrongOp(
+        code="not-relu",
+        node="first",
+        role="output",
+        producer="t",
+        target="aten.t.default",
+        expected="a relu",
+        consumer=True,
+        path="first.user/relu",
+    )
+    assert reason == expected
+    # the consumer that matches is bound where it was found
+    follows = Op(RELU, name="first", user=OneOf(Op(MUL), Op(TRANSPOSE, name="then")))
+    assert match(follows, snap, snap.node("first")).unwrap().sites["then"].path == "first.user/then"
+
+
+def test_need_static_reasons_in_full() -> None:
+    whole, some = need.static("w"), need.static("w", dims=(0, -4))
+    assert why(conv_relu(), whole) is None and why(conv_relu(), some) is None  # -4 is the first of 4 dims
+    out = why(conv_relu(), need.static("w", dims=(0, 4)))
+    assert out == Malformed(node="conv", detail="weight has no dims (0, 4): (4, 3, 3, 3)", path="relu.self/conv.weight")
+    assert why(conv_relu(), need.static("w", dims=[-5])) == replace(
+        out, detail="weight has no dims (-5,): (4, 3, 3, 3)"
+    )
+    symbolic = why(conv_relu(w_shape=("s0", 3, 3, 3)), whole)
+    assert symbolic == SymbolicShape(node="conv", role="weight", shape=("s0", 3, 3, 3), path="relu.self/conv.weight")
+    assert why(conv_relu(w_shape=("s0", 3, 3, 3)), need.static("w", dims=(1, 2, 3))) is None
+    g = GraphBuilder()
+    g.output(
+        g.call("aten.relu.default", name="relu", self=g.call("aten.relu.default", name="r0", self=g.input("x", (2,))))
+    )
+    shapeless = rule("t", Op(RELU, name="relu", self=Var("x")), need.static("x"), plan=_keep)
+    assert shapeless.plan_at(g.build(), g.build().node("relu")).failure() == Malformed(
+        node="relu", detail="self has no known shape", path="relu.self"
+    )
+
+
+def test_need_channels_of_an_op_without_groups_counts_one_group() -> None:
+    # the op named as ``conv`` is the relu: no groups, so one; 3 output channels (weight (3, ...))
+    check = need.channels("b", of="w", conv="relu")
+    assert why(conv_relu(w_shape=(3, 3, 3, 3), bias=(3,)), check) is None
+    assert why(conv_relu(bias=(5,)), check) == ChannelMismatch(
+        node="conv", expected=4, found=5, path="relu.self/conv.bias"
+    )
+
+
+def _unannotated(w):  # type: ignore[no-untyped-def]
+    return None
+
+
+def _bare(w: WeightExpr) -> bool:
+    return True
+
+
+def _number(w: WeightExpr) -> Reason | None:
+    return 3  # type: ignore[return-value]
+
+
+def _scale_of(w: WeightExpr, s: float) -> Reason | None:
+    return None
+
+
+class _Callable:
+    def __call__(self, w: WeightExpr) -> Reason | None:
+        return None
+
+    def __repr__(self) -> str:
+        return "<a check object>"
+
+
+def test_checks_are_named_after_their_function_and_refuse_what_is_no_check() -> None:
+    with pytest.raises(PatternError, match=r"^check _unannotated must declare its return type \(a Reason or None\)$"):
+        need.check(_unannotated, codes=["x"])
+    with pytest.raises(
+        PatternError, match=r"^check _bare returns a bare bool: return a Reason \(with a code\) or None$"
+    ):
+        need.check(_bare, codes=["x"])  # type: ignore[arg-type]
+    with pytest.raises(PatternError, match=r"^check _scale_of must list the reason codes it may return$"):
+        need.check(_scale_of, codes=[])
+    assert need.check(_scale_of, codes=["x"]).label == "_scale_of"
+    assert need.check(partial(_scale_of, s=2.0), codes=["x"]).label == "_scale_of"  # a partial: its function
+    assert need.check(_Callable(), codes=["x"]).label == "<a check object>"  # no name at all: its repr
+    with pytest.raises(TypeError, match=r"^check _number returned 3, not a Reason or None$"):
+        why(conv_relu(), need.check(_number, codes=["x"]))
+    # ``at`` puts the binding reasons are located at first, the other reads after it
+    located = need.check(_scale_of, codes=["x"], at="s")
+    assert (located.label, located.reads, located.codes) == ("_scale_of", ("s", "w"), frozenset({"x"}))
+    assert need.check(_scale_of, codes=["x"], at="w").reads == ("w", "s")
+
+
+def test_need_spatial_rank_of_what_is_no_op_checks_nothing() -> None:
+    check = need.spatial_rank("conv", [1, 3])
+    assert (check.label, check.reads, check.codes) == ("spatial_rank(conv)", ("conv",), frozenset({"unsupported-rank"}))
+    assert why(conv_relu(), check) == UnsupportedRank(node="conv", rank=2, allowed=(1, 3), path="relu.self/conv")
+    assert why(conv_relu(), need.spatial_rank("x", [1])) is None  # x is a node, not a matched op
+
+
+def _nothing(p: Planner) -> RewritePlan:
+    return p.finish([])
+
+
+def _keyword_only(*, p: Planner) -> RewritePlan:
+    return p.finish([])
+
+
+def _no_planner() -> RewritePlan:
+    return RewritePlan(rule="r", anchor="relu")
+
+
+def test_a_rule_refuses_what_cannot_be_a_rule_and_says_what() -> None:
+    for bad in (Var("x"), OneOf(Op(RELU), Var("x"))):
+        with pytest.raises(
+            PatternError,
+            match=rf"^r: a rule's pattern is rooted at an Op \(or OneOf of Ops\), got {re.escape(repr(bad))}$",
+        ):
+            rule("r", bad, plan=_nothing)  # type: ignore[arg-type]
+    assert rule("r", OneOf(Op(RELU), OneOf(Op(MUL), Op(ADD))), plan=_nothing).name == "r"
+    with pytest.raises(PatternError, match=r"^r: 3 is not a Check \(wrap functions with need.check\)$"):
+        rule("r", Op(RELU), 3, plan=_nothing)  # type: ignore[arg-type]
+    for planner in (_no_planner, _keyword_only):
+        with pytest.raises(PatternError, match=r"^r: the planner takes the Planner as its first parameter$"):
+            rule("r", Op(RELU), plan=planner)
+
+
+def test_pattern_mistakes_are_named_when_the_rule_is_built() -> None:
+    with pytest.raises(PatternError, match=r"^user= takes an Op \(or OneOf of Ops\), got Var$"):
+        rule("r", Op(RELU, user=Var("x")), plan=_nothing)
+    with pytest.raises(PatternError, match=r"^mm has no argument 'input' \(it has: mat2, self\)$"):
+        rule("r", Op(MM, input=Var("x")), plan=_nothing)
+    with pytest.raises(PatternError, match=r"^conv.groups is not a tensor argument: Const cannot match it$"):
+        rule("r", Op(CONV, groups=Const("g")), plan=_nothing)
+    inner = r"^bn: out= reads a tuple through getitem; use it on the root or a user= op$"
+    with pytest.raises(PatternError, match=inner):
+        rule("r", Op(RELU, self=Op(BATCH_NORM, name="bn", out=0)), plan=_nothing)
+    # on the root, and on a user= op (also among alternatives), out= is where it belongs
+    assert "bn-stats" in rule("r", Op(BATCH_NORM, out=0, out_code="bn-stats"), plan=_nothing).codes
+    users = OneOf(Op(BATCH_NORM, out=0, out_code="bn-stats"), Op(RELU, code="no-relu"))
+    assert "bn-stats" in rule("r", Op(CONV, user=users), plan=_nothing).codes
+
+
+def test_a_rules_codes_are_those_its_primitives_can_give() -> None:
+    pattern = Op(
+        MUL,
+        name="m",
+        self=OneOf(
+            Op(CONV, code="no-conv", shared="conv-shared", weight=Const("w")), Op(MM, code="no-mm", self=Scalar("k"))
+        ),
+        other=Lit(2.0, code="not-two"),
+        user=Op(RELU, code="no-relu", shared="relu-shared"),
+    )
+    codes = rule("r", pattern, plan=_nothing).codes - GENERIC_CODES
+    # the relu's own shared code is not among them: it is the last node, nothing reads it in the pattern
+    mine = {"no-conv", "conv-shared", "not-constant", "no-mm", "not-scalar", "not-two", "no-relu", "output-shared"}
+    assert codes == mine - GENERIC_CODES
+    # a name bound twice in one match can conflict; once in each alternative cannot
+    assert "binding-conflict" not in rule("r", OneOf(Op(RELU, name="a"), Op(MUL, name="a")), plan=_nothing).codes
+    twice = OneOf(Op(CONV, stride=Var("s"), padding=Var("s")), Op(MM, self=Var("s")))
+    assert "binding-conflict" in rule("r", twice, plan=_nothing).codes
+    assert "binding-conflict" in rule("r", Op(RELU, name="r", self=Op(RELU, name="r")), plan=_nothing).codes
+
+
+def test_bound_scalars_refuse_what_they_are_not() -> None:
+    snap = conv_relu()
+    args: dict[str, Arg] = {"i": 3, "f": 2.5, "b": True, "s": "x"}
+    conv = Bound(node=snap.node("conv"), family=CONV, args=args, uses=())
+    assert (conv.int("i"), conv.float("i"), conv.float("f"), conv.bool("b")) == (3, 3.0, 2.5, True)
+    for get, arg, what in [
+        (conv.int, "f", "an int"),
+        (conv.int, "b", "an int"),
+        (conv.float, "b", "a number"),
+        (conv.float, "s", "a number"),
+        (conv.bool, "i", "a bool"),
+    ]:
+        with pytest.raises(TypeError, match=rf"^conv.{arg} is {re.escape(repr(args[arg]))}, not {what}$"):
+            get(arg)
+
+
+def test_planner_call_writes_keyword_only_arguments_as_keywords() -> None:
+    snap = conv_relu()
+    p = Planner("t", match(Op(RELU, name="relu"), snap, snap.node("relu")).unwrap())
+    x = NodeRef("x")
+    p.call("aten.addmm.default", name="mm", spec=None, self=x, mat1=x, mat2=x, beta=2.0)
+    (node,) = p.finish([]).nodes
+    assert (node.args, dict(node.kwargs), node.provenance) == ((x, x, x), {"beta": 2.0}, "relu")
+    with pytest.raises(PatternError, match=r"^no schema for my.op: use Planner.node with positional arguments$"):
+        p.call("my.op", name="n", spec=None)
 
 
 # --- fxpure.rules ----------------------------------------------------------------------------------

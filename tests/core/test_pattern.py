@@ -10,7 +10,7 @@ import pytest
 from returns.result import Result
 
 from fxpure import plan, verify
-from fxpure.families import ADD, BATCH_NORM, CONV, MUL, RELU, SUB
+from fxpure.families import ADD, BATCH_NORM, CONV, MUL, RELU, SUB, TRANSPOSE
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -257,6 +257,25 @@ def test_shared_inner_node_is_pruned_not_erased() -> None:
     (p,) = plan(g.build(), [shared_relu]).plans
     assert p.erase == ("add",) and p.prune == ("r",)
     assert "r" in verify(plan(g.build(), [shared_relu]).after).unwrap().index
+
+
+def test_what_a_shared_inner_node_reads_is_pruned_with_it() -> None:
+    # relu(t(x)) read by two adds: each plan keeps the relu and the transpose below it while the
+    # other reads them (erasing the transpose would leave the kept relu reading nothing: a conflict
+    # that rejected every plan of the stage); once both adds are gone, both are dropped
+    shared = rule(
+        "shared",
+        Op(ADD, name="add", self=Op(RELU, users=ANY, self=Op(TRANSPOSE, self=Var("x"))), other=Var("y")),
+        plan=lambda p, add, y: p.replace(add, y),
+    )
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    r = g.call("aten.relu.default", name="r", self=g.call("aten.t.default", name="n", self=x))
+    g.output(*(g.call("aten.add.Tensor", name=f"add{i}", self=r, other=x) for i in range(2)))
+    report = plan(g.build(), [shared])
+    assert [(p.erase, p.prune) for p in report.plans] == [(("add0",), ("r", "n")), (("add1",), ("r", "n"))]
+    assert report.rejections == ()
+    assert [n.name for n in verify(report.after).unwrap().nodes] == ["x", "output"]
 
 
 def test_custom_check_returns_a_located_typed_reason() -> None:

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from fxpure import NodeRef, plan, snapshot, verify
+from fxpure.reasons import Declined, Malformed, Reason, UnsupportedDtype
 from fxpure.rules import quantized_conv
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot
 from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, Source, SumOver, infer_spec, unpack
 from tests.core.build import qconv, spec
 
@@ -27,6 +29,7 @@ QC = quantized_conv(fallback="none")  # declines only: the fallback is tested on
         ({"groups": 8}, f"{W}_dw.default", (3, 3, 8)),
         ({"transposed": True, "k": 2, "stride": 2, "padding": 0, "cout": 12}, f"{W}_transposed.default", (12, 32)),
         ({"cin": 6, "cout": 6}, f"{W}.default", (6, 56)),  # 54 -> 56
+        ({"cin": 1}, f"{W}.default", (8, 12)),  # one input channel, 8 groups of none: not depthwise
     ],
 )
 def test_kernel_choice_and_packing(knobs: dict[str, Any], kernel: str, packed: tuple[int, ...]) -> None:
@@ -161,6 +164,84 @@ def test_scales_of_the_wrong_length_are_malformed() -> None:
     short = replace(g.constants["scales"], spec=spec(4))
     (r,) = plan(snapshot(g.nodes, g.constants.set("scales", short), dialect="edge"), [QC]).rejections
     assert r.reason.code == "malformed-node" and "weight scales has shape (4,), expected (8,)" in r.reason.message
+
+
+def _with_args(g: GraphSnapshot, name: str, *args: Arg, target: str | None = None) -> GraphSnapshot:
+    """``g`` with node ``name``'s arguments (and target) replaced."""
+    new = [replace(n, args=args, target=target or n.target) if n.name == name else n for n in g.nodes]
+    return snapshot(new, g.constants, dialect="edge")
+
+
+def test_more_reasons_in_full() -> None:
+    g, w = qconv(), qconv().constants["w"]
+    conv, dqw, q = (g.node(n).args for n in ("conv", "dqw0", "q0"))
+    ill_formed = replace(w, source=Reshape(x=Source(key="w", spec=w.spec), shape=(5,)))  # a derived weight, no spec
+
+    def with_constant(key: str, shape: tuple[int, ...], dtype: str = "float32") -> GraphSnapshot:
+        new = replace(g.constants[key], spec=spec(*shape, dtype=dtype))
+        return snapshot(g.nodes, g.constants.set(key, new), dialect="edge")
+
+    def declined(code: str, detail: str) -> Declined:
+        return Declined(code=code, node="conv", path="conv", detail=detail)
+
+    cases: list[tuple[GraphSnapshot, Reason]] = [
+        (
+            _with_args(g, "conv", *conv[:4], "same", conv[5], 1, target="aten.conv2d.padding"),
+            declined("no-kernel", "conv: padding='same' (the kernels take explicit padding)"),
+        ),
+        (
+            _with_args(g, "dqw0", *dqw[:6], DTypeArg("uint8")),
+            UnsupportedDtype(node="conv", path="conv", role="weight", dtype="int8 (dequantized as uint8)"),
+        ),
+        (
+            snapshot(g.nodes, g.constants.set("w", ill_formed), dialect="edge"),
+            UnsupportedDtype(node="conv", path="conv", role="weight", dtype="? (dequantized as int8)"),
+        ),
+        (
+            _with_args(g, "q0", *q[:5], DTypeArg("uint8")),
+            UnsupportedDtype(node="conv", path="conv", role="quantized output", dtype="uint8"),
+        ),
+        (  # zero points computed at run time
+            _with_args(g, "dqw0", dqw[0], dqw[1], NodeRef("x"), *dqw[3:]),
+            declined("asymmetric-weight", "weight of conv: zero points are not a known constant"),
+        ),
+        (
+            with_constant("w", (8, 8, 9), "int8"),  # a 2D conv's node, a weight constant of rank 3
+            Malformed(node="conv", path="conv", detail="weight shape (8, 8, 9) is not a static 2D conv weight"),
+        ),
+        (with_constant("b", (4,)), Malformed(node="conv", path="conv", detail="bias has shape (4,), expected (8,)")),
+        (
+            with_constant("scales", (4,)),
+            Malformed(node="conv", path="conv", detail="weight scales has shape (4,), expected (8,)"),
+        ),
+        (
+            qconv(groups=8, cin=16, cout=16),
+            declined("channel-alignment", "conv: output channels per group is 2, not a multiple of 4"),
+        ),
+        (
+            qconv(groups=2, cin=4, cout=8),
+            declined("channel-alignment", "conv: input channels per group is 2, not a multiple of 4"),
+        ),
+    ]
+    for snap, reason in cases:
+        assert plan(snap, [QC]).rejections[0].reason == reason
+
+
+def test_a_zero_weight_scale_is_kept() -> None:
+    def zero_scale(**knobs: Any) -> GraphSnapshot:
+        g = qconv(per_channel=False, **knobs)
+        return _with_args(g, "dqw0", g.node("dqw0").args[0], 0.0, *g.node("dqw0").args[2:])
+
+    packed = plan(zero_scale(), [QC]).after.constants["w_scales_padded"].source
+    assert packed == Fill(shape=(8,), value=0.0, dtype="float32")
+    (fallback,) = plan(zero_scale(groups=6, cin=6, cout=6), [quantized_conv()]).plans
+    (weight,) = fallback.constants
+    assert isinstance(weight.expr, Dequantize) and weight.expr.scale == Fill(shape=(), value=0.0, dtype="float32")
+
+
+def test_an_unknown_fallback_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^fallback must be one of dequantize, none, got 'float'$"):
+        quantized_conv(fallback="float")
 
 
 @pytest.mark.parametrize(

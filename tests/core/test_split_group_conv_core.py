@@ -73,6 +73,29 @@ def test_each_rejection(knobs: dict[str, object], code: str, message: str) -> No
     assert message in r.reason.message
 
 
+@pytest.mark.parametrize(
+    ("name", "shape", "path", "message"),
+    [
+        ("conv", (1, "c", 4, 4), "conv", "output of conv has symbolic shape (1, 'c', 4, 4)"),
+        ("w", ("o", 2, 3, 3), "conv.weight", "weight of conv has symbolic shape ('o', 2, 3, 3)"),
+    ],
+)
+def test_symbolic_output_channels_or_weight_are_rejected(
+    name: str, shape: tuple[int | str, ...], path: str, message: str
+) -> None:
+    g = grouped_conv()
+    nodes = [replace(n, spec=spec(*shape)) if n.name == name else n for n in g.nodes]
+    consts = {k: replace(c, spec=spec(*shape)) if k == name else c for k, c in g.constants.items()}
+    (r,) = plan(fxpure.snapshot(nodes, consts), [split_group_conv()]).rejections
+    assert (r.node, r.reason.code, r.reason.node, r.reason.path, r.reason.message) == (
+        "conv",
+        "symbolic-shape",
+        "conv",
+        path,
+        message,
+    )
+
+
 def test_policy_is_a_parameter() -> None:
     g = grouped_conv(groups=6, cin=12, cout=12)
     assert plan(g, [split_group_conv()]).plans

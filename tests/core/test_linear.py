@@ -1,0 +1,197 @@
+"""fxpure.linear: the one pattern for every spelling of a linear, built inside the tests (a rule's
+pattern is built at import, which mutation testing cannot see): what each spelling binds and
+where, what a match erases and prunes, and the names and codes a caller passes in."""
+
+from __future__ import annotations
+
+import pytest
+from returns.result import Failure, Success
+
+from fxpure.families import RELU
+from fxpure.linear import linear, linear_of, linear_root
+from fxpure.pattern import ANY, Const, Match, Op, Root, Var, match
+from fxpure.reasons import Reason
+from fxpure.snapshot import GraphSnapshot
+from fxpure.testing import GraphBuilder
+from tests.core.test_linear_to_conv2d_core import linear as graph
+
+# (spelling, rank, bias) -> {bound name: pattern path}, the nodes a rewrite erases, those it prunes
+PRODUCT = {"x": "lin.mat1", "lin_t": "lin.mat2/lin_t", "w": "lin.mat2/lin_t.self"}
+ND = {"lin_in": "lin.mat1/lin_in", "x": "lin.mat1/lin_in.self", "lin_out": "lin.user/lin_out"}
+EXPECTED: dict[tuple[str, int, str], tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]] = {
+    ("linear", 2, "param"): ({"lin": "lin", "x": "lin.input", "w": "lin.weight", "b": "lin.bias"}, ("lin",), ()),
+    ("addmm", 2, "param"): ({"lin": "lin", "b": "lin.self", **PRODUCT}, ("lin", "lin_t"), ()),
+    ("addmm", 2, "none"): ({"lin": "lin", **PRODUCT, "x": "lin.self"}, ("lin", "lin_t"), ()),
+    ("addmm", 3, "param"): ({"lin": "lin", "b": "lin.self", **PRODUCT, **ND}, ("lin", "lin_t", "lin_out"), ("lin_in",)),
+    ("addmm", 3, "none"): (
+        {"lin": "lin", **PRODUCT, "lin_in": "lin.self/lin_in", "x": "lin.self/lin_in.self", "lin_out": ND["lin_out"]},
+        ("lin", "lin_t", "lin_out"),
+        ("lin_in",),
+    ),
+}
+
+
+def _match(snap: GraphSnapshot, pattern: Root, node: str = "lin") -> Match:
+    result = match(pattern, snap, snap.node(node))
+    assert isinstance(result, Success), result
+    found: Match = result.unwrap()
+    return found
+
+
+def _reason(snap: GraphSnapshot, pattern: Root, node: str = "lin") -> Reason:
+    result = match(pattern, snap, snap.node(node))
+    assert isinstance(result, Failure), result
+    reason: Reason = result.failure()
+    return reason
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+@pytest.mark.parametrize(("spelling", "rank", "bias"), sorted(EXPECTED))
+def test_linear_root_binds_each_spelling_where_it_is(spelling: str, rank: int, bias: str, dialect: str) -> None:
+    snap = graph(spelling=spelling, dialect=dialect, lead=(2, 5)[: rank - 1], bias=bias)
+    m = _match(snap, linear_root())
+    sites, erase, prune = EXPECTED[(spelling, rank, bias)]
+    assert {k: s.path for k, s in m.sites.items()} == sites
+    assert (m.erase, m.prune) == (erase, prune)
+    lin = linear_of(m)
+    names = (lin.op.name, lin.t and lin.t.name, lin.view_in and lin.view_in.name, lin.view_out and lin.view_out.name)
+    assert names == ("lin", *(n if n in sites else None for n in ("lin_t", "lin_in", "lin_out")))
+    assert lin.outer.name == ("lin_out" if rank > 2 and spelling != "linear" else "lin")
+    assert ("b" in m.bindings) == (spelling == "linear" or bias == "param")  # mm has no bias to bind
+
+
+def test_a_transposed_weight_by_t_is_a_linear_too() -> None:
+    m = _match(graph(spelling="t", lead=(2,)), linear_root())
+    assert m.sites["lin_t"].path == "lin.mat2/lin_t" and m.erase == ("lin", "lin_t")
+
+
+def test_names_and_operand_patterns_are_the_callers() -> None:
+    snap = graph(spelling="addmm", dialect="edge", lead=(2, 5))
+    pattern = linear_root("fc", input=Var("inp"), weight=Const("ww"), bias=Const("bb"))
+    m = _match(snap, pattern)
+    assert {k: s.path for k, s in m.sites.items()} == {
+        "fc": "fc",
+        "bb": "fc.self",
+        "fc_in": "fc.mat1/fc_in",
+        "inp": "fc.mat1/fc_in.self",
+        "fc_t": "fc.mat2/fc_t",
+        "ww": "fc.mat2/fc_t.self",
+        "fc_out": "fc.user/fc_out",
+    }
+    assert linear_of(m, "fc").outer.name == "lin_out"
+    with pytest.raises(KeyError, match="no linear called 'lin'"):
+        linear_of(m)
+    # a linear() spelled as aten.linear binds the caller's names as well
+    m = _match(graph(), linear_root("fc", input=Var("inp"), weight=Const("ww"), bias=Const("bb")))
+    assert {k: s.path for k, s in m.sites.items()} == {
+        "fc": "fc",
+        "inp": "fc.input",
+        "ww": "fc.weight",
+        "bb": "fc.bias",
+    }
+
+
+def _product(
+    *,
+    t: str = "aten.permute_copy.default",
+    dims: tuple[int, ...] = (1, 0),
+    reads: int = 1,
+    rank: int = 2,
+    bias: bool = True,
+) -> GraphSnapshot:
+    """relu(addmm(b, x, t(w))) (mm without bias; reshaped around for rank 3), edge, with the
+    transpose op and the number of relus reading the linear as given; ``t="linear"``: an
+    ``aten.linear`` instead."""
+    g = GraphBuilder(dialect="edge")
+    w, b = g.parameter("w", (6, 8)), g.parameter("b", (6,))
+    x = g.input("x", (2, 5, 8)[3 - rank :])
+    if t == "linear":
+        y = g.call("aten.linear.default", name="lin", out=(2, 6), input=x, weight=w, bias=b if bias else None)
+    else:
+        if rank == 3:
+            x = g.call("aten.view_copy.default", name="lin_in", out=(10, 8), self=x, size=(-1, 8))
+        wt = g.call(t, name="lin_t", out=(8, 6), self=w, **({"dims": dims} if "permute" in t else {}))
+        rows = (2, 10)[rank - 2]
+        if bias:
+            y = g.call("aten.addmm.default", name="lin", out=(rows, 6), self=b, mat1=x, mat2=wt)
+        else:
+            y = g.call("aten.mm.default", name="lin", out=(rows, 6), self=x, mat2=wt)
+        if rank == 3:
+            y = g.call("aten.view_copy.default", name="lin_out", out=(2, 5, 6), self=y, size=(2, 5, 6))
+    g.output(*[g.call("aten.relu.default", name=f"relu{i or ''}", self=y) for i in range(reads)])
+    return g.build()
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_codes_are_the_callers(root: bool) -> None:
+    """A caller's own codes for another op and for a shared inner node (``linear`` as an operand
+    of a relu, or ``linear_root`` anchored at the product)."""
+
+    def reason(snap: GraphSnapshot, code: str = "wrong-op", shared: str = "output-shared") -> tuple[str, str]:
+        pattern: Root = (
+            linear_root(code=code, shared=shared) if root else Op(RELU, self=linear(code=code, shared=shared))
+        )
+        r = _reason(snap, pattern, "lin" if root else "relu")
+        return r.code, r.path
+
+    at = "lin" if root else "relu.self/lin"
+    not_t = _product(t="aten.relu.default")
+    assert reason(not_t) == ("wrong-op", f"{at}.mat2/lin_t")
+    assert reason(not_t, code="no-linear") == ("no-linear", f"{at}.mat2/lin_t")
+    assert reason(_product(dims=(0, 1))) == ("arg-mismatch", f"{at}.mat2/lin_t.dims")
+    if not root:  # the linear read twice is the operand's shared output; the root has no such check
+        for t in ("linear", "aten.permute_copy.default"):
+            assert reason(_product(t=t, reads=2)) == ("output-shared", "relu.self/lin")
+            assert reason(_product(t=t, reads=2), shared="lin-shared") == ("lin-shared", "relu.self/lin")
+        # a relu of the input: no alternative gets further than another, the first one (linear) speaks
+        g = GraphBuilder(dialect="edge")
+        g.output(g.call("aten.relu.default", name="relu", self=g.input("x", (2, 8))))
+        assert reason(g.build(), code="no-linear") == ("no-linear", "relu.self/lin")
+    shared_t = graph(spelling="addmm", dialect="edge", lead=(2,), t_shared=True)
+    if root:
+        assert reason(shared_t) == ("output-shared", "lin.mat2/lin_t")
+        assert reason(shared_t, shared="t-shared") == ("t-shared", "lin.mat2/lin_t")
+
+
+def test_a_linear_operand_matches_every_spelling_below_its_reader() -> None:
+    m = _match(_product(t="linear"), Op(RELU, self=linear()), "relu")
+    assert {k: s.path for k, s in m.sites.items()} == {
+        "lin": "relu.self/lin",
+        "x": "relu.self/lin.input",
+        "w": "relu.self/lin.weight",
+        "b": "relu.self/lin.bias",
+    }
+    assert (m.erase, m.prune) == (("relu", "lin"), ())
+    m = _match(_product(), Op(RELU, self=linear()), "relu")
+    assert {k: s.path for k, s in m.sites.items()} == {
+        "lin": "relu.self/lin",
+        "b": "relu.self/lin.self",
+        "x": "relu.self/lin.mat1",
+        "lin_t": "relu.self/lin.mat2/lin_t",
+        "w": "relu.self/lin.mat2/lin_t.self",
+    }
+    # with ANY users the product may be read by others, and is then kept (pruned, not erased)
+    m = _match(_product(reads=2), Op(RELU, self=linear(users=ANY)), "relu")
+    assert m.erase == ("relu",) and m.prune == ("lin", "lin_t")
+    m = _match(_product(), Op(RELU, self=linear()), "relu")
+    assert m.erase == ("relu", "lin", "lin_t") and m.prune == ()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_reshaped_linear_operand_binds_its_reshapes(bias: bool) -> None:
+    m = _match(_product(rank=3, bias=bias), Op(RELU, self=linear()), "relu")
+    x = "relu.self/lin_out.self/lin" + (".mat1" if bias else ".self")
+    assert {k: s.path for k, s in m.sites.items()} == {
+        "lin_out": "relu.self/lin_out",
+        "lin": "relu.self/lin_out.self/lin",
+        **({"b": "relu.self/lin_out.self/lin.self"} if bias else {}),
+        "lin_in": f"{x}/lin_in",
+        "x": f"{x}/lin_in.self",
+        "lin_t": "relu.self/lin_out.self/lin.mat2/lin_t",
+        "w": "relu.self/lin_out.self/lin.mat2/lin_t.self",
+    }
+    assert (m.erase, m.prune) == (("relu", "lin_out", "lin", "lin_t"), ("lin_in",))
+    assert linear_of(m).outer.name == "lin_out"
+    # a linear others read too is kept whole: its reshapes, product and transpose are pruned
+    m = _match(_product(rank=3, bias=bias, reads=2), Op(RELU, self=linear(users=ANY)), "relu")
+    assert (m.erase, m.prune) == (("relu",), ("lin_out", "lin", "lin_in", "lin_t"))
