@@ -60,7 +60,8 @@ def _axes(bn: Bound, match: Match, perm: Bound | None = None) -> Reason | None:
     rank = len(spec.shape)
     source = 1 if perm is None else _source_dim(perm, rank)
     if source is None and perm is not None:
-        return Malformed(node=perm.name, detail=f"{perm.args.get('dims')} is not a permutation of {rank} dims")
+        detail = f"{perm.args.get('dims')} is not a permutation of {rank} dims"
+        return Malformed(node=perm.name, detail=detail, path=match.sites["perm"].path)
     if source == rank - 1:
         return None
     via = "" if perm is None else f" (through {perm.name})"

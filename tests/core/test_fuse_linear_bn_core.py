@@ -340,13 +340,16 @@ def test_axis_reasons_in_full() -> None:
         ),
         (
             linear_bn(rank=3, swap="permute", dims=(0, 2, 2), bn_channels=F),
-            Malformed(node="perm", path="bn", detail="(0, 2, 2) is not a permutation of 3 dims"),
+            Malformed(node="perm", path="bn.input/perm", detail="(0, 2, 2) is not a permutation of 3 dims"),
         ),
         (
             swapped(permuted, replace(permuted.node("perm"), args=(NodeRef("lin"), 5))),
-            Malformed(node="perm", path="bn", detail="5 is not a permutation of 3 dims"),
+            Malformed(node="perm", path="bn.input/perm", detail="5 is not a permutation of 3 dims"),
         ),
-        (_vector_linear_bn(), Malformed(node="perm", path="bn", detail="(0,) is not a permutation of 1 dims")),
+        (
+            _vector_linear_bn(),
+            Malformed(node="perm", path="bn.input/perm", detail="(0,) is not a permutation of 1 dims"),
+        ),
         (
             swapped(linear_bn(), replace(linear_bn().node("lin"), spec=None)),
             Malformed(node="bn", path="bn", detail="the linear's output has no known shape"),
