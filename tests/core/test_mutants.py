@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, snapshot
@@ -36,7 +37,7 @@ from fxpure.pattern import (
     need,
     rule,
 )
-from fxpure.plan import RewritePlan
+from fxpure.plan import RewritePlan, constant_operand, rewrite
 from fxpure.reasons import (
     GENERIC_CODES,
     BindingConflict,
@@ -741,3 +742,44 @@ def test_a_reason_about_a_models_own_flatten_points_at_it() -> None:
     nodes = [replace(n, spec=spec(2, "s0")) if n.name == "lin_in" else n for n in g.nodes]
     (r,) = plan(snapshot(nodes, g.constants, dialect="edge"), [linear_to_conv2d()]).rejections
     assert r.reason == SymbolicShape(node="lin", path="lin.mat1/lin_in", role="input", shape=(2, "s0"))
+
+
+# --- fxpure.plan, fxpure.snapshot, fxpure.testing --------------------------------------------------
+
+
+def test_constant_operand_of_a_constant_a_node_and_a_literal() -> None:
+    snap = conv_relu()
+    assert constant_operand(snap, "conv", "weight", NodeRef("w")) == Success(Source(key="w", spec=spec(4, 3, 3, 3)))
+    computed = constant_operand(snap, "relu", "self", NodeRef("conv")).failure()
+    assert computed == NotConstant(node="relu", role="self", source="conv")
+    assert constant_operand(snap, "conv", "bias", 2.5).failure() == NotConstant(node="conv", role="bias", source="2.5")
+
+
+def test_a_rewrite_conflict_names_the_node() -> None:
+    snap = conv_relu()
+    keep_conv = RewritePlan(rule="r", anchor="relu", erase=("conv",))
+    conflict = rewrite(snap, [keep_conv]).failure()
+    assert (conflict.code, conflict.node, conflict.message) == (
+        "plan-conflict",
+        "conv",
+        "conv: erased but still read by relu",
+    )
+
+
+def test_node_arguments_by_position_then_keyword_and_users_of_any_name() -> None:
+    node = NodeSnapshot(name="n", op="call_function", target="t", args=(1,), kwargs=pmap({"b": 2, "c": 3}))
+    assert (node.arg(0, "a"), node.arg(1, "b"), node.arg(1, "c"), node.arg(2, "d")) == (1, 2, 3, None)
+    snap = conv_relu()
+    assert [u.name for u in snap.users_of("conv")] == ["relu"]
+    assert snap.users_of("nowhere") == ()
+
+
+def test_builder_getitem_names_and_shapes_its_projection() -> None:
+    g = GraphBuilder()
+    bn = g.node("my.split", (g.input("x", (4, 2)),), name="split", out=(spec(2, 2), spec(2, 2)))
+    first, second = g.getitem(bn, 0, out=(2, 2)), g.getitem(bn, 1)
+    g.output(first, second)
+    snap = g.build()
+    assert (first.name, second.name) == ("getitem", "getitem_1")
+    assert (snap.node("getitem").args, snap.node("getitem").spec) == ((bn, 0), spec(2, 2))
+    assert snap.node("getitem_1").spec is None
