@@ -8,11 +8,11 @@ import pytest
 from returns.result import Failure, Success
 
 from fxpure.families import RELU
-from fxpure.linear import linear, linear_of, linear_root
-from fxpure.pattern import ANY, Const, Match, Op, Root, Var, match
+from fxpure.linear import emit_linear, linear, linear_of, linear_root
+from fxpure.pattern import ANY, Const, Match, Op, Planner, Root, Var, match
 from fxpure.reasons import Reason
-from fxpure.snapshot import GraphSnapshot
-from fxpure.testing import GraphBuilder
+from fxpure.snapshot import GraphSnapshot, NodeRef
+from fxpure.testing import GraphBuilder, spec
 from tests.core.test_linear_to_conv2d_core import linear as graph
 
 # (spelling, rank, bias) -> {bound name: pattern path}, the nodes a rewrite erases, those it prunes
@@ -195,3 +195,25 @@ def test_a_reshaped_linear_operand_binds_its_reshapes(bias: bool) -> None:
     # a linear others read too is kept whole: its reshapes, product and transpose are pruned
     m = _match(_product(rank=3, bias=bias, reads=2), Op(RELU, self=linear(users=ANY)), "relu")
     assert (m.erase, m.prune) == (("relu",), ("lin_out", "lin", "lin_in", "lin_t"))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("new_bias", [True, False])
+def test_emit_linear_respells_the_product_with_new_weights(bias: bool, new_bias: bool) -> None:
+    # anchored at the relu: the new product's metadata still comes from the linear it replaces
+    snap = _product(bias=bias)
+    m = _match(snap, Op(RELU, name="relu", self=linear()), "relu")
+    p = Planner("t", m)
+    w, b = NodeRef("w2"), NodeRef("b2") if new_bias else None
+    out = emit_linear(p, linear_of(m), w, b, out_features=4)
+    t, product = p.finish([]).nodes
+    assert out.name == "lin_new" == product.name and t.name == "lin_t_new"
+    assert (t.target, t.args, t.spec) == ("aten.permute_copy.default", (w, (1, 0)), spec(8, 4))
+    target = "aten.addmm.default" if new_bias else "aten.mm.default"
+    args = (b, NodeRef("x"), NodeRef("lin_t_new")) if new_bias else (NodeRef("x"), NodeRef("lin_t_new"))
+    assert (product.target, product.args, product.spec, product.provenance) == (target, args, spec(2, 4), "lin")
+    # the same number of features: the transpose keeps the weight's own spec
+    p = Planner("t", m)
+    emit_linear(p, linear_of(m), w, b, suffix="v2")
+    t, product = p.finish([]).nodes
+    assert (t.name, t.spec, product.name, product.spec) == ("lin_t_v2", spec(8, 6), "lin_v2", spec(2, 6))

@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
-from fxpure import plan, snapshot
+from fxpure import plan, snapshot, verify
 from fxpure.families import ADD, BATCH_NORM, CONV, DEQUANTIZE, MM, MUL, RELU, TRANSPOSE
 from fxpure.pattern import (
     ANY,
@@ -783,3 +784,28 @@ def test_builder_getitem_names_and_shapes_its_projection() -> None:
     assert (first.name, second.name) == ("getitem", "getitem_1")
     assert (snap.node("getitem").args, snap.node("getitem").spec) == ((bn, 0), spec(2, 2))
     assert snap.node("getitem_1").spec is None
+
+
+def test_verify_names_each_broken_invariant() -> None:
+    snap = conv_relu()
+
+    def broken(**fields: Any) -> tuple[str, str]:
+        bad = verify(replace(snap, **fields)).failure()
+        return bad.node, bad.detail
+
+    info = snap.constants["w"]
+    assert broken(constants=snap.constants.set("gone", info)) == ("gone", "constant without a node")
+    users = {**snap.users, "x": ()}
+    assert broken(users=MappingProxyType(users)) == ("<graph>", "users disagree with arguments")
+    index = {**snap.index, "x": 7}
+    assert broken(index=MappingProxyType(index)) == ("<graph>", "name index disagrees with node order")
+    targets = {**snap.targets, "aten.relu.default": ()}
+    assert broken(targets=MappingProxyType(targets)) == ("<graph>", "target index disagrees with the nodes")
+
+
+def test_builder_buffers_keep_their_key_and_storage() -> None:
+    g = GraphBuilder()
+    g.output(g.buffer("b", (4,), key="bn.running_mean", storage="s0"), g.buffer("c", (4,)))
+    snap = g.build()
+    b, c = snap.constants["b"], snap.constants["c"]
+    assert (b.kind, b.key, b.storage, c.key, c.storage) == ("buffer", "bn.running_mean", "s0", "c", None)
