@@ -474,3 +474,25 @@ def test_rewrite_is_pure_and_second_run_finds_nothing() -> None:
     assert json.dumps(to_data(g), sort_keys=True) == copy_before and len(first.plans) == 1
     again = plan(first.after, [RULE])
     assert again.plans == () and again.rejections == ()
+
+
+def test_a_constant_of_the_outputs_rank_folds_when_it_is_per_channel() -> None:
+    # (1, C, 1, 1) beside a (B, C, H, W) output: as many dims as the output, one per channel
+    (p,) = plan(graph(c_shape=(1, OC, 1, 1)), [RULE]).plans
+    assert p.anchor == "bin"
+    (lin,) = plan(graph(producer="linear", c_shape=(1, F)), [RULE]).plans
+    assert lin.anchor == "bin"
+
+
+@pytest.mark.parametrize(
+    ("unknown", "detail"),
+    [
+        ("bin", "the op or its operand has no known dtype"),
+        ("conv", "the op or its operand has no known dtype"),
+    ],
+)
+def test_an_op_or_producer_without_a_spec_is_malformed(unknown: str, detail: str) -> None:
+    g = graph()
+    nodes = [replace(n, spec=None) if n.name == unknown else n for n in g.nodes]
+    reason = only_rejection(fxpure.snapshot(nodes, g.constants))
+    assert (reason.code, reason.node, reason.path, reason.message) == ("malformed-node", "bin", "bin", f"bin: {detail}")
