@@ -533,7 +533,8 @@ def fold_batch_norm(
     if isinstance(spec, Failure):
         return Failure(spec.failure())
     w = spec.unwrap()
-    dims, oc = _static(w), out_channels(w, transposed=transposed, groups=groups)
+    dims = _static(w)
+    oc = out_channels(w, transposed=transposed, groups=groups) if len(w.shape) >= 2 else None
     if dims is None or not isinstance(oc, int) or len(dims) < 2 or dims[0] % groups:
         return Failure(BadExpr(node=EXPR_NODE, detail=f"cannot fold into a weight of shape {w.shape}"))
     scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_f32(var), b=Fill(shape=(), value=eps, dtype="float32")))
