@@ -16,7 +16,7 @@ from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CONV, DEQUANTIZE, MM, MUL, RELU, TRANSPOSE
+from fxpure.families import ADD, ADDMM, BATCH_NORM, CONV, DEQUANTIZE, MM, MUL, RELU, TRANSPOSE
 from fxpure.pattern import (
     ANY,
     ONE,
@@ -61,7 +61,7 @@ from fxpure.rules import (
 )
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Dequantize, Fill, Source, Unsqueeze, WeightExpr
+from fxpure.weights import Binary, Dequantize, Fill, Permute, Source, Unsqueeze, WeightExpr
 from tests.core.build import grouped_conv, qconv
 from tests.core.test_concat_parallel_linears_core import parallel
 from tests.core.test_conv1d_to_conv2d_core import conv1d
@@ -809,3 +809,95 @@ def test_builder_buffers_keep_their_key_and_storage() -> None:
     snap = g.build()
     b, c = snap.constants["b"], snap.constants["c"]
     assert (b.kind, b.key, b.storage, c.key, c.storage) == ("buffer", "bn.running_mean", "s0", "c", None)
+
+
+# --- fxpure.pattern: the matcher's edges ------------------------------------------------------------
+
+
+def test_alternatives_below_a_shared_node_are_pruned_with_it() -> None:
+    shared = rule(
+        "shared",
+        Op(ADD, name="add", self=Op(RELU, users=ANY, self=OneOf(Op(MUL), Op(TRANSPOSE))), other=Var("y")),
+        plan=lambda p, add, y: p.replace(add, y),
+    )
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    r = g.call("aten.relu.default", name="r", self=g.call("aten.t.default", name="n", self=x))
+    g.output(*(g.call("aten.add.Tensor", name=f"add{i}", self=r, other=x) for i in range(2)))
+    report = plan(g.build(), [shared])
+    assert [(p.erase, p.prune) for p in report.plans] == [(("add0",), ("r", "n")), (("add1",), ("r", "n"))]
+
+
+def test_a_literal_where_an_op_or_a_tuple_was_expected() -> None:
+    g = GraphBuilder()
+    g.output(g.call("aten.relu.default", name="relu", self=2.0))
+    snap = g.build()
+    wrong = match(Op(RELU, self=Op(CONV)), snap, snap.node("relu")).failure()
+    assert (wrong.code, wrong.path, wrong.message) == (
+        "wrong-op",
+        "relu.self/conv",
+        "self of relu comes from 2.0 (a literal), not a convolution",
+    )
+    for lit in (Lit((2.0,)), Lit((2.0, 2.0))):
+        mismatch = match(Op(RELU, self=lit), snap, snap.node("relu")).failure()
+        assert (mismatch.code, mismatch.path) == ("arg-mismatch", "relu.self")
+    conv = conv_relu()
+    assert match(Op(CONV, stride=Lit(1)), conv, conv.node("conv")).failure().code == "arg-mismatch"  # (1, 1) is no 1
+
+
+def _absent(match: Match) -> Reason | None:
+    return Declined(code="absent", node=match.anchor, detail="no")
+
+
+def test_checks_on_a_name_this_match_did_not_bind() -> None:
+    # c is bound by the second alternative only: a check reading it on the first is located at itself
+    pattern = Op(RELU, name="relu", self=OneOf(Op(CONV, name="conv"), Op(MUL, name="c")))
+    snap = conv_relu()
+    located = rule("t", pattern, need.check(_absent, codes=["absent"], at="c"), plan=_keep)
+    assert located.plan_at(snap, snap.node("relu")).failure().path == "need._absent"
+    static = rule("t", pattern, need.static("c"), plan=_keep).plan_at(snap, snap.node("relu")).failure()
+    assert static == Malformed(node="relu", detail="c has no known shape", path="need.static(c)")
+
+
+def test_bound_ref_refuses_what_is_not_a_node() -> None:
+    conv = Bound(node=conv_relu().node("conv"), family=CONV, args={"input": NodeRef("x"), "groups": 1}, uses=())
+    assert conv.ref("input") == NodeRef("x")
+    with pytest.raises(TypeError, match=r"^conv.groups is 1, not a node$"):
+        conv.ref("groups")
+
+
+def test_respell_keeps_the_nodes_keywords() -> None:
+    g = GraphBuilder(dialect="edge")
+    x = g.input("x", (2, 2))
+    g.output(g.call("aten.addmm.default", name="mm", self=x, mat1=x, mat2=x, beta=0.5))
+    snap = g.build()
+    m = match(Op(ADDMM, name="mm"), snap, snap.node("mm")).unwrap()
+    p = Planner("t", m)
+    p.respell(m.bindings["mm"], name="mm2", mat2=NodeRef("y"))  # type: ignore[arg-type]
+    (node,) = p.finish([]).nodes
+    assert (node.args, dict(node.kwargs)) == ((x, x, NodeRef("y")), {"beta": 0.5})
+
+
+def test_a_candidate_filter_sees_the_root_bound() -> None:
+    seen: list[tuple[str, str, tuple[str, ...], Arg]] = []
+
+    def grouped(root: Bound, snap: GraphSnapshot) -> bool:
+        seen.append((root.name, root.family.name, root.uses, root.args["groups"]))
+        return True
+
+    r = rule("t", Op(CONV, name="conv"), plan=_keep, candidate=grouped)
+    assert [n.name for n in r.anchors(conv_relu())] == ["conv"]
+    assert seen == [("conv", "conv", ("conv",), 1)]
+
+
+def _bad_constant(p: Planner, conv: Bound, w: WeightExpr) -> RewritePlan:
+    p.const(Permute(x=w, dims=(0,)), "w_bad")
+    return p.replace(conv, conv.ref("input"))
+
+
+def test_a_plan_with_an_ill_typed_constant_is_declined_at_its_anchor() -> None:
+    snap = conv_relu()
+    r = rule("t", Op(CONV, name="conv", weight=Const("w")), plan=_bad_constant)
+    reason = r.plan_at(snap, snap.node("conv")).failure()
+    assert (reason.code, reason.node, reason.path) == ("bad-weight-expr", "conv", "plan.w_bad")
+    assert reason.message == "permute (0,) does not fit rank 4"
