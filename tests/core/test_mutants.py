@@ -901,3 +901,14 @@ def test_a_plan_with_an_ill_typed_constant_is_declined_at_its_anchor() -> None:
     reason = r.plan_at(snap, snap.node("conv")).failure()
     assert (reason.code, reason.node, reason.path) == ("bad-weight-expr", "conv", "plan.w_bad")
     assert reason.message == "permute (0,) does not fit rank 4"
+
+
+def _keep_the_conv(p: Planner, relu: Bound, conv: Bound) -> RewritePlan:
+    return p.finish([(relu, NodeRef(conv.name))], erase=[relu])
+
+
+def test_finish_erases_only_what_it_is_told() -> None:
+    snap = conv_relu()
+    r = rule("t", Op(RELU, name="relu", self=Op(CONV, name="conv")), plan=_keep_the_conv)
+    p = r.plan_at(snap, snap.node("relu")).unwrap()
+    assert (p.erase, p.prune, p.replace) == (("relu",), (), (("relu", "conv"),))
