@@ -30,6 +30,7 @@ from fxpure.pattern import (
     PatternError,
     Planner,
     Scalar,
+    Site,
     Var,
     attempts,
     dequantized,
@@ -46,6 +47,7 @@ from fxpure.reasons import (
     Declined,
     Malformed,
     NotConstant,
+    NotScalar,
     Reason,
     SymbolicShape,
     UnsupportedDtype,
@@ -912,3 +914,27 @@ def test_finish_erases_only_what_it_is_told() -> None:
     r = rule("t", Op(RELU, name="relu", self=Op(CONV, name="conv")), plan=_keep_the_conv)
     p = r.plan_at(snap, snap.node("relu")).unwrap()
     assert (p.erase, p.prune, p.replace) == (("relu",), (), (("relu", "conv"),))
+
+
+def test_every_primitive_binds_where_it_read_and_words_its_reason() -> None:
+    snap = conv_relu(bias=None)
+    pattern = Op(CONV, name="conv", input=Var("x"), bias=Const("b", optional=True), stride=Lit((1, 1), name="s"))
+    m = match(pattern, snap, snap.node("conv")).unwrap()
+    assert {k: (s.node, s.role, s.path) for k, s in m.sites.items() if k != "conv"} == {
+        "x": ("conv", "input", "conv.input"),
+        "b": ("conv", "bias", "conv.bias"),
+        "s": ("conv", "stride", "conv.stride"),
+    }
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(g.call("aten.add.Tensor", name="add", self=x, other=x, alpha=2))
+    snap = g.build()
+    m = match(Op(ADD, alpha=Scalar("a")), snap, snap.node("add")).unwrap()
+    assert (m.bindings["a"], m.sites["a"]) == (2, Site("add", "alpha", "add.alpha"))
+    computed = match(Op(ADD, other=Scalar("k")), snap, snap.node("add")).failure()
+    assert computed == NotScalar(node="add", role="other", value="computed by 'x'", path="add.other")
+    assert match(Op(ADD, self=Const("c")), snap, snap.node("add")).failure() == NotConstant(
+        node="add", role="self", source="x", path="add.self"
+    )
+    nowhere = match(Op(RELU), snap, snap.node("add")).failure()
+    assert nowhere == Malformed(node="add", detail="aten.add.Tensor is not an anchor of this pattern")
