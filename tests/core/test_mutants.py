@@ -816,20 +816,6 @@ def test_builder_buffers_keep_their_key_and_storage() -> None:
 # --- fxpure.pattern: the matcher's edges ------------------------------------------------------------
 
 
-def test_alternatives_below_a_shared_node_are_pruned_with_it() -> None:
-    shared = rule(
-        "shared",
-        Op(ADD, name="add", self=Op(RELU, users=ANY, self=OneOf(Op(MUL), Op(TRANSPOSE))), other=Var("y")),
-        plan=lambda p, add, y: p.replace(add, y),
-    )
-    g = GraphBuilder()
-    x = g.input("x", (2,))
-    r = g.call("aten.relu.default", name="r", self=g.call("aten.t.default", name="n", self=x))
-    g.output(*(g.call("aten.add.Tensor", name=f"add{i}", self=r, other=x) for i in range(2)))
-    report = plan(g.build(), [shared])
-    assert [(p.erase, p.prune) for p in report.plans] == [(("add0",), ("r", "n")), (("add1",), ("r", "n"))]
-
-
 def test_a_literal_where_an_op_or_a_tuple_was_expected() -> None:
     g = GraphBuilder()
     g.output(g.call("aten.relu.default", name="relu", self=2.0))

@@ -259,13 +259,16 @@ def test_shared_inner_node_is_pruned_not_erased() -> None:
     assert "r" in verify(plan(g.build(), [shared_relu]).after).unwrap().index
 
 
-def test_what_a_shared_inner_node_reads_is_pruned_with_it() -> None:
+@pytest.mark.parametrize("inner", ["transpose", "alternatives"])
+def test_what_a_shared_inner_node_reads_is_pruned_with_it(inner: str) -> None:
     # relu(t(x)) read by two adds: each plan keeps the relu and the transpose below it while the
     # other reads them (erasing the transpose would leave the kept relu reading nothing: a conflict
-    # that rejected every plan of the stage); once both adds are gone, both are dropped
+    # that rejected every plan of the stage); once both adds are gone, both are dropped. The same
+    # when the transpose is one of alternatives (a fork keeps the state's "kept" flag)
+    below = Op(TRANSPOSE, self=Var("x")) if inner == "transpose" else OneOf(Op(MUL), Op(TRANSPOSE))
     shared = rule(
         "shared",
-        Op(ADD, name="add", self=Op(RELU, users=ANY, self=Op(TRANSPOSE, self=Var("x"))), other=Var("y")),
+        Op(ADD, name="add", self=Op(RELU, users=ANY, self=below), other=Var("y")),
         plan=lambda p, add, y: p.replace(add, y),
     )
     g = GraphBuilder()
