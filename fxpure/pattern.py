@@ -512,7 +512,7 @@ def _op(
         stray = next((u for u in items if u.target != "getitem" or u.args[1:2] != (p.out,)), None)
         uses = tuple(u.name for u in items if u is not stray)
     if reader is not None and p.users == ONE:
-        others = tuple(u for u in st.snap.users.get(node.name, ()) if u != reader)
+        others = tuple(u for u in st.snap.users[node.name] if u != reader)
         if others:
             return OutputShared(code=p.shared, node=node.name, users=others, path=path)
     bound_op = Bound(node=node, family=p.family, args=args, uses=uses)
@@ -521,8 +521,7 @@ def _op(
         return err
     outer = st.kept
     st.kept = outer or (reader is not None and p.users != ONE)
-    (st.prune if st.kept else st.erase).append(node.name)
-    (st.prune if st.kept else st.erase).extend(u for u in uses if u != node.name)
+    (st.prune if st.kept else st.erase).extend((node.name, *uses))  # (repeats dropped in _matched)
     err = _arguments(p, args, node, path, st, seen_as)
     st.kept = outer
     if err is None and stray is not None and p.out is not None:
@@ -608,7 +607,10 @@ def match(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Matc
     """Match ``pattern`` rooted at ``node`` (for rules that find their own anchors, such as one per
     group of parallel linears): the match, or the typed, located reason it fails."""
     m, err, _ = _matched(pattern, snap, node)
-    return Success(m) if m is not None else Failure(err or Malformed(node=node.name, detail="no match"))
+    if m is None:
+        assert err is not None  # _matched returns a match or a reason
+        return Failure(err)
+    return Success(m)
 
 
 def _matched(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Match | None, Reason | None, _State]:

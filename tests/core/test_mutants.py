@@ -50,6 +50,7 @@ from fxpure.reasons import (
     NotScalar,
     Reason,
     SymbolicShape,
+    TupleUsed,
     UnsupportedDtype,
     UnsupportedRank,
     WrongOp,
@@ -57,6 +58,7 @@ from fxpure.reasons import (
 from fxpure.rules import (
     concat_parallel_linears,
     conv1d_to_conv2d,
+    fuse_conv_bn,
     linear_to_conv2d,
     quantized_conv,
     split_group_conv,
@@ -64,7 +66,7 @@ from fxpure.rules import (
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Binary, Dequantize, Fill, Permute, Source, Unsqueeze, WeightExpr
-from tests.core.build import grouped_conv, qconv
+from tests.core.build import conv_bn, grouped_conv, qconv
 from tests.core.test_concat_parallel_linears_core import parallel
 from tests.core.test_conv1d_to_conv2d_core import conv1d
 from tests.core.test_linear_to_conv2d_core import flattened, linear
@@ -924,3 +926,45 @@ def test_every_primitive_binds_where_it_read_and_words_its_reason() -> None:
     )
     nowhere = match(Op(RELU), snap, snap.node("add")).failure()
     assert nowhere == Malformed(node="add", detail="aten.add.Tensor is not an anchor of this pattern")
+
+
+def test_literals_are_shown_as_themselves_in_reasons() -> None:
+    # exported programs do carry literals in tensor arguments (add(x, 2.5)); a Const or Scalar that
+    # meets one names the literal, not "None", and never raises
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(g.call("aten.add.Tensor", name="add", self=x, other=2.5, alpha=True))
+    snap = g.build()
+    assert match(Op(ADD, other=Const("c")), snap, snap.node("add")).failure() == NotConstant(
+        node="add", role="other", source="2.5", path="add.other"
+    )
+    assert match(Op(ADD, alpha=Scalar("a")), snap, snap.node("add")).failure() == NotScalar(
+        node="add", role="alpha", value="True", path="add.alpha"
+    )
+
+
+def test_a_stray_tuple_reader_is_named_with_the_index_kept() -> None:
+    snap = conv_bn(bn_target="aten.native_batch_norm.default", stats_used=True)
+    (rejection,) = plan(snap, [fuse_conv_bn()]).rejections
+    assert rejection.reason == TupleUsed(code="bn-stats-used", node="bn", user="bn_1", index=0, path="bn.out")
+
+
+def test_commute_tries_the_swap_only_when_asked_and_keeps_naming_the_reader() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    c = g.parameter("c", (2,))
+    g.output(g.call("aten.relu.default", name="relu", self=g.call("aten.mul.Tensor", name="mul", self=x, other=c)))
+    snap = g.build()
+    fixed = Op(MUL, self=Const("c"), other=Var("v"))
+    assert match(fixed, snap, snap.node("mul")).failure() == NotConstant(
+        node="mul", role="self", source="x", path="mul.self"
+    )
+    assert match(Op(MUL, commute=True, self=Const("c"), other=Var("v")), snap, snap.node("mul")).unwrap().bindings[
+        "v"
+    ] == NodeRef("x")
+    # a transparent op's operands are reported as its reader's argument, in either order: the swapped
+    # order gets further here (c is a constant, x is not), so its reason is the one reported
+    through = Op(RELU, self=Op(MUL, transparent=True, commute=True, self=Const("c"), other=Const("d")))
+    assert match(through, snap, snap.node("relu")).failure() == NotConstant(
+        node="relu", role="self", source="x", path="relu.self/mul.self"
+    )
