@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol, final
 
+from pyrsistent import PMap as PMapType
 from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
@@ -208,14 +209,19 @@ class _Batch:
             return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
         at = min(snap.index[s] for s in sources)
         slot = self.before.setdefault(at, [])
+        renamed = {k: v for k, v in local.items() if k != v}  # usually none: plan-local names are unique
         for n in p.nodes:
             slot.append(
                 NodeSnapshot(
                     name=local[n.name],
                     op="call_function",
                     target=n.target,
-                    args=tuple(_rename(a, local) for a in n.args),
-                    kwargs=pmap({k: _rename(v, local) for k, v in n.kwargs.items()}),
+                    args=tuple(_rename(a, renamed) for a in n.args) if renamed else n.args,
+                    kwargs=(
+                        n.kwargs
+                        if not renamed and isinstance(n.kwargs, PMapType)
+                        else pmap({k: _rename(v, renamed) for k, v in n.kwargs.items()})
+                    ),
                     spec=n.spec,
                     provenance=_root(snap, n.provenance),
                     source_fn=n.source_fn,
