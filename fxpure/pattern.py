@@ -128,11 +128,14 @@ class OneOf:
     """Alternatives, tried in order; on failure, the reason of the one that got furthest."""
 
     alternatives: tuple[Pattern, ...]
+    tops: tuple[Op, ...] = field(repr=False, compare=False)  # the Ops it may be anchored at: see roots
 
     def __init__(self, *alternatives: Pattern) -> None:
         if len(alternatives) < 2:
             raise PatternError("OneOf needs two or more alternatives")
         object.__setattr__(self, "alternatives", alternatives)
+        tops = (op for a in alternatives if isinstance(a, Op | OneOf) for op in roots(a))
+        object.__setattr__(self, "tops", tuple(tops))
 
 
 @final
@@ -598,9 +601,7 @@ Root: TypeAlias = Op | OneOf
 
 def roots(pattern: Root) -> tuple[Op, ...]:
     """The Ops a pattern may be anchored at."""
-    if isinstance(pattern, Op):
-        return (pattern,)
-    return tuple(op for a in pattern.alternatives if isinstance(a, Op | OneOf) for op in roots(a))
+    return (pattern,) if isinstance(pattern, Op) else pattern.tops  # computed once, when built
 
 
 def match(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Match, Reason]:
