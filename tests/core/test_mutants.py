@@ -39,7 +39,7 @@ from fxpure.pattern import (
     need,
     rule,
 )
-from fxpure.plan import RewritePlan, constant_operand, rewrite
+from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_operand, rewrite
 from fxpure.reasons import (
     GENERIC_CODES,
     BindingConflict,
@@ -769,6 +769,33 @@ def test_a_rewrite_conflict_names_the_node() -> None:
         "conv",
         "conv: erased but still read by relu",
     )
+
+
+def test_new_nodes_keep_their_keywords_and_follow_plan_names_the_rewrite_changed() -> None:
+    # a plan's names are local: "w" and "relu" exist already, so the rewrite renames them, and a new
+    # node's keyword arguments follow (a plain dict from a hand-written rule becomes a map too)
+    snap = conv_relu()
+    w = Source(key="w", spec=spec(4, 3, 3, 3))
+
+    def plan_with(const: str, node: str, kwargs: Any) -> GraphSnapshot:
+        added = NewNode(name=node, target="aten.add.Tensor", args=(NodeRef("conv"),), kwargs=kwargs)
+        p = RewritePlan(
+            rule="r",
+            anchor="relu",
+            constants=(NewConstant(name=const, expr=w),),
+            nodes=(added,),
+            replace=(("relu", node),),
+            erase=("relu",),
+        )
+        return rewrite(snap, [p]).unwrap()
+
+    clash = plan_with("w", "relu", pmap({"other": NodeRef("w"), "alpha": 2}))
+    assert dict(clash.node("relu_1").kwargs) == {"other": NodeRef("w_1"), "alpha": 2}
+    fresh = plan_with("k", "scaled", pmap({"other": NodeRef("k"), "alpha": 2}))
+    assert dict(fresh.node("scaled").kwargs) == {"other": NodeRef("k"), "alpha": 2}
+    plain = plan_with("k", "scaled", {"other": NodeRef("k")})
+    assert plain.node("scaled").kwargs == pmap({"other": NodeRef("k")})
+    assert len({plain.node("scaled")}) == 1  # a snapshot node stays hashable
 
 
 def test_node_arguments_by_position_then_keyword_and_users_of_any_name() -> None:
