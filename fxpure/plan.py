@@ -216,7 +216,9 @@ class _Batch:
                     name=local[n.name],
                     op="call_function",
                     target=n.target,
-                    args=tuple(_rename(a, renamed) for a in n.args) if renamed else n.args,
+                    args=(
+                        n.args if not renamed and type(n.args) is tuple else tuple(_rename(a, renamed) for a in n.args)
+                    ),
                     kwargs=(
                         n.kwargs
                         if not renamed and isinstance(n.kwargs, PMapType)

@@ -773,12 +773,13 @@ def test_a_rewrite_conflict_names_the_node() -> None:
 
 def test_new_nodes_keep_their_keywords_and_follow_plan_names_the_rewrite_changed() -> None:
     # a plan's names are local: "w" and "relu" exist already, so the rewrite renames them, and a new
-    # node's keyword arguments follow (a plain dict from a hand-written rule becomes a map too)
+    # node's keyword arguments follow (a plain dict or list from a hand-written rule becomes a map or a
+    # tuple too)
     snap = conv_relu()
     w = Source(key="w", spec=spec(4, 3, 3, 3))
 
-    def plan_with(const: str, node: str, kwargs: Any) -> GraphSnapshot:
-        added = NewNode(name=node, target="aten.add.Tensor", args=(NodeRef("conv"),), kwargs=kwargs)
+    def plan_with(const: str, node: str, kwargs: Any, args: Any = None) -> GraphSnapshot:
+        added = NewNode(name=node, target="aten.add.Tensor", args=args or (NodeRef("conv"),), kwargs=kwargs)
         p = RewritePlan(
             rule="r",
             anchor="relu",
@@ -793,8 +794,9 @@ def test_new_nodes_keep_their_keywords_and_follow_plan_names_the_rewrite_changed
     assert dict(clash.node("relu_1").kwargs) == {"other": NodeRef("w_1"), "alpha": 2}
     fresh = plan_with("k", "scaled", pmap({"other": NodeRef("k"), "alpha": 2}))
     assert dict(fresh.node("scaled").kwargs) == {"other": NodeRef("k"), "alpha": 2}
-    plain = plan_with("k", "scaled", {"other": NodeRef("k")})
+    plain = plan_with("k", "scaled", {"other": NodeRef("k")}, [NodeRef("conv")])
     assert plain.node("scaled").kwargs == pmap({"other": NodeRef("k")})
+    assert plain.node("scaled").args == (NodeRef("conv"),)
     assert len({plain.node("scaled")}) == 1  # a snapshot node stays hashable
 
 
