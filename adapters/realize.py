@@ -12,8 +12,7 @@ KeyboardInterrupt included); one ``recompile()`` at the end.
 from __future__ import annotations
 
 import contextlib
-import gc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, final
 
@@ -26,7 +25,7 @@ import fxpure
 from adapters.snap import Captured, Program, capture_program, unreachable
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule
+from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc
 from fxpure.reasons import NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
 from fxpure.weights import sources, subexpressions
@@ -544,18 +543,6 @@ def _captured(program: Program) -> Result[Captured, TransformError]:
         return Failure(TransformError(code="unsupported-program", message=str(e)))
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic collector: on a large program its full scans, not our work, dominate."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def check_rules(rules: object) -> Sequence[Rule]:
     """``rules`` as a sequence of rules, or a TypeError that says what was expected."""
     if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
@@ -592,7 +579,7 @@ def transform(
             return Success(TransformOutcome(report=report, changed=False))
         return _run(cap, report, new)
 
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         return _captured(program).bind(go)
 
 
@@ -613,5 +600,5 @@ def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOut
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
         return _run(cap, report, new)
 
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         return _captured(program).bind(go)

@@ -5,6 +5,7 @@ and the exact plans of the rules where their other tests only check the graph th
 
 from __future__ import annotations
 
+import gc
 import re
 from dataclasses import replace
 from functools import partial
@@ -259,6 +260,43 @@ class HandWritten:
         if node.name == "relu":
             return Failure(Malformed(node=node.name, detail=f"hand-written, {snap.dialect}"))
         return Success(RewritePlan(rule=self.name, anchor=node.name))
+
+
+class SeesTheCollector:
+    """A hand-written rule that records whether the cyclic collector ran while it planned, and can fail."""
+
+    name = "sees-gc"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[bool] = []
+        self.fail = fail
+
+    def anchors(self, snap: GraphSnapshot) -> list[NodeSnapshot]:
+        return [n for n in snap.nodes if n.op == "call_function"]
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        self.seen.append(gc.isenabled())
+        if self.fail:
+            raise RuntimeError("a rule's bug")
+        return Success(RewritePlan(rule=self.name, anchor=node.name))
+
+
+def test_plan_pauses_the_cyclic_collector_and_restores_it_as_it_was() -> None:
+    snap = conv_relu()
+    assert gc.isenabled()
+    seer = SeesTheCollector()
+    plan(snap, [seer])
+    assert seer.seen == [False, False] and gc.isenabled()
+    failing = SeesTheCollector(fail=True)
+    with pytest.raises(RuntimeError, match="a rule's bug"):
+        plan(snap, [failing])
+    assert failing.seen == [False] and gc.isenabled()  # restored on an error too
+    gc.disable()
+    try:
+        plan(snap, [seer])  # paused by the caller: left paused
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_explain_a_hand_written_and_a_pattern_rule() -> None:
