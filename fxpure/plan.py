@@ -290,7 +290,7 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
         if err is not None:
             return Failure(err)
     names = _resolve(batch.redirect)
-    readers = {u for old in names for u in snap.users.get(old, ())}  # the only old nodes renamed
+    readers = {u for old in names for u in snap.users[old]}  # the only old nodes renamed (add checked them)
     out: list[NodeSnapshot] = []
     at = _constants_slot(snap)
     for i, n in enumerate(snap.nodes):

@@ -48,8 +48,8 @@ class _Expr:
         cls = type(self)
         get = _FIELDS.get(cls)
         if get is None:
-            names: dict[str, object] = getattr(cls, "__dataclass_fields__", {})
-            get = _FIELDS[cls] = attrgetter(*names) if len(names) > 1 else lambda e: (getattr(e, *names),)
+            # a tuple: every expression has two fields or more
+            get = _FIELDS[cls] = attrgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
         return (cls, *get(self))
 
     def __hash__(self) -> int:

@@ -5,6 +5,7 @@ checked by value against the textbook formula with a small numpy evaluator (no f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from returns.result import Failure, Success
 
+from fxpure import weights
 from fxpure.reasons import BadExpr
 from fxpure.snapshot import Dim, TensorSpec
 from fxpure.weights import (
@@ -63,6 +65,17 @@ def src(*shape: Dim, dtype: str = "float32", key: str = "x") -> Source:
 
 def spec(*shape: Dim, dtype: str = "float32") -> TensorSpec:
     return TensorSpec(shape=shape, dtype=dtype)
+
+
+def fresh(value: Any) -> Any:
+    """``value`` rebuilt, every expression in it a new object: an expression keeps its spec and
+    hash once computed, so a table built at import would otherwise answer from what an earlier test
+    (or the clean run a mutation tester forks from) computed, and never run inference again."""
+    if isinstance(value, tuple):
+        return tuple(fresh(v) for v in value)
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, TensorSpec):
+        return type(value)(**{f.name: fresh(getattr(value, f.name)) for f in fields(value)})
+    return value
 
 
 def bad_message(expr: WeightExpr) -> str:
@@ -249,6 +262,7 @@ SPECS: list[tuple[WeightExpr, TensorSpec]] = [
 
 @pytest.mark.parametrize(("expr", "expected"), SPECS)
 def test_infer_spec(expr: WeightExpr, expected: TensorSpec) -> None:
+    expr = fresh(expr)
     assert infer_spec(expr) == Success(expected)
     assert infer_spec(expr) == Success(expected)  # and again, from the kept answer
 
@@ -327,6 +341,7 @@ FAILURES: list[tuple[WeightExpr, str]] = [
 
 @pytest.mark.parametrize(("expr", "message"), FAILURES)
 def test_infer_spec_failure(expr: WeightExpr, message: str) -> None:
+    expr = fresh(expr)
     assert bad_message(expr) == message
     assert bad_message(expr) == message  # and again, from the kept answer
 
@@ -417,8 +432,31 @@ def test_equal_expressions_are_one_key() -> None:
     ],
 )
 def test_different_expressions_are_different_keys(a: WeightExpr, b: WeightExpr) -> None:
+    a, b = fresh(a), fresh(b)
     assert a != b and b != a
     assert len({a: 1, b: 2}) == 2
+
+
+def test_keys_read_every_field_also_when_first_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weights, "_FIELDS", {})  # each class's field reader is built on first use
+    exprs = [
+        fresh(e)
+        for e in (
+            Slice(x=src(4, 6), dim=1, start=2, stop=5),
+            Slice(x=src(4, 6), dim=1, start=2, stop=4),  # differs in the last field only
+            Quantize(
+                x=W43, scale=F32_SCALAR, zero_point=I32_SCALAR, axis=None, quant_min=-8, quant_max=7, dtype="int8"
+            ),
+            Quantize(
+                x=W43, scale=F32_SCALAR, zero_point=I32_SCALAR, axis=None, quant_min=-8, quant_max=7, dtype="int16"
+            ),
+        )
+    ]
+    for i, a in enumerate(exprs):
+        same = fresh(a)
+        assert a == same and hash(a) == hash(same)
+        assert all(a != b for b in exprs[i + 1 :])
+    assert len(set(exprs)) == len(exprs)
 
 
 @pytest.mark.parametrize("other", ["x", 3, None, ("x",)])

@@ -1,0 +1,273 @@
+"""``rewrite`` and ``plan`` on hand-made plans: where new constants go and what kind they take, how
+moved uses reach every reader (keywords, chains of plans), fresh names, and every conflict in full
+(the reason a user reads when a plan does not fit). Torch-free."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from pyrsistent import pmap
+from returns.result import Failure, Result, Success
+
+from fxpure import plan
+from fxpure.plan import NewConstant, NewNode, Rejection, RewritePlan, rewrite
+from fxpure.reasons import PlanConflict, Reason
+from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot
+from fxpure.testing import GraphBuilder, spec
+from fxpure.weights import Fill, Reshape, Source
+
+ONES = Fill(shape=(2,), value=1.0, dtype="float32")
+TWOS = Fill(shape=(2,), value=2.0, dtype="float32")
+
+
+def chain(*, lifted: bool = True) -> GraphSnapshot:
+    """w (a parameter), x -> c = f(x, w) -> a = g(c) -> output(a)."""
+    g = GraphBuilder(lifted=lifted)
+    w, x = g.parameter("w", (2,)), g.input("x", (2,))
+    c = g.node("f", (x, w), name="c", out=(2,))
+    a = g.node("g", (c,), name="a", out=(2,))
+    g.output(a)
+    return g.build()
+
+
+def new(name: str, *args: Arg, target: str = "h") -> NewNode:
+    return NewNode(name=name, target=target, args=tuple(args), spec=spec(2))
+
+
+def after(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> GraphSnapshot:
+    result = rewrite(snap, plans)
+    assert isinstance(result, Success), result
+    out: GraphSnapshot = result.unwrap()
+    return out
+
+
+def names(snap: GraphSnapshot) -> list[str]:
+    return [n.name for n in snap.nodes]
+
+
+# --- moved uses --------------------------------------------------------------------------------------
+
+
+def test_a_reader_through_keywords_follows_a_moved_use() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    a = g.node("f", (x,), name="a", out=(2,))
+    b = g.node("g", (x,), {"other": a, "pair": (a, 1), "k": 3}, name="b", out=(2,))
+    g.output(b)
+    p = RewritePlan(rule="r", anchor="a", nodes=(new("n", NodeRef("x")),), replace=(("a", "n"),), erase=("a",))
+    b_after = after(g.build(), [p]).node("b")
+    assert b_after.args == (NodeRef("x"),)
+    assert b_after.kwargs == pmap({"other": NodeRef("n"), "pair": (NodeRef("n"), 1), "k": 3})
+
+
+def test_moved_uses_follow_a_chain_of_plans() -> None:
+    # a's uses move to c, and c's to a new node m: a's readers read m
+    drop_a = RewritePlan(rule="r", anchor="a", replace=(("a", "c"),), erase=("a",))
+    new_c = RewritePlan(rule="r", anchor="c", nodes=(new("m", NodeRef("x")),), replace=(("c", "m"),), erase=("c",))
+    out = after(chain(), [drop_a, new_c])
+    assert out.node("output").args == ((NodeRef("m"),),)
+    assert "a" not in out.index and "c" not in out.index
+
+
+def test_plans_moving_uses_in_a_cycle_end_as_a_conflict() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    a = g.node("f", (x,), name="a", out=(2,))
+    b = g.node("f", (a,), name="b", out=(2,))
+    c = g.node("f", (b,), name="c", out=(2,))
+    g.output(a, b, c)
+    plans = [
+        RewritePlan(rule="r", anchor="a", replace=(("a", "b"),)),
+        RewritePlan(rule="r", anchor="b", replace=(("b", "c"),)),
+        RewritePlan(rule="r", anchor="c", replace=(("c", "b"),)),
+    ]
+    # a's uses go to b, whose own uses stay with it (the cycle b -> c -> b ends where it began): b reads itself
+    assert rewrite(g.build(), plans) == Failure(PlanConflict(node="b", detail="reads 'b' before it is defined"))
+
+
+def test_provenance_outside_the_snapshot_is_kept_and_inside_it_is_traced_to_its_root() -> None:
+    snap = chain()
+    p = RewritePlan(
+        rule="r",
+        anchor="a",
+        nodes=(
+            NewNode(name="n", target="h", args=(NodeRef("c"),), provenance="elsewhere"),
+            NewNode(name="m", target="h", args=(NodeRef("n"),), provenance="a"),
+        ),
+        replace=(("a", "m"),),
+        erase=("a",),
+    )
+    first = after(snap, [p])
+    assert (first.node("n").provenance, first.node("m").provenance) == ("elsewhere", "a")
+    q = RewritePlan(
+        rule="r",
+        anchor="m",
+        nodes=(NewNode(name="k", target="h", args=(NodeRef("n"),), provenance="m"),),
+        replace=(("m", "k"),),
+        erase=("m",),
+    )
+    assert after(first, [q]).node("k").provenance == "a"  # meta comes from the original node
+
+
+# --- new constants ------------------------------------------------------------------------------------
+
+
+def _reading(constants: tuple[NewConstant, ...], anchor: str = "a") -> RewritePlan:
+    """A plan whose new node reads each new constant, and takes the place of the anchor."""
+    node = NewNode(name="n", target="h", args=tuple(NodeRef(c.name) for c in constants), spec=spec(2))
+    return RewritePlan(
+        rule="r", anchor=anchor, constants=constants, nodes=(node,), replace=((anchor, "n"),), erase=(anchor,)
+    )
+
+
+@pytest.mark.parametrize(
+    ("lifted", "kinds"),
+    [
+        (True, {"p": "parameter", "b": "buffer", "k": "constant"}),
+        (False, {"p": "parameter", "b": "buffer", "k": "buffer"}),  # a get_attr graph has no lifted constants
+    ],
+)
+def test_new_constants_keep_their_kind_where_the_graph_has_it(lifted: bool, kinds: dict[str, str]) -> None:
+    fills = {"p": ONES, "b": TWOS, "k": Fill(shape=(2, 1), value=3.0, dtype="float16")}
+    made: tuple[ConstantKind, ...] = ("parameter", "buffer", "constant")
+    consts = tuple(NewConstant(name=n, expr=e, kind=k) for (n, e), k in zip(fills.items(), made, strict=True))
+    out = after(chain(lifted=lifted), [_reading(consts)])
+    assert {n: out.constants[n].kind for n in fills} == kinds
+    for n, expr in fills.items():
+        node = out.node(n)
+        assert (node.op, node.target) == ("placeholder" if lifted else "get_attr", n)
+        assert node.spec == spec(*expr.shape, dtype=expr.dtype)
+        assert out.constants[n].source == expr and out.constants[n].key == n
+
+
+def test_new_constants_go_after_the_lifted_constants() -> None:
+    out = after(chain(), [_reading((NewConstant(name="k", expr=ONES),))])
+    assert names(out) == ["w", "k", "x", "c", "n", "output"]
+
+
+def test_new_constants_go_first_in_a_lifted_graph_without_constants() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(g.node("f", (x,), name="a", out=(2,)))
+    out = after(g.build(), [_reading((NewConstant(name="k", expr=ONES),))])
+    assert names(out) == ["k", "x", "n", "output"]
+
+
+def test_new_constants_go_before_the_first_computation_of_a_get_attr_graph() -> None:
+    out = after(chain(lifted=False), [_reading((NewConstant(name="k", expr=ONES),))])
+    assert names(out) == ["x", "w", "k", "c", "n", "output"]
+
+
+def test_new_constants_of_a_graph_of_placeholders_only_go_first() -> None:
+    g = GraphBuilder(lifted=False)
+    g.input("x", (2,))
+    g.parameter("w", (2,))  # no computation, no output: nothing but inputs and attributes
+    p = RewritePlan(
+        rule="r",
+        anchor="w",
+        constants=(NewConstant(name="k", expr=ONES),),
+        nodes=(NewNode(name="n", target="h", args=(NodeRef("k"),), spec=spec(2)),),
+    )
+    assert names(after(g.build(), [p])) == ["k", "x", "n"]  # (w, read by nothing, is dropped)
+
+
+def test_a_constant_an_earlier_plan_made_is_shared_and_the_plans_other_constants_still_come() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    a = g.node("f", (x,), name="a", out=(2,))
+    b = g.node("f", (x,), name="b", out=(2,))
+    g.output(a, b)
+    first = _reading((NewConstant(name="k1", expr=ONES),), anchor="a")
+    second = RewritePlan(
+        rule="r",
+        anchor="b",
+        constants=(NewConstant(name="k2", expr=ONES), NewConstant(name="k3", expr=TWOS)),
+        nodes=(NewNode(name="m", target="h", args=(NodeRef("k2"), NodeRef("k3")), spec=spec(2)),),
+        replace=(("b", "m"),),
+        erase=("b",),
+    )
+    out = after(g.build(), [first, second])
+    assert out.node("m").args == (NodeRef("k1"), NodeRef("k3"))  # k2 is k1's expression: one constant
+    assert set(out.constants) == {"k1", "k3"}
+
+
+def test_new_names_avoid_nodes_constant_keys_and_reserved_names_and_count_up() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.parameter("p_w", (2,), key="w")  # a lifted parameter whose state-dict key is "w"
+    a = g.node("f", (x,), name="a", out=(2,))
+    b = g.node("f", (x,), name="b", out=(2,))
+    c = g.node("f", (x,), name="c", out=(2,))
+    g.output(a, b, c)
+    snap = g.build(reserved=["r"])
+    plans = [
+        RewritePlan(
+            rule="r",
+            anchor=old,
+            constants=(NewConstant(name="w", expr=Fill(shape=(2,), value=float(i), dtype="float32")),),
+            nodes=(NewNode(name="n", target="h", args=(NodeRef("w"),), spec=spec(2)),),
+            replace=((old, "n"),),
+            erase=(old,),
+        )
+        for i, old in enumerate("abc")
+    ]
+    out = after(snap, plans)
+    assert out.node("output").args == ((NodeRef("n"), NodeRef("n_1"), NodeRef("n_2")),)
+    assert [out.node(n).args for n in ("n", "n_1", "n_2")] == [(NodeRef("w_1"),), (NodeRef("w_2"),), (NodeRef("w_3"),)]
+    assert out.reserved == frozenset({"r"}) and out.lifted is True and out.dialect == "aten"
+    # the next stage still avoids the reserved name
+    again = _reading((NewConstant(name="r", expr=Fill(shape=(2,), value=9.0, dtype="float32")),), anchor="n")
+    assert out.reserved == after(out, [again]).reserved
+    assert "r_1" in after(out, [again]).constants
+
+
+# --- conflicts, in full --------------------------------------------------------------------------------
+
+
+def test_two_plans_taking_one_node_conflict() -> None:
+    p1 = RewritePlan(rule="r", anchor="a", erase=("a",))
+    p2 = RewritePlan(rule="r", anchor="c", replace=(("a", "c"),))
+    assert rewrite(chain(), [p1, p2]) == Failure(PlanConflict(node="a", detail="claimed by plans at a and c"))
+
+
+def test_a_plan_that_does_not_fit_the_graph_conflicts_with_the_reason() -> None:
+    ghost = RewritePlan(rule="r", anchor="a", erase=("ghost",))
+    assert rewrite(chain(), [ghost]) == Failure(
+        PlanConflict(node="a", detail="plan names a node the graph does not have")
+    )
+    bad = NewConstant(name="k", expr=Reshape(x=Source(key="w", spec=spec(2)), shape=(3,)))
+    assert rewrite(chain(), [_reading((bad,))]) == Failure(
+        PlanConflict(node="a", detail="constant k: cannot reshape (2,) to (3,)")
+    )
+    early = RewritePlan(rule="r", anchor="c", nodes=(new("n", NodeRef("a")),), replace=(("c", "n"),))
+    assert rewrite(chain(), [early]) == Failure(PlanConflict(node="n", detail="reads 'a' before it is defined"))
+
+
+class Fixed:
+    """A hand-written rule whose plan at each anchor erases given nodes."""
+
+    name = "fixed"
+
+    def __init__(self, erase: dict[str, tuple[str, ...]]) -> None:
+        self.erase = erase
+
+    def anchors(self, snap: GraphSnapshot) -> list[NodeSnapshot]:
+        return [snap.node(n) for n in self.erase]
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        return Success(RewritePlan(rule=self.name, anchor=node.name, erase=self.erase[node.name]))
+
+
+def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stage_goes_on() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    for n in ("a", "b", "c", "d"):
+        g.node("f", (x,), name=n, out=(2,))
+    g.output()
+    report = plan(g.build(), [Fixed({"a": ("a",), "b": ("b",), "c": ("b", "a", "c"), "d": ("d",)})])
+    assert [p.anchor for p in report.plans] == ["a", "b", "d"]
+    assert report.rejections == (
+        Rejection(rule="fixed", node="c", reason=PlanConflict(node="c", detail="a is taken by the plan at a")),
+    )
+    assert names(report.after) == ["x", "c", "output"]
