@@ -370,7 +370,8 @@ def plan(
     in topological order wins; a candidate a later stage of the same rule rewrites is not
     also listed as declined by an earlier one. ``declined`` maps ``(rule, anchor)`` to a reason
     found outside the core (an adapter that computed a weight, say): those
-    candidates are rejected with it.
+    candidates are rejected with it. Runs with the cyclic garbage collector paused
+    (:func:`no_cyclic_gc`).
 
     A conv and an eval batch norm, fused: the plan replaces both nodes by one conv reading two
     new (derived, not yet computed) constants; ``report.before`` is the snapshot planned on.
@@ -400,7 +401,7 @@ def plan(
 def no_cyclic_gc() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the block, and restore it as it was (also on an
     error). Planning allocates many small records that form no cycles, and each full collection
-    scans every live object: on a 50,000-node program the scans would cost a third of the work.
+    scans every live object: on a 50,000-node program the scans would add 0.7 s to 1.8 s of work.
     ``plan`` and the adapter's transforms run under it; nothing else changes."""
     enabled = gc.isenabled()
     gc.disable()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from returns.result import Failure, Success
 
-from fxpure.families import RELU
+from fxpure.families import ADDMM, RELU
 from fxpure.linear import emit_linear, linear, linear_of, linear_root
-from fxpure.pattern import ANY, Const, Match, Op, Planner, Root, Var, match
+from fxpure.pattern import ANY, ONE, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match
 from fxpure.reasons import Reason
 from fxpure.snapshot import GraphSnapshot, NodeRef
 from fxpure.testing import GraphBuilder, spec
@@ -217,3 +217,65 @@ def test_emit_linear_respells_the_product_with_new_weights(bias: bool, new_bias:
     emit_linear(p, linear_of(m), w, b, suffix="v2")
     t, product = p.finish([]).nodes
     assert (t.name, t.spec, product.name, product.spec) == ("lin_t_v2", spec(8, 6), "lin_v2", spec(2, 6))
+
+
+def _ops(p: Pattern | None) -> list[Op]:
+    """Every Op of a pattern, depth first."""
+    if isinstance(p, OneOf):
+        return [o for a in p.alternatives for o in _ops(a)]
+    if not isinstance(p, Op):
+        return []
+    return [p, *(o for _, sub in p.args for o in _ops(sub)), *_ops(p.user)]
+
+
+def _leaves(p: Pattern) -> set[Pattern]:
+    return {sub for o in _ops(p) for _, sub in o.args if not isinstance(sub, Op | OneOf)}
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool) -> None:
+    """Built structurally, alternative by alternative: every spelling (not only those a graph in
+    these tests reaches) takes the caller's codes, operands and users."""
+    x, w, b = Var("inp"), Const("ww"), Const("bb")
+    p = (
+        linear_root("q", input=x, weight=w, bias=b, code="C", shared="S")
+        if root
+        else linear("q", input=x, weight=w, bias=b, code="C", shared="S", users=ANY)
+    )
+    ops = _ops(p)
+    assert len(ops) == 13  # every Op of the five spellings
+    assert {o.code for o in ops} == {"C"}
+    assert {o.shared for o in ops if o.name != "q_in"} == {"S"}  # (the input reshape may be shared)
+    assert _leaves(p) == {x, w, b, Lit((1, 0)), Lit(1, 1.0)}
+    for o in ops:
+        if o.family == ADDMM:
+            assert dict(o.args)["beta"] == dict(o.args)["alpha"] == Lit(1, 1.0)
+        if o.name == "q_in":
+            assert o.users == ANY  # the model's own flatten may feed others
+    tops = [o.users for o in p.alternatives if isinstance(o, Op)]
+    assert tops == [ONE] * 5 if root else tops == [ANY] * 5
+    inner = [o.users for o in ops if o.name == "q" and o not in p.alternatives]
+    assert inner == [ONE] * (0 if root else 2)  # a reshaped product is read by its reshape only
+    if root:  # the reshape after a rank > 2 product is matched as its one user
+        users = [o.user for o in p.alternatives if isinstance(o, Op) and o.user is not None]
+        assert len(users) == 2 and all(isinstance(u, Op) and (u.code, u.shared) == ("C", "S") for u in users)
+
+
+def test_a_linear_by_default_words_the_generic_codes_and_an_optional_bias() -> None:
+    for p in (linear(), linear_root()):
+        assert {o.code for o in _ops(p)} == {"wrong-op"}
+        assert {o.shared for o in _ops(p)} == {"output-shared"}
+        assert {Var("x"), Const("w"), Const("b", optional=True)} <= _leaves(p)
+
+
+def test_emit_linear_keeps_an_addmms_own_keywords() -> None:
+    g = GraphBuilder(dialect="edge")
+    w, b, x = g.parameter("w", (6, 8)), g.parameter("b", (6,)), g.input("x", (2, 8))
+    wt = g.call("aten.permute_copy.default", name="lin_t", out=(8, 6), self=w, dims=(1, 0))
+    y = g.call("aten.addmm.default", name="lin", out=(2, 6), self=b, mat1=x, mat2=wt, beta=1, alpha=1.0)
+    g.output(g.call("aten.relu.default", name="relu", self=y))
+    m = _match(g.build(), Op(RELU, name="relu", self=linear()), "relu")
+    p = Planner("t", m)
+    emit_linear(p, linear_of(m), NodeRef("w2"), NodeRef("b2"))
+    product = p.finish([]).nodes[-1]
+    assert (product.args, dict(product.kwargs)) == ((NodeRef("b2"), x, NodeRef("lin_t_new")), {"beta": 1, "alpha": 1.0})

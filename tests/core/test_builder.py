@@ -1,0 +1,92 @@
+"""``fxpure.testing.GraphBuilder`` and the snapshot it builds: defaults a test relies on without
+writing them (dtype, kind, lifting), per-constant overrides, tuple outputs, calls found by target in
+graph order, and the reason a malformed snapshot gives. Torch-free."""
+
+from __future__ import annotations
+
+import pytest
+from returns.result import Failure
+
+from fxpure.reasons import InvalidSnapshot
+from fxpure.schema import parse_schema
+from fxpure.snapshot import NodeRef, NodeSnapshot, snapshot, verify
+from fxpure.testing import GraphBuilder, spec
+
+
+def test_defaults_a_test_does_not_write() -> None:
+    g = GraphBuilder()
+    g.input("x", (2, "n"))
+    g.input("i", (3,), dtype="int8")
+    g.constant("c", (4,))
+    snap = g.build()
+    assert snap.node("x").spec == spec(2, "n")
+    assert snap.node("i").spec == spec(3, dtype="int8")
+    c = snap.constants["c"]
+    assert (c.kind, c.key, c.spec, c.storage, c.values) == ("constant", "c", spec(4), None, None)
+    assert (snap.node("c").op, snap.lifted, snap.dialect) == ("placeholder", True, "aten")
+    assert snapshot([], {}).lifted is True
+
+
+def test_a_constant_can_be_lifted_or_an_attribute_whatever_the_graph() -> None:
+    g = GraphBuilder()
+    g.constant("attr", (2,), lifted=False)
+    g.constant("lifted", (2,))
+    h = GraphBuilder(lifted=False)
+    h.constant("lifted", (2,), lifted=True)
+    h.constant("attr", (2,))
+    for snap in (g.build(), h.build()):
+        assert (snap.node("lifted").op, snap.node("attr").op) == ("placeholder", "get_attr")
+
+
+def test_parameters_and_buffers_keep_their_storage_key_and_values() -> None:
+    g = GraphBuilder()
+    g.parameter("w", (2,), key="layer.w", storage="s0")
+    g.buffer("z", (2,), dtype="int32", key="layer.z", values=[0, 1], storage="s1")
+    infos = g.build().constants
+    assert (infos["w"].kind, infos["w"].key, infos["w"].storage) == ("parameter", "layer.w", "s0")
+    z = infos["z"]
+    assert (z.kind, z.key, z.storage, z.values, z.spec) == ("buffer", "layer.z", "s1", (0, 1), spec(2, dtype="int32"))
+
+
+def test_a_tuple_output_keeps_a_spec_per_element() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    two = g.node("t", (x,), name="two", out=(spec(2), spec(3, dtype="int8")))
+    half = g.node("t", (x,), name="half", out=(spec(2), None))
+    shaped = g.node("t", (x,), name="shaped", out=(4, "n"))
+    g.output(two, half, shaped)
+    snap = g.build()
+    assert snap.node("two").spec == (spec(2), spec(3, dtype="int8"))
+    assert snap.node("half").spec == (spec(2), None)
+    assert snap.node("shaped").spec == spec(4, "n")
+
+
+def test_calls_are_named_after_their_target_and_an_unknown_one_is_refused() -> None:
+    g = GraphBuilder(schemas=[parse_schema("myop(Tensor self) -> Tensor")])
+    x = g.input("x", (2,))
+    assert g.call("myop", self=x) == NodeRef("myop")
+    assert g.call("aten.relu.default", self=x) == NodeRef("relu")
+    assert g.call("aten.relu.default", self=x) == NodeRef("relu_1")
+    with pytest.raises(KeyError, match=r"no schema for aten.nope.default: give GraphBuilder\(schemas="):
+        g.call("aten.nope.default", self=x)
+
+
+def test_calls_by_target_come_in_graph_order() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.node("t2", (x,), name="b_first")
+    g.node("t1", (x,), name="a_second")
+    g.node("t2", (x,), name="c_third")
+    snap = g.build()
+    assert [n.name for n in snap.calls(["t1", "t2"])] == ["b_first", "a_second", "c_third"]
+    assert [n.name for n in snap.calls(["t1", "t2"][::-1])] == ["b_first", "a_second", "c_third"]
+    h = GraphBuilder()
+    y = h.input("y", (2,))
+    h.node("t2", (y,), name="b_first")
+    h.node("t1", (y,), name="a_second")
+    assert [n.name for n in h.build().calls(["t1", "t2"])] == ["b_first", "a_second"]  # exactly two
+
+
+def test_a_duplicate_node_name_is_reported_at_the_node() -> None:
+    node = NodeSnapshot(name="a", op="placeholder", target="a")
+    assert verify(snapshot([node, node], {})) == Failure(InvalidSnapshot(node="a", detail="duplicate node name"))
