@@ -100,7 +100,8 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
 
 
 def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Memo | None = None) -> torch.Tensor:
-    """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage.
+    """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage: it
+    shares none with an input, nor with an earlier result of the same ``memo``.
 
     Pass one ``memo`` to several calls to compute shared sub-expressions once.
     """
@@ -121,6 +122,12 @@ def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Mem
     with torch.no_grad():
         owned = ev(expr).contiguous()
     ptr = owned.untyped_storage().data_ptr()
-    if any(tensors[k].untyped_storage().data_ptr() == ptr for k in read):
-        owned = owned.clone()  # the result shares storage with an input (a view, a no-op cast): own it
+    if (_RETURNED, ptr) in cache or any(tensors[k].untyped_storage().data_ptr() == ptr for k in read):
+        # a view or no-op cast of an input, or of a constant an earlier call returned (a reshaped
+        # copy of a derived weight, say): two weights in one storage would change together
+        owned = owned.clone()
+    cache[(_RETURNED, owned.untyped_storage().data_ptr())] = owned
     return owned
+
+
+_RETURNED = "returned"  # memo keys (_RETURNED, storage address) for the results already given out
