@@ -99,11 +99,17 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
 }
 
 
+# memo keys (_RETURNED, storage address) for the results already given out (the memo keeps them
+# alive, so an address is not reused meanwhile; empty results share address 0 and are copied: harmless)
+_RETURNED = "returned"
+
+
 def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Memo | None = None) -> torch.Tensor:
     """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage: it
     shares none with an input, nor with an earlier result of the same ``memo``.
 
-    Pass one ``memo`` to several calls to compute shared sub-expressions once.
+    Pass one ``memo`` to several calls to compute shared sub-expressions once. It keeps every value
+    it computed alive, results included: change no result in place before the last call with it.
     """
     cache: Memo = {} if memo is None else memo
     read: set[str] = set()
@@ -128,6 +134,3 @@ def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Mem
         owned = owned.clone()
     cache[(_RETURNED, owned.untyped_storage().data_ptr())] = owned
     return owned
-
-
-_RETURNED = "returned"  # memo keys (_RETURNED, storage address) for the results already given out

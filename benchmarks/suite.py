@@ -363,6 +363,7 @@ def scale(blocks: int, repeats: int) -> dict[str, Any]:
                 report = plan(cap.snap, rules)
                 t2 = time.perf_counter()
             runs.append((shipped, t1 - t0, t2 - t1, len(report.plans), len(report.rejections)))
+            del cap, report  # the next run starts with nothing of this one alive for the collector to scan
     best = min((r for r in runs if r[0]), key=lambda r: r[1] + r[2])
     best_on = min((r for r in runs if not r[0]), key=lambda r: r[1] + r[2])
     snap_bytes, _ = _retained(lambda: capture_program(ep).snap)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -457,6 +457,11 @@ def test_keys_read_every_field_also_when_first_built(monkeypatch: pytest.MonkeyP
         assert a == same and hash(a) == hash(same)
         assert all(a != b for b in exprs[i + 1 :])
     assert len(set(exprs)) == len(exprs)
+
+
+def test_every_expression_has_two_fields_or_more() -> None:
+    # an expression's key reads its fields with one attrgetter, which gives a tuple for two or more
+    assert all(len(fields(cls)) >= 2 for cls in get_args(WeightExpr))
 
 
 @pytest.mark.parametrize("other", ["x", 3, None, ("x",)])
