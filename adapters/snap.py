@@ -12,6 +12,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
 from adapters.torchnames import dtype_name, is_edge, target_name
+from fxpure.plan import no_cyclic_gc
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import (
     Arg,
@@ -164,7 +165,13 @@ def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset
 
 
 def capture_program(program: Program) -> Captured:
-    """Snapshot a program and keep the live tensors and input specs beside it."""
+    """Snapshot a program and keep the live tensors and input specs beside it (with the cyclic
+    collector paused, as ``plan`` does: a snapshot is many small records that form no cycles)."""
+    with no_cyclic_gc():
+        return _capture(program)
+
+
+def _capture(program: Program) -> Captured:
     ep = program if isinstance(program, ExportedProgram) else None
     gm = program.graph_module if isinstance(program, ExportedProgram) else program
     if not isinstance(gm, torch.fx.GraphModule):

@@ -40,6 +40,7 @@ from executorch.exir import EdgeProgramManager
 from torch.export import ExportedProgram
 
 import adapters.realize
+import adapters.snap
 from adapters.passes import RulesPass
 from adapters.snap import capture_program
 from benchmarks import models
@@ -181,9 +182,9 @@ def _nodes(built: Built) -> int:
 
 @contextlib.contextmanager
 def _gc(off: bool) -> Iterator[None]:
-    """The cyclic collector off (or on) for the timed call; fxpure's own pause (in ``plan`` and in
-    the adapter's transforms) follows it."""
-    homes = (sys.modules["fxpure.plan"], adapters.realize)
+    """The cyclic collector off (or on) for the timed call; fxpure's own pause (in ``plan``,
+    ``capture_program`` and the adapter's transforms) follows it."""
+    homes = (sys.modules["fxpure.plan"], adapters.realize, adapters.snap)
     own = no_cyclic_gc
     if not off:
         for home in homes:

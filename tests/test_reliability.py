@@ -219,3 +219,23 @@ def test_planning_leaves_the_snapshot_as_it_was(form: str) -> None:
     assert json.dumps(to_data(report.before), sort_keys=True) == before
     again = fxpure.plan(snap, rules)
     assert to_data(again.plans) == to_data(report.plans) and again.after == report.after
+
+
+def test_capture_pauses_the_cyclic_collector_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import adapters.snap
+
+    seen: list[bool] = []
+    real = adapters.snap._capture
+
+    def spy(program: torch.fx.GraphModule) -> adapters.snap.Captured:
+        seen.append(gc.isenabled())
+        return real(program)
+
+    monkeypatch.setattr(adapters.snap, "_capture", spy)
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    assert gc.isenabled()
+    cap = adapters.snap.capture_program(gm)
+    assert seen == [False] and gc.isenabled()
+    assert [n.op for n in cap.snap.nodes] == ["placeholder", "call_module", "call_module", "output"]
