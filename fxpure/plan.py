@@ -401,10 +401,11 @@ def plan(
 def no_cyclic_gc() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the block, and restore it as it was (also on an
     error). Planning allocates many small records that form no cycles, and each full collection
-    scans every live object: on a 50,000-node program the scans would add about 0.7 s to the 1.8 s
-    of work. ``plan`` and the adapter's transforms run under it. The collector is the process's:
-    other threads go without cyclic collection meanwhile, and overlapping blocks in several threads
-    are not coordinated (the first to leave turns it back on; it is never left off)."""
+    scans every live object: on a 50,000-node program the scans would add about 1 s to the 1.8 s of
+    capture and planning. ``plan``, the adapter's capture and its transforms run under it. The
+    collector is the process's: other threads go without cyclic collection meanwhile, and
+    overlapping blocks in several threads are not coordinated (the first to leave turns it back on;
+    it is never left off)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
