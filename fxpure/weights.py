@@ -48,8 +48,8 @@ class _Expr:
         cls = type(self)
         get = _FIELDS.get(cls)
         if get is None:
-            # a tuple: every expression has two fields or more
-            get = _FIELDS[cls] = attrgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
+            # a tuple: every expression (a dataclass) has two fields or more
+            get = _FIELDS[cls] = attrgetter(*vars(cls)["__dataclass_fields__"])
         return (cls, *get(self))
 
     def __hash__(self) -> int:
