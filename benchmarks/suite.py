@@ -349,8 +349,8 @@ def _retained(make: Callable[[], object]) -> tuple[int, object]:
 
 
 def scale(blocks: int, repeats: int) -> dict[str, Any]:
-    """Capture and planning of every rule on a transformer-style program: as shipped (``plan``
-    pauses the cyclic collector) and with the collector running throughout (the pause undone)."""
+    """Capture and planning of every rule on a transformer-style program: as shipped (both pause
+    the cyclic collector) and with the collector running throughout (the pauses undone)."""
     ep = transformer(blocks)
     rules = [make() for make in RULES.values()]
     runs = []
