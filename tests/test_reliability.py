@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 import adapters
+import adapters.snap
 import fxpure
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.serial import to_data
@@ -222,10 +224,6 @@ def test_planning_leaves_the_snapshot_as_it_was(form: str) -> None:
 
 
 def test_capture_pauses_the_cyclic_collector_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gc
-
-    import adapters.snap
-
     seen: list[bool] = []
     real = adapters.snap._capture
 
