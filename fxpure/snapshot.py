@@ -163,7 +163,7 @@ def _collect(args: Iterable[Arg], out: list[str]) -> list[str]:
 
 
 @final
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class GraphSnapshot:
     """A whole graph: nodes in topological order, users, constants, dialect.
 

@@ -14,8 +14,9 @@ remain; the shared input ends as the plan or as a rejection (``too-few-linears``
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import final
 
 from returns.result import Failure, Result, Success
@@ -25,7 +26,7 @@ from fxpure.linear import Linear, emit_linear, linear_of, linear_root
 from fxpure.pattern import Match, Planner, Var, match
 from fxpure.plan import RewritePlan
 from fxpure.reasons import GENERIC_CODES, Declined, Malformed, OutputShared, Reason, SymbolicShape
-from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, snapshot
 from fxpure.weights import Concat, Fill, WeightExpr
 
 NAME = "concat-parallel-linears"
@@ -75,18 +76,6 @@ def _owner(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, Reason | None]
     return x.name, None
 
 
-def _linears(snap: GraphSnapshot, x: str) -> tuple[tuple[NodeSnapshot, Reason | None], ...]:
-    """The linears reading ``x`` (products among its users, or behind a reshape of it), in order."""
-    near = dict.fromkeys(u for v in snap.users.get(x, ()) for u in (v, *snap.users.get(v, ())))
-    out = []
-    for n in sorted(near, key=snap.index.__getitem__):
-        node = snap.node(n)
-        owner = _owner(snap, node) if node.target in PRODUCTS else None
-        if owner is not None and owner[0] == x:
-            out.append((node, owner[1]))
-    return tuple(out)
-
-
 def _fit(node: str, w: TensorSpec | None, b: TensorSpec | None, out: TensorSpec | None, x: TensorSpec) -> Reason | None:
     """Static output features, a (out, in) weight and an (out,) bias, all in the input's dtype."""
     if out is None or not out.shape or w is None:
@@ -129,19 +118,59 @@ def _input_spec(snap: GraphSnapshot, x: str) -> Result[TensorSpec, Reason]:
     return Success(spec)
 
 
-def _why(snap: GraphSnapshot, node: NodeSnapshot, reason: Reason | None, x: TensorSpec) -> Reason | None:
-    """Why the linear at ``node`` cannot join (its own ``reason``, else its weights'), or None."""
-    return reason or _join(snap, node, x).swap().value_or(None)
+# stands in for the snapshot in a match the rule keeps (a kept match must not keep its snapshot alive)
+_DETACHED = snapshot([], {})
+
+
+def _attach(member: _Member, snap: GraphSnapshot) -> _Member:
+    return replace(member, match=replace(member.match, snap=snap))
+
+
+@final
+@dataclass(slots=True)
+class _Found:
+    """The linears of one snapshot, found once for ``anchors`` and every ``plan_at`` on it: each
+    product's input (and why it cannot join whatever its weights), the products of each input in
+    order, and each linear as a member of its group (found on demand, kept detached from the
+    snapshot: nothing here keeps it alive)."""
+
+    owners: dict[str, tuple[str, Reason | None]]
+    groups: dict[str, list[NodeSnapshot]]
+    members: dict[str, Result[_Member, Reason]]
+
+    def member(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
+        """The linear at ``node`` as a member of its group (input ``x``), or why it cannot join."""
+        kept = self.members.get(node.name)
+        if kept is None:
+            own = self.owners[node.name][1]
+            found = Failure(own) if own is not None else _join(snap, node, x)
+            kept = self.members[node.name] = found.map(lambda m: _attach(m, _DETACHED))
+        return kept.map(lambda m: _attach(m, snap))
+
+    def why(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Reason | None:
+        """Why the linear at ``node`` cannot join (its own reason, else its weights'), or None."""
+        return self.member(snap, node, x).swap().value_or(None)
+
+
+def _find(snap: GraphSnapshot) -> _Found:
+    owners: dict[str, tuple[str, Reason | None]] = {}
+    groups: dict[str, list[NodeSnapshot]] = {}
+    for n in snap.calls(PRODUCTS):
+        owner = _owner(snap, n)
+        if owner is not None:
+            owners[n.name] = owner
+            groups.setdefault(owner[0], []).append(n)
+    return _Found(owners, groups, {})
 
 
 def _plan_group(
-    snap: GraphSnapshot, x: str, linears: Sequence[tuple[NodeSnapshot, Reason | None]], split: bool
+    snap: GraphSnapshot, found: _Found, x: str, linears: Sequence[NodeSnapshot], split: bool
 ) -> Result[RewritePlan, Reason]:
     """The plan joining the linears of ``x`` that can join, or why fewer than two can."""
     spec = _input_spec(snap, x)
     if isinstance(spec, Failure):
         return Failure(spec.failure())
-    results = [(n.name, Failure(r) if r is not None else _join(snap, n, spec.unwrap())) for n, r in linears]
+    results = [(n.name, found.member(snap, n, spec.unwrap())) for n in linears]
     members = [r.unwrap() for _, r in results if isinstance(r, Success)]
     if len(members) >= 2:
         return Success(_plan(snap, x, members, split))
@@ -199,15 +228,23 @@ class ConcatParallelLinears:
     split: bool = False
     name: str = NAME
     codes: frozenset[str] = CODES
+    # the linears of the last snapshot planned on (anchors, then plan_at at each of them, all read
+    # it); weakly held: a rule kept for years keeps no snapshot alive
+    _last: list[tuple[weakref.ref[GraphSnapshot], _Found]] = field(
+        default_factory=list, init=False, compare=False, repr=False
+    )
+
+    def _found(self, snap: GraphSnapshot) -> _Found:
+        if self._last and self._last[0][0]() is snap:
+            return self._last[0][1]
+        found = _find(snap)
+        self._last[:] = [(weakref.ref(snap), found)]
+        return found
 
     def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
         """Every shared input, and every linear of one that cannot join, in topological order."""
-        groups: dict[str, list[tuple[NodeSnapshot, Reason | None]]] = {}
-        for n in snap.calls(PRODUCTS):
-            owner = _owner(snap, n)
-            if owner is not None:
-                groups.setdefault(owner[0], []).append((n, owner[1]))
-        shared = {x: ns for x, ns in groups.items() if len(ns) >= 2}
+        found = self._found(snap)
+        shared = {x: ns for x, ns in found.groups.items() if len(ns) >= 2}
         out = [snap.node(x) for x in shared]
         # KIT-GAP: a plan carries no rejections of some of its group's members, so a linear that
         # cannot join is an anchor of its own, where its reason is reported
@@ -215,22 +252,21 @@ class ConcatParallelLinears:
             spec = _input_spec(snap, x)
             if isinstance(spec, Failure):
                 continue  # the input is rejected for the whole group
-            out.extend(n for n, r in ns if n.name not in shared and _why(snap, n, r, spec.unwrap()) is not None)
+            out.extend(n for n in ns if n.name not in shared and found.why(snap, n, spec.unwrap()) is not None)
         return sorted(out, key=lambda n: snap.index[n.name])
 
     def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
         """At a shared input: the plan (or why not); at one of its linears: why it cannot join."""
-        linears = _linears(snap, node.name)
+        found = self._found(snap)
+        linears = found.groups.get(node.name, ())
         if len(linears) >= 2:
-            return _plan_group(snap, node.name, linears, self.split)
-        owner = _owner(snap, node) if node.target in PRODUCTS else None
-        group = _linears(snap, owner[0]) if owner is not None else ()
-        if owner is None or len(group) < 2:
+            return _plan_group(snap, found, node.name, linears, self.split)
+        owner = found.owners.get(node.name)
+        if owner is None or len(found.groups[owner[0]]) < 2:
             return Failure(Malformed(node=node.name, detail=f"{node.name} is not an anchor of {NAME}"))
-        x, reason = owner
+        x = owner[0]
         spec = _input_spec(snap, x)
-        if isinstance(spec, Success):
-            reason = _why(snap, node, reason, spec.unwrap())
+        reason = found.why(snap, node, spec.unwrap()) if isinstance(spec, Success) else owner[1]
         return Failure(reason or Malformed(node=node.name, detail=f"{node.name} joins the linears of {x} there"))
 
 

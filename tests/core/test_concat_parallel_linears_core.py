@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -516,3 +518,24 @@ def test_a_lone_linear_asked_directly_is_no_anchor() -> None:
     s = g.build()
     detail = "lin is not an anchor of concat-parallel-linears"
     assert RULE.plan_at(s, s.node("lin")) == Failure(Malformed(node="lin", detail=detail))
+
+
+def test_one_rule_object_plans_each_snapshot_on_its_own() -> None:
+    # the rule keeps what it found on the last snapshot it planned on: each snapshot, and the
+    # first one again, gets its own answer, as from a fresh rule
+    rule = concat_parallel_linears()
+    joins, declined = parallel(), parallel(weight_input=1, outs=(6, 4), bias=(True, True))
+    for g in (joins, declined, joins, declined):
+        got, fresh = plan(g, [rule]), plan(g, [concat_parallel_linears()])
+        assert (got.plans, got.rejections, got.after) == (fresh.plans, fresh.rejections, fresh.after)
+    assert [r.reason.code for r in plan(declined, [rule]).rejections] == ["too-few-linears", "not-constant"]
+    assert len(plan(joins, [rule]).plans) == 1
+
+
+def test_the_rule_keeps_no_snapshot_alive() -> None:
+    rule, g = concat_parallel_linears(), parallel()
+    assert len(plan(g, [rule]).plans) == 1
+    alive = weakref.ref(g)
+    del g
+    gc.collect()
+    assert alive() is None
