@@ -44,9 +44,9 @@ def test_readme_lowering_example_fuses_every_bn_and_the_pte_computes_the_model()
     assert isinstance(fuse, RulesPass) and fuse.last is not None and isinstance(pte, bytes)
     bns = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert [p.rule for p in fuse.last.report.plans] == ["fuse-conv-bn"] * bns
-    # the residual adds are candidates of fold-binary that it declines: both operands are computed
-    adds = [(r.rule, r.reason.code) for r in fuse.last.report.rejections]
-    assert adds == [("fold-binary", "not-constant")] * sum(isinstance(m, ResBlock) for m in model.modules())
+    # the residual adds (one per block) read two activations: no candidates of fold-binary
+    assert sum(isinstance(m, ResBlock) for m in model.modules()) > 0
+    assert fuse.last.report.rejections == ()
     with torch.no_grad():
         want = [model.eval()(*x)]
     assert_close(run_pte(pte, x), want, rel=1e-4)

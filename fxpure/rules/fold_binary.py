@@ -7,7 +7,8 @@ affine in ``y`` and is declined. Everything is computed in float32 and cast back
 ``fold_batch_norm`` does.
 
 The candidates are the mul, div, add, sub and rsub ops with an operand computed by a conv or a
-linear (a residual ``x + y`` of two other ops is not one). A chain ``conv * s + t`` folds one op
+linear whose other operand is not another activation of the op's shape: neither a residual
+``x + y`` of two other ops nor ``x + conv(x)`` is one. A chain ``conv * s + t`` folds one op
 per run, since a run plans on one snapshot: list the rule twice and the second run folds into
 the first one's (still unmaterialised) weights.
 """
@@ -23,7 +24,7 @@ from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
-from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, TensorSpec
+from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, TensorSpec
 from fxpure.weights import FLOAT_DTYPES, Binary, Cast, Fill, Reshape, Unary, WeightExpr, infer_spec, out_channels
 
 NAME = "fold-binary"
@@ -73,9 +74,22 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     return isinstance(inner, NodeRef) and snap.node(inner.name).target in MATMULS
 
 
+def _activation(snap: GraphSnapshot, value: Arg, shape: tuple[Dim, ...]) -> bool:
+    """``value`` is computed at run time with the op's whole ``shape``: another activation, such as
+    the block input of a residual add (never a per-channel constant, even if it were constant)."""
+    if not isinstance(value, NodeRef) or value.name not in snap.index or value.name in snap.constants:
+        return False
+    spec = snap.node(value.name).tensor_spec
+    return spec is not None and spec.shape == shape
+
+
 def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
-    """A binary op with an operand computed by a conv or a linear."""
-    return any(_computed_by_product(snap, bin.args.get(arg)) for arg in ("self", "other"))
+    """A binary op with an operand computed by a conv or a linear, and whose other operand is no
+    other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``)."""
+    a, b, out = bin.args.get("self"), bin.args.get("other"), bin.spec
+    whole = out.shape if out is not None else None
+    pairs = ((a, b), (b, a))
+    return any(_computed_by_product(snap, y) and not (whole and _activation(snap, c, whole)) for y, c in pairs)
 
 
 Scale: TypeAlias = tuple[Literal["mul", "div"], WeightExpr] | None

@@ -375,6 +375,23 @@ def test_ops_without_a_conv_or_linear_operand_are_no_candidates() -> None:
     assert only_rejection(graph(operand="input")).code == "not-constant"
 
 
+@pytest.mark.parametrize("batch", [B, "s0"])
+@pytest.mark.parametrize(
+    ("target", "first"), [("aten.add.Tensor", True), ("aten.add.Tensor", False), ("aten.mul.Tensor", True)]
+)
+def test_an_activation_beside_the_conv_makes_no_candidate(batch: int | str, target: str, first: bool) -> None:
+    # x + conv(x) (a residual), conv(x) * gate of the same shape: not a scale or shift of the conv's
+    # output, neither considered nor reported; a constant of that shape is a candidate, declined
+    whole = (batch, *Y_SHAPES["conv2d"])
+    assert RULE.anchors(graph(operand="input", c_shape=whole, target=target, first=first, batch=batch)) == []
+    assert only_rejection(graph(operand="tensor", c_shape=whole, target=target, first=first, batch=batch)).code == (
+        "not-per-channel"
+    )
+    # a computed operand of another shape (a squeeze-excitation gate, one value per sample and channel)
+    gate = graph(operand="input", c_shape=(batch, OC, 1, 1), target=target, first=first, batch=batch)
+    assert only_rejection(gate).code == "not-constant"
+
+
 def test_a_matmul_that_is_no_linear_is_declined() -> None:
     # mm(x, y) * 2.5 is a candidate (an mm's output), but y is no transposed weight
     g = GraphBuilder(dialect="edge")
