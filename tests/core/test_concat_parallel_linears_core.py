@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import pytest
-from returns.result import Failure
+from returns.result import Failure, Result
 
 from fxpure import NodeRef, plan, rewrite, snapshot, verify
+from fxpure.pattern import Match, Root, match
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape
 from fxpure.rules.concat_parallel_linears import concat_parallel_linears
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, GraphSnapshot
+from fxpure.snapshot import Arg, GraphSnapshot, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Concat, Fill, Source
 
@@ -539,3 +541,30 @@ def test_the_rule_keeps_no_snapshot_alive() -> None:
     del g
     gc.collect()
     assert alive() is None
+
+
+def test_each_linear_is_matched_twice_on_a_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # which input it reads, then whether it can join: once each, for anchors and every plan_at
+    calls: list[str] = []
+
+    def counted(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Match, Reason]:
+        calls.append(node.name)
+        return match(pattern, snap, node)
+
+    # (the module: fxpure.rules exports the rule function under the same name)
+    monkeypatch.setattr(importlib.import_module("fxpure.rules.concat_parallel_linears"), "match", counted)
+    rule, g = concat_parallel_linears(), parallel(weight_input=1, outs=(6, 4, 4, 2), bias=(True, True, True, False))
+    report = plan(g, [rule])
+    assert len(report.plans) == 1 and [r.node for r in report.rejections] == ["lin1"]
+    for node in ("x", "lin0", "lin1"):
+        rule.plan_at(g, g.node(node))
+    assert sorted(calls) == sorted(2 * ["lin0", "lin1", "lin2", "lin3"])
+
+
+def test_a_linear_of_an_input_without_static_features_points_at_the_input() -> None:
+    g = parallel(features="s9")
+    assert [r.node for r in plan(g, [RULE]).rejections] == ["x"]  # rejected once, for the whole group
+    detail = "lin0 joins the linears of x there"
+    assert RULE.plan_at(g, g.node("lin0")) == Failure(Malformed(node="lin0", detail=detail))
