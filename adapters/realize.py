@@ -283,7 +283,10 @@ class _Commit:
             node = graph.create_node(
                 new.op, new.target, _bind(new.args, env), _bind(new.kwargs, env), name=new.rec.name
             )
-        node.name = new.rec.name  # FX renames candidates that shadow builtins ("input"); keep the snapshot's name
+        # FX renames a name that shadows a builtin ("input"): keep the snapshot's (only then: a rename
+        # updates the graph's lookup table)
+        if node.name != new.rec.name:
+            node.name = new.rec.name
         node.meta.update(new.meta)
         env[new.rec.name] = node
 
