@@ -890,18 +890,23 @@ class Planner:
             source_fn=source_fn,
         )
 
-    def replace(self, op: Bound, new: NodeRef) -> RewritePlan:
+    def replace(self, op: Bound, new: NodeRef, *, prune: Sequence[str] = ()) -> RewritePlan:
         """The plan: ``op``'s uses move to ``new``; the matched nodes are erased (shared ones
-        dropped once nothing reads them)."""
-        return self.finish([(op, new)])
+        dropped once nothing reads them); ``prune`` as in :meth:`finish`."""
+        return self.finish([(op, new)], prune=prune)
 
-    def finish(self, moves: Sequence[tuple[Bound, NodeRef]], *, erase: Sequence[Bound] | None = None) -> RewritePlan:
+    def finish(
+        self, moves: Sequence[tuple[Bound, NodeRef]], *, erase: Sequence[Bound] | None = None, prune: Sequence[str] = ()
+    ) -> RewritePlan:
         """The plan with several moves of uses (each matched op's uses to its new node). By default
         every matched node is erased; ``erase`` names the only ones to erase (the rest of the match
-        stays, and its shared nodes are dropped only if nothing reads them any more)."""
+        stays, and its shared nodes are dropped only if nothing reads them any more). ``prune``:
+        more nodes, by name, dropped too once nothing reads them (what computed an erased node's
+        arguments but is no part of the pattern, such as the sizes of a reshape)."""
         matches = (self.match, *self.also)
         matched = tuple(dict.fromkeys(n for m in matches for n in m.erase))
         gone = matched if erase is None else tuple(dict.fromkeys(u for op in erase for u in (op.name, *op.uses)))
+        shared = [n for m in matches for n in m.prune]
         return RewritePlan(
             rule=self.rule,
             anchor=self.anchor,
@@ -909,7 +914,7 @@ class Planner:
             nodes=tuple(self._nodes),
             replace=tuple((u, new.name) for op, new in moves for u in op.uses),
             erase=gone,
-            prune=tuple(dict.fromkeys(n for m in matches for n in m.prune if n not in gone)),
+            prune=tuple(dict.fromkeys(n for n in (*shared, *prune) if n not in gone)),
         )
 
 

@@ -12,7 +12,6 @@ and squeeze only, so no size is ever written into the graph: batch and sequence 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TypeAlias
 
 from fxpure.linear import Linear, linear_of, linear_root
@@ -62,11 +61,12 @@ def _moved(shape: tuple[Dim, ...], step: Step) -> tuple[Dim, ...]:
     return tuple(shape[i] for i in arg)
 
 
-def _input(m: Match) -> tuple[NodeRef | None, bool]:
-    """The linear's input, and whether the reshapes around a flattened product (edge, rank > 2)
-    are the linear's own: ``[*lead, I] -> [M, I]`` before and ``[M, O] -> [*lead, O]`` after. When
-    they are not (a model's own flatten), the product is a rank-2 linear on the flattened input."""
-    lin, bound = linear_of(m), m.bindings["x"]
+def _input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
+    """The input of the linear ``lin`` that ``m`` bound, and whether the reshapes around a
+    flattened product (edge, rank > 2) are the linear's own: ``[*lead, I] -> [M, I]`` before and
+    ``[M, O] -> [*lead, O]`` after. When they are not (a model's own flatten), the product is a
+    rank-2 linear on the flattened input."""
+    bound = m.bindings["x"]
     x, flat, out, product = m.spec("x"), lin.view_in, lin.view_out, lin.op.spec
     ref = bound if isinstance(bound, NodeRef) else None
     if flat is None or out is None:
@@ -84,7 +84,8 @@ def _input(m: Match) -> tuple[NodeRef | None, bool]:
 
 def _fits(match: Match, b: Arg = None) -> Reason | None:
     """Input of rank 2..4 with static features, a (O, I) weight, and a bias of one value per output."""
-    lin, (x, own) = linear_of(match), _input(match)
+    lin = linear_of(match)
+    x, own = _input(match, lin)
     node, sites = lin.op.name, match.sites
     spec = match.snap.node(x.name).tensor_spec if x is not None else None
     at_x = sites["x" if own else "lin_in"].path  # the flattened input, when the reshapes are the model's
@@ -126,15 +127,17 @@ def _weight(p: Planner, lin: Linear, w: WeightExpr | None, wq: WeightExpr | None
     return p.respell(dqw, name=name, spec=out, input=int_w, axis=axis % 2)  # (O, I) -> (O, I, 1, 1): 0, 1 stay
 
 
-def _steps(p: Planner, x: NodeRef, shape: tuple[Dim, ...], dtype: str, steps: tuple[Step, ...], name: str) -> NodeRef:
-    """The activation moved by each step in turn (no size is written into a node)."""
+def _steps(
+    p: Planner, x: NodeRef, shape: tuple[Dim, ...], dtype: str, steps: tuple[Step, ...], name: str
+) -> tuple[NodeRef, tuple[Dim, ...]]:
+    """The activation moved by each step in turn (no size is written into a node), and its shape."""
     # KIT-GAP: adapters.torchnames.SOURCE_FNS has no permute/unsqueeze/squeeze: these nodes keep the
     # linear's source_fn_stack (nn.Linear) instead of naming their own function
     for i, step in enumerate(steps):
         target = VIEW_OPS[(p.dialect, step[0])]
         shape = _moved(shape, step)
         x = p.node(target, (x, step[1]), name=f"{name}{i}", spec=TensorSpec(shape=shape, dtype=dtype))
-    return x
+    return x, shape
 
 
 def _conv(p: Planner, x: NodeRef, weight: NodeRef, b: Arg, name: str, spec: TensorSpec) -> NodeRef:
@@ -167,25 +170,21 @@ def _plan(
 ) -> RewritePlan:
     # x -> to NCHW -> conv2d(W.reshape(O, I, 1, 1), b) -> back to x's layout (the model's own reshape after)
     lin = linear_of(p.match)
-    x, own = _input(p.match)
+    x, own = _input(p.match, lin)
     assert x is not None
     spec, out = p.match.snap.node(x.name).tensor_spec, lin.op.spec
     assert spec is not None and out is not None  # checked by _fits
     rank, base = len(spec.shape), lin.op.name
-    nchw = _steps(p, x, spec.shape, spec.dtype, TO_NCHW[rank], f"{base}_nchw")
-    conv_in = spec.shape
-    for step in TO_NCHW[rank]:
-        conv_in = _moved(conv_in, step)
+    nchw, conv_in = _steps(p, x, spec.shape, spec.dtype, TO_NCHW[rank], f"{base}_nchw")
     conv_spec = TensorSpec(shape=(conv_in[0], out.shape[-1], *conv_in[2:]), dtype=out.dtype)
     conv = _conv(p, nchw, _weight(p, lin, w, wq, dqw), b, f"{base}_conv", conv_spec)
-    result = _steps(p, conv, conv_spec.shape, out.dtype, FROM_NCHW[rank], f"{base}_back")
+    result, _ = _steps(p, conv, conv_spec.shape, out.dtype, FROM_NCHW[rank], f"{base}_back")
     if lin.view_out is not None and not own:  # the model's reshape, on the new result
         result = p.respell(lin.view_out, name=f"{lin.view_out.name}_new", self=result)
-    plan = p.replace(lin.outer, result)
-    # KIT-GAP: nodes that computed the sizes of the erased reshapes (sym_size, mul) are not matched,
-    # so the plan would leave them dead; pruned here (dropped only if nothing else reads them)
-    sizes = tuple(r for v in (lin.view_in, lin.view_out) if v is not None for r in refs(v.args["size"]))
-    return replace(plan, prune=tuple(dict.fromkeys((*plan.prune, *sizes))))
+    # the nodes that computed the sizes of the erased reshapes (sym_size, mul) are no part of the
+    # pattern: dropped too, if nothing else reads them
+    sizes = [r for v in (lin.view_in, lin.view_out) if v is not None for r in refs(v.args["size"])]
+    return p.replace(lin.outer, result, prune=sizes)
 
 
 LINEAR_TO_CONV2D = rule(

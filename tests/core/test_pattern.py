@@ -259,6 +259,28 @@ def test_shared_inner_node_is_pruned_not_erased() -> None:
     assert "r" in verify(plan(g.build(), [shared_relu]).after).unwrap().index
 
 
+@pytest.mark.parametrize("read_elsewhere", [False, True])
+def test_a_plan_prunes_nodes_outside_the_pattern(read_elsewhere: bool) -> None:
+    # relu(x + k) with k computed from x: k is no part of the pattern, but what the erased add read
+    drop = rule(
+        "drop-add",
+        Op(RELU, name="relu", self=Op(ADD, name="add", self=Var("x"), other=Var("k"))),
+        plan=lambda p, relu, x, k: p.replace(relu, x, prune=[k.name, "add", k.name]),
+    )
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    k = g.node("aten.neg.default", (x,), name="k")
+    add = g.call("aten.add.Tensor", name="add", self=x, other=k)
+    relu = g.call("aten.relu.default", name="relu", self=add)
+    g.output(relu, k) if read_elsewhere else g.output(relu)
+    report = plan(g.build(), [drop])
+    (p,) = report.plans
+    # once each, and never a node the plan erases
+    assert p.erase == ("relu", "add") and p.prune == ("k",)
+    after = verify(report.after).unwrap()
+    assert ("k" in after.index) == read_elsewhere and "add" not in after.index
+
+
 @pytest.mark.parametrize("inner", ["transpose", "alternatives"])
 def test_what_a_shared_inner_node_reads_is_pruned_with_it(inner: str) -> None:
     # relu(t(x)) read by two adds: each plan keeps the relu and the transpose below it while the
