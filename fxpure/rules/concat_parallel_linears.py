@@ -229,16 +229,24 @@ class ConcatParallelLinears:
     name: str = NAME
     codes: frozenset[str] = CODES
     # the linears of the last snapshot planned on (anchors, then plan_at at each of them, all read
-    # it); weakly held: a rule kept for years keeps no snapshot alive
+    # it); the snapshot is weakly held, and what was found on it is dropped when it goes: a rule
+    # kept for years keeps no snapshot, nor anything of one, alive
     _last: list[tuple[weakref.ref[GraphSnapshot], _Found]] = field(
         default_factory=list, init=False, compare=False, repr=False
     )
 
     def _found(self, snap: GraphSnapshot) -> _Found:
-        if self._last and self._last[0][0]() is snap:
-            return self._last[0][1]
-        found = _find(snap)
-        self._last[:] = [(weakref.ref(snap), found)]
+        last = self._last[:1]  # read once: another thread may replace it (or a snapshot's end clear it)
+        if last and last[0][0]() is snap:
+            return last[0][1]
+        found, kept = _find(snap), self._last
+
+        def forget(gone: weakref.ref[GraphSnapshot]) -> None:
+            entry = kept[:1]
+            if entry and entry[0][0] is gone:
+                kept.clear()
+
+        kept[:] = [(weakref.ref(snap, forget), found)]
         return found
 
     def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:

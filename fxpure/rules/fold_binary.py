@@ -75,12 +75,14 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
 
 
 def _activation(snap: GraphSnapshot, value: Arg, shape: tuple[Dim, ...]) -> bool:
-    """``value`` is computed at run time with the op's whole ``shape``: another activation, such as
-    the block input of a residual add (never a per-channel constant, even if it were constant)."""
+    """``value`` is computed at run time with the op's whole ``shape``, of two or more dims that are
+    not 1 (a symbolic one counts): another activation, such as the block input of a residual add,
+    which could not be one value per channel even if it were constant. (A batch-1 ``(1, C)`` or
+    ``(1, C, 1, 1)`` operand could: it stays a candidate, declined ``not-constant``.)"""
     if not isinstance(value, NodeRef) or value.name not in snap.index or value.name in snap.constants:
         return False
     spec = snap.node(value.name).tensor_spec
-    return spec is not None and spec.shape == shape
+    return spec is not None and spec.shape == shape and sum(d != 1 for d in shape) > 1
 
 
 def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:

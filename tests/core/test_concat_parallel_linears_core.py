@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import sys
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -568,3 +570,37 @@ def test_a_linear_of_an_input_without_static_features_points_at_the_input() -> N
     assert [r.node for r in plan(g, [RULE]).rejections] == ["x"]  # rejected once, for the whole group
     detail = "lin0 joins the linears of x there"
     assert RULE.plan_at(g, g.node("lin0")) == Failure(Malformed(node="lin0", detail=detail))
+
+
+def test_one_rule_object_in_two_threads_answers_each_for_its_own_snapshot() -> None:
+    # two threads share the rule and replace what it keeps in turn: neither may read the other's
+    rule = concat_parallel_linears()
+    graphs = [parallel(), parallel(weight_input=1, outs=(6, 4), bias=(True, True))]
+    want = [concat_parallel_linears().plan_at(g, g.node("x")) for g in graphs]
+    wrong: list[int] = []
+
+    def ask(i: int) -> None:
+        for _ in range(10000):
+            if rule.plan_at(graphs[i], graphs[i].node("x")) != want[i]:
+                wrong.append(i)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
+
+
+def test_what_the_rule_found_goes_with_its_snapshot() -> None:
+    rule, g = concat_parallel_linears(), parallel()
+    assert len(plan(g, [rule]).plans) == 1
+    assert len(rule._last) == 1  # what anchors and plan_at read (private: nothing public shows it)
+    del g
+    gc.collect()
+    assert rule._last == []

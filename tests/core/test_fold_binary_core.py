@@ -392,6 +392,17 @@ def test_an_activation_beside_the_conv_makes_no_candidate(batch: int | str, targ
     assert only_rejection(gate).code == "not-constant"
 
 
+@pytest.mark.parametrize(("batch", "candidate"), [(1, True), (B, False), ("s0", False)])
+def test_a_computed_operand_as_large_as_a_batch_1_output_stays_a_candidate(batch: int | str, candidate: bool) -> None:
+    # linear(x) * g with g of the output's shape: at batch 1, (1, F) could be one value per feature
+    # (a candidate, declined not-constant: fold it first); at any other batch it is an activation
+    g = graph(producer="linear", operand="input", c_shape=(batch, F), batch=batch)
+    if candidate:
+        assert only_rejection(g).code == "not-constant"
+    else:
+        assert RULE.anchors(g) == []
+
+
 def test_a_matmul_that_is_no_linear_is_declined() -> None:
     # mm(x, y) * 2.5 is a candidate (an mm's output), but y is no transposed weight
     g = GraphBuilder(dialect="edge")
