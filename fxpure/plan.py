@@ -401,7 +401,7 @@ def plan(
 def no_cyclic_gc() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the block, and restore it as it was (also on an
     error). Planning allocates many small records that form no cycles, and each full collection
-    scans every live object: on a 50,000-node program the scans would add about 1 s to the 1.8 s of
+    scans every live object: on a 50,000-node program the scans would add about 1 s to the 1.6 s of
     capture and planning. ``plan``, the adapter's capture and its transforms run under it. The
     collector is the process's: other threads go without cyclic collection meanwhile, and
     overlapping blocks in several threads are not coordinated (the first to leave turns it back on;

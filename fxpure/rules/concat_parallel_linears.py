@@ -138,18 +138,22 @@ class _Found:
     groups: dict[str, list[NodeSnapshot]]
     members: dict[str, Result[_Member, Reason]]
 
-    def member(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
-        """The linear at ``node`` as a member of its group (input ``x``), or why it cannot join."""
+    def _kept(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
         kept = self.members.get(node.name)
         if kept is None:
             own = self.owners[node.name][1]
             found = Failure(own) if own is not None else _join(snap, node, x)
             kept = self.members[node.name] = found.map(lambda m: _attach(m, _DETACHED))
-        return kept.map(lambda m: _attach(m, snap))
+        return kept
+
+    def member(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
+        """The linear at ``node`` as a member of its group (input ``x``), or why it cannot join."""
+        return self._kept(snap, node, x).map(lambda m: _attach(m, snap))
 
     def why(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Reason | None:
-        """Why the linear at ``node`` cannot join (its own reason, else its weights'), or None."""
-        return self.member(snap, node, x).swap().value_or(None)
+        """Why the linear at ``node`` cannot join (its own reason, else its weights'), or None
+        (the member itself is not attached: only the plan reads it)."""
+        return self._kept(snap, node, x).swap().value_or(None)
 
 
 def _find(snap: GraphSnapshot) -> _Found:
