@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, final
 
@@ -161,12 +161,21 @@ def _rename(arg: Arg, names: Mapping[str, str]) -> Arg:
 
 
 def _renamed(node: NodeSnapshot, names: Mapping[str, str]) -> NodeSnapshot:
-    if not any(r in names for r in ref_list(node)):
+    for r in ref_list(node):
+        if r in names:
+            break
+    else:
         return node
-    return replace(
-        node,
-        args=tuple(_rename(a, names) for a in node.args),
-        kwargs=pmap({k: _rename(v, names) for k, v in node.kwargs.items()}),
+    kwargs = node.kwargs
+    return NodeSnapshot(
+        name=node.name,
+        op=node.op,
+        target=node.target,
+        args=tuple([_rename(a, names) for a in node.args]),
+        kwargs=pmap({k: _rename(v, names) for k, v in kwargs.items()}) if kwargs else kwargs,
+        spec=node.spec,
+        provenance=node.provenance,
+        source_fn=node.source_fn,
     )
 
 
@@ -292,13 +301,13 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     names = _resolve(batch.redirect)
     readers = {u for old in names for u in snap.users[old]}  # the only old nodes renamed (add checked them)
     out: list[NodeSnapshot] = []
-    at = _constants_slot(snap)
+    at, before, erase = _constants_slot(snap), batch.before, batch.erase
     for i, n in enumerate(snap.nodes):
         if i == at:
             out.extend(batch.new_constants)
-        if i in batch.before:
-            out.extend(_renamed(m, names) for m in batch.before[i])
-        if n.name not in batch.erase:
+        if i in before:
+            out.extend([_renamed(m, names) for m in before[i]])
+        if n.name not in erase:
             out.append(_renamed(n, names) if n.name in readers else n)
     return _finish(snap, out, batch.infos, batch.erase, batch.prune)
 
@@ -343,9 +352,15 @@ def _finish(
         return _conflict(bad.node, bad.detail)
     held = {k for k in [*snap.constants, *added] if k in index}
     dead = _dead(nodes, users, index, held, prune)
-    live = pvector(n for n in nodes if n.name not in dead)
+    live = pvector([n for n in nodes if n.name not in dead] if dead else nodes)
     if dead:
-        targets = {t: tuple(n for n in ns if n not in dead) for t, ns in targets.items()}
+        # dead nodes are constants (no call) and pruned calls: only their targets change
+        calls = {nodes[index[d]].target for d in dead if nodes[index[d]].op == "call_function"}
+        for t in calls:
+            targets[t] = tuple(n for n in targets[t] if n not in dead)
+        for d in dead:
+            del users[d]
+        index = {n.name: i for i, n in enumerate(live)}
     constants = {k: v for k, v in [*snap.constants.items(), *added.items()] if k in held and k not in dead}
     return Success(
         GraphSnapshot(
@@ -353,8 +368,8 @@ def _finish(
             constants=pmap(constants),
             dialect=snap.dialect,
             lifted=snap.lifted,
-            users=MappingProxyType({k: v for k, v in users.items() if k not in dead}),
-            index=MappingProxyType({n.name: i for i, n in enumerate(live)}),
+            users=MappingProxyType(users),
+            index=MappingProxyType(index),
             targets=MappingProxyType({t: ns for t, ns in targets.items() if ns}),
             reserved=snap.reserved,
         )
