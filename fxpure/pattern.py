@@ -21,6 +21,8 @@ primitive          matches                                   fails with
 ``need.*``         typed checks on bound values              ``SymbolicShape``, ``UnsupportedDtype``,
                                                              ``UnsupportedRank``, ``ChannelMismatch``,
                                                              or a rule's own (``need.check``)
+``need.compute``   a value computed once per match, read     a rule's own
+                   by the checks after it and the planner
 =================  =======================================  ===================================
 
 Matching is pure, deterministic and depth-first in declaration order, from a root found
@@ -322,6 +324,9 @@ class Bound:
 Binding: TypeAlias = Bound | WeightExpr | Arg
 
 
+_NOTHING: Mapping[str, object] = MappingProxyType({})
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Site:
@@ -336,7 +341,8 @@ class Site:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Match:
     """A successful match at ``anchor``: bindings by name, where each was bound, the matched nodes
-    a replacement erases (``erase``) and the shared ones it drops once unused (``prune``)."""
+    a replacement erases (``erase``) and the shared ones it drops once unused (``prune``);
+    ``computed``: the values of the rule's ``need.compute`` steps so far, by name."""
 
     snap: GraphSnapshot
     anchor: str
@@ -344,6 +350,7 @@ class Match:
     sites: Mapping[str, Site] = field(hash=False)
     erase: tuple[str, ...]
     prune: tuple[str, ...]
+    computed: Mapping[str, object] = field(default_factory=lambda: _NOTHING, hash=False)
 
     def spec(self, name: str) -> TensorSpec | None:
         """Shape and dtype of a bound value (a constant expression, an op's output, a node)."""
@@ -655,34 +662,72 @@ class Check:
 
     def __call__(self, m: Match) -> Reason | None:
         reason = self.run(m)
-        if reason is None or reason.path:
-            return reason
-        site = next((m.sites[r] for r in self.reads if r in m.sites), None)
-        return replace(reason, path=site.path if site is not None else f"need.{self.label}")
+        return None if reason is None else _locate(reason, m, self.reads, self.label)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compute:
+    """A value computed once from bound values, for the checks after it and the planner, which
+    read it as ``binds``; or the typed reason there is none. Build one with ``need.compute``."""
+
+    label: str
+    binds: str
+    reads: tuple[str, ...]
+    codes: frozenset[str]
+    run: Callable[[Match], Result[object, Reason]] = field(compare=False)
+
+    def __call__(self, m: Match) -> Result[object, Reason]:
+        return self.run(m).alt(lambda reason: _locate(reason, m, self.reads, self.label))
+
+
+def _locate(reason: Reason, m: Match, reads: tuple[str, ...], label: str) -> Reason:
+    """A check's reason without a path is located at the first binding it reads."""
+    if reason.path:
+        return reason
+    site = next((m.sites[r] for r in reads if r in m.sites), None)
+    return replace(reason, path=site.path if site is not None else f"need.{label}")
 
 
 def _site(m: Match, name: str) -> Site:
     return m.sites.get(name, Site(m.anchor, name, ""))
 
 
-def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
+def _call(
+    fn: Callable[..., object], codes: Iterable[str], kind: str, returns: str, instead: str
+) -> tuple[Callable[[Match], object], tuple[str, ...], frozenset[str]]:
+    """``fn`` as a function of the match (bound and computed values by parameter name, ``match``
+    for the whole match), the names it reads and the codes it declares; refused here if it
+    declares no codes or no return type, or a bare bool."""
     sig = inspect.signature(fn)
     ret = sig.return_annotation
     if ret is inspect.Signature.empty:
-        raise PatternError(f"check {_name(fn)} must declare its return type (a Reason or None)")
+        raise PatternError(f"{kind} {_name(fn)} must declare its return type ({returns})")
     if ret is bool or ret == "bool":
-        raise PatternError(f"check {_name(fn)} returns a bare bool: return a Reason (with a code) or None")
+        raise PatternError(f"{kind} {_name(fn)} returns a bare bool: return {instead}")
     declared = frozenset(codes)
     if not declared:
-        raise PatternError(f"check {_name(fn)} must list the reason codes it may return")
+        raise PatternError(f"{kind} {_name(fn)} must list the reason codes it may return")
     reads = tuple(n for n in sig.parameters if n != "match")
     wants_match = "match" in sig.parameters
 
-    def run(m: Match) -> Reason | None:
-        kwargs: dict[str, object] = {n: m.bindings[n] for n in reads if n in m.bindings}
+    def run(m: Match) -> object:
+        values = m.computed
+        kwargs: dict[str, object] = {
+            n: values[n] if n in values else m.bindings[n] for n in reads if n in values or n in m.bindings
+        }
         if wants_match:
             kwargs["match"] = m
-        out: object = fn(**kwargs)
+        return fn(**kwargs)
+
+    return run, reads, declared
+
+
+def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
+    call, reads, declared = _call(fn, codes, "check", "a Reason or None", "a Reason (with a code) or None")
+
+    def run(m: Match) -> Reason | None:
+        out = call(m)
         if out is not None and not isinstance(out, Reason):
             raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
         return out
@@ -788,6 +833,24 @@ class _Need:
         if at is None:
             return check
         return replace(check, reads=(at, *(r for r in check.reads if r != at)))
+
+    @staticmethod
+    def compute(name: str, fn: Callable[..., Result[Any, Reason]], *, codes: Iterable[str]) -> Compute:
+        """A value the checks after it and the planner read as ``name``, computed once per match:
+        ``fn`` takes bound (and earlier computed) values by name, and ``match`` for the whole
+        match, and returns ``Success(value)``, or ``Failure(reason)`` with one of ``codes`` to
+        decline (located like a check's)."""
+        call, reads, declared = _call(fn, codes, "compute", "a Result", "Success(value) or Failure(Reason)")
+
+        def run(m: Match) -> Result[object, Reason]:
+            out = call(m)
+            if not isinstance(out, Success | Failure) or (
+                isinstance(out, Failure) and not isinstance(out.failure(), Reason)
+            ):
+                raise TypeError(f"compute {_name(fn)} returned {out!r}, not Success(value) or Failure(Reason)")
+            return out
+
+        return Compute(label=_name(fn), binds=name, reads=reads, codes=declared, run=run)
 
 
 need = _Need()
@@ -1027,7 +1090,7 @@ class PatternRule:
 
     name: str
     pattern: Root
-    checks: tuple[Check, ...]
+    checks: tuple[Check | Compute, ...]
     planner: PlanFn = field(compare=False)
     reads: tuple[str, ...] = ()
     codes: frozenset[str] = frozenset()
@@ -1057,10 +1120,17 @@ class PatternRule:
 
     def _finish(self, m: Match) -> Result[RewritePlan, Reason]:
         for check in self.checks:
+            if isinstance(check, Compute):
+                value = check(m)
+                if not isinstance(value, Success):
+                    return Failure(value.failure())
+                m = replace(m, computed=MappingProxyType({**m.computed, check.binds: value.unwrap()}))
+                continue
             reason = check(m)
             if reason is not None:
                 return Failure(reason)
-        kwargs = {n: m.bindings[n] for n in self.reads if n in m.bindings}
+        values = m.computed
+        kwargs = {n: values[n] if n in values else m.bindings[n] for n in self.reads if n in values or n in m.bindings}
         out = self.planner(Planner(self.name, m), **kwargs)
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
         return result.alt(partial(_located, m)).bind(_typed)
@@ -1102,12 +1172,13 @@ def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
 def rule(
     name: str,
     pattern: Root,
-    *checks: Check,
+    *checks: Check | Compute,
     plan: PlanFn,
     candidate: Callable[[Bound, GraphSnapshot], bool] | None = None,
     fallback: PatternRule | None = None,
 ) -> PatternRule:
     """A rule from a pattern, checks (``need.*``) run in order after it matches, and a planner.
+    A ``need.compute`` step among the checks binds a value the checks after it and the planner read.
 
     ``plan(p, **bindings)`` takes a :class:`Planner` first, then bound values by keyword: its
     parameter names must be names the pattern binds (those bound only in some alternatives need
@@ -1124,11 +1195,16 @@ def rule(
         _lint(op, root=True)
     always, some = _names(pattern)
     for check in checks:
-        if not isinstance(check, Check):
+        if not isinstance(check, Check | Compute):
             raise PatternError(f"{name}: {check!r} is not a Check (wrap functions with need.check)")
+        kind = "compute" if isinstance(check, Compute) else "check"
         for r in check.reads:
             if r not in always | some:
-                raise PatternError(f"{name}: check {check.label} reads {r!r}, which the pattern never binds")
+                raise PatternError(f"{name}: {kind} {check.label} reads {r!r}, which nothing binds before it")
+        if isinstance(check, Compute):
+            if check.binds in always | some:
+                raise PatternError(f"{name}: compute {check.label} binds {check.binds!r}, which is bound already")
+            always = always | {check.binds}  # for the checks after it and the planner
     params = list(inspect.signature(plan).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise PatternError(f"{name}: the planner takes the Planner as its first parameter")

@@ -12,7 +12,10 @@ and squeeze only, so no size is ever written into the graph: batch and sequence 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeAlias
+from dataclasses import dataclass
+from typing import TypeAlias, final
+
+from returns.result import Failure, Result, Success
 
 from fxpure.linear import Linear, linear_of, linear_root
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, rule
@@ -82,34 +85,46 @@ def _input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
     return (ref, True) if own else (NodeRef(flat.name), False)
 
 
-def _fits(match: Match, b: Arg = None) -> Reason | None:
+@final
+@dataclass(frozen=True, slots=True)
+class _Site:
+    """The linear, the input the conv reads (``_input``), that input's spec and the output's."""
+
+    lin: Linear
+    x: NodeRef
+    own: bool
+    spec: TensorSpec
+    out: TensorSpec
+
+
+def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     """Input of rank 2..4 with static features, a (O, I) weight, and a bias of one value per output."""
     lin = linear_of(match)
     x, own = _input(match, lin)
-    node, sites = lin.op.name, match.sites
+    node, sites, out = lin.op.name, match.sites, lin.op.spec
     spec = match.snap.node(x.name).tensor_spec if x is not None else None
     at_x = sites["x" if own else "lin_in"].path  # the flattened input, when the reshapes are the model's
     w = match.spec("w") or match.spec("wq")
     at_w = sites["w" if "w" in sites else "wq"].path
     dq = match.bindings.get("dqw")  # a dequantized weight is re-spelled with its own spec
-    if spec is None or w is None or lin.op.spec is None or (isinstance(dq, Bound) and dq.spec is None):
-        return Malformed(node=node, detail="input, weight or output has no known shape", path=at_x)
+    if x is None or spec is None or w is None or out is None or (isinstance(dq, Bound) and dq.spec is None):
+        return Failure(Malformed(node=node, detail="input, weight or output has no known shape", path=at_x))
     if len(spec.shape) not in RANKS:
-        return UnsupportedRank(node=node, rank=len(spec.shape), allowed=RANKS, of="input dims", path=at_x)
+        return Failure(UnsupportedRank(node=node, rank=len(spec.shape), allowed=RANKS, of="input dims", path=at_x))
     if len(w.shape) != 2:
-        return UnsupportedRank(node=node, rank=len(w.shape), allowed=(2,), of="weight dims", path=at_w)
+        return Failure(UnsupportedRank(node=node, rank=len(w.shape), allowed=(2,), of="weight dims", path=at_w))
     if not isinstance(spec.shape[-1], int):
-        return SymbolicShape(node=node, role="input", shape=spec.shape, path=at_x)
+        return Failure(SymbolicShape(node=node, role="input", shape=spec.shape, path=at_x))
     bias = match.spec("b") if b is not None else None
     if b is not None and (bias is None or bias.shape != w.shape[:1]):
         detail = f"{node}: bias {bias.shape if bias else b!r} is not one value per output feature {w.shape[:1]}"
-        return Declined(code="bias-not-per-channel", node=node, detail=detail, path=sites["b"].path)
-    return None
+        return Failure(Declined(code="bias-not-per-channel", node=node, detail=detail, path=sites["b"].path))
+    return Success(_Site(lin, x, own, spec, out))
 
 
 def _1x1(spec: TensorSpec | None) -> tuple[int, ...]:
     """A static (O, I) weight's shape as (O, I, 1, 1)."""
-    assert spec is not None  # checked by _fits
+    assert spec is not None  # checked by _site
     return (*(d for d in spec.shape if isinstance(d, int)), 1, 1)
 
 
@@ -117,7 +132,7 @@ def _weight(p: Planner, lin: Linear, w: WeightExpr | None, wq: WeightExpr | None
     """The (O, I, 1, 1) weight: a derived constant, or a new dequantize of the reshaped integer weight."""
     if w is not None:
         return p.const(Reshape(x=w, shape=_1x1(p.match.spec("w"))), f"{lin.op.name}_weight_1x1")
-    assert wq is not None and dqw is not None and dqw.spec is not None  # bound together; _fits checked the spec
+    assert wq is not None and dqw is not None and dqw.spec is not None  # bound together; _site checked the spec
     shape = _1x1(p.match.spec("wq"))
     int_w = p.const(Reshape(x=wq, shape=shape), f"{dqw.ref('input').name}_1x1", kind="buffer")
     name, out = f"{dqw.name}_1x1", TensorSpec(shape=shape, dtype=dqw.spec.dtype)
@@ -163,19 +178,16 @@ def _conv(p: Planner, x: NodeRef, weight: NodeRef, b: Arg, name: str, spec: Tens
 
 def _plan(
     p: Planner,
+    site: _Site,
     b: Arg = None,
     w: WeightExpr | None = None,
     wq: WeightExpr | None = None,
     dqw: Bound | None = None,
 ) -> RewritePlan:
     # x -> to NCHW -> conv2d(W.reshape(O, I, 1, 1), b) -> back to x's layout (the model's own reshape after)
-    lin = linear_of(p.match)
-    x, own = _input(p.match, lin)
-    assert x is not None
-    spec, out = p.match.snap.node(x.name).tensor_spec, lin.op.spec
-    assert spec is not None and out is not None  # checked by _fits
+    lin, spec, out, own = site.lin, site.spec, site.out, site.own
     rank, base = len(spec.shape), lin.op.name
-    nchw, conv_in = _steps(p, x, spec.shape, spec.dtype, TO_NCHW[rank], f"{base}_nchw")
+    nchw, conv_in = _steps(p, site.x, spec.shape, spec.dtype, TO_NCHW[rank], f"{base}_nchw")
     conv_spec = TensorSpec(shape=(conv_in[0], out.shape[-1], *conv_in[2:]), dtype=out.dtype)
     conv = _conv(p, nchw, _weight(p, lin, w, wq, dqw), b, f"{base}_conv", conv_spec)
     result, _ = _steps(p, conv, conv_spec.shape, out.dtype, FROM_NCHW[rank], f"{base}_back")
@@ -190,7 +202,7 @@ def _plan(
 LINEAR_TO_CONV2D = rule(
     NAME,
     PATTERN,
-    need.check(_fits, codes=("malformed-node", "unsupported-rank", "symbolic-shape", "bias-not-per-channel")),
+    need.compute("site", _site, codes=("malformed-node", "unsupported-rank", "symbolic-shape", "bias-not-per-channel")),
     plan=_plan,
 )
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 
 import pytest
-from returns.result import Result
+from returns.result import Failure, Result, Success
 
 from fxpure import plan, verify
 from fxpure.families import ADD, BATCH_NORM, CONV, MUL, RELU, SUB, TRANSPOSE
@@ -313,6 +313,80 @@ def test_custom_check_returns_a_located_typed_reason() -> None:
     assert "not-square" in r.codes
     reason = only_rejection(scaled(w_shape=(4, 3, 3, 1)), r)
     assert (reason.code, reason.path) == ("not-square", "mul.self/conv.weight")
+
+
+def _kernel(w: WeightExpr, match: Match) -> Result[tuple[int, int], Reason]:
+    spec_ = match.spec("w")
+    assert spec_ is not None
+    kh, kw = spec_.shape[2:]
+    if kh != kw or not isinstance(kh, int) or not isinstance(kw, int):
+        return Failure(Declined(code="not-square", node="conv", detail=f"kernel {kh}x{kw}"))
+    return Success((kh, kw))
+
+
+def test_a_computed_value_reaches_the_checks_after_it_and_the_planner() -> None:
+    seen: list[object] = []
+
+    def small(kernel: tuple[int, int], w: WeightExpr) -> Reason | None:
+        seen.append(("check", kernel))
+        return None if kernel[0] <= 3 else Declined(code="big-kernel", node="conv", detail=f"{kernel}")
+
+    def plan_(p: Planner, kernel: tuple[int, int], mul: Bound, conv: Bound, w: WeightExpr, s: object) -> RewritePlan:
+        seen.append(("plan", kernel))
+        return _scale(p, mul, conv, w, 2.0)
+
+    r = rule(
+        "k",
+        SCALED,
+        need.compute("kernel", _kernel, codes=("not-square",)),
+        need.check(small, codes=("big-kernel",)),
+        plan=plan_,
+    )
+    assert {"not-square", "big-kernel"} <= r.codes and "kernel" in r.reads
+    assert [p.anchor for p in plan(scaled(), [r]).plans] == ["mul"]
+    assert seen == [("check", (3, 3)), ("plan", (3, 3))]  # computed once, read by both
+    big = only_rejection(scaled(w_shape=(4, 3, 5, 5)), r)
+    assert (big.code, big.path) == ("big-kernel", "mul.self/conv.weight")  # at the first binding it reads
+
+
+def test_a_compute_that_fails_declines_with_its_located_reason() -> None:
+    r = rule("k", SCALED, need.compute("kernel", _kernel, codes=("not-square",)), plan=lambda p, kernel: p.finish([]))
+    reason = only_rejection(scaled(w_shape=(4, 3, 3, 1)), r)
+    assert (reason.code, reason.path, reason.message) == ("not-square", "mul.self/conv.weight", "kernel 3x1")
+
+
+def test_computed_names_are_checked_when_the_rule_is_built() -> None:
+    compute = need.compute("kernel", _kernel, codes=("not-square",))
+    with pytest.raises(PatternError, match="compute _kernel binds 'w', which is bound already"):
+        rule("bad", SCALED, need.compute("w", _kernel, codes=("x",)), plan=_plan_nothing)
+    with pytest.raises(PatternError, match="check uses_kernel reads 'kernel', which nothing binds before it"):
+
+        def uses_kernel(kernel: tuple[int, int]) -> Reason | None:
+            return None
+
+        rule("bad", SCALED, need.check(uses_kernel, codes=("x",)), compute, plan=_plan_nothing)
+    with pytest.raises(PatternError, match="compute _kernel reads 'w'"):
+        rule("bad", Op(RELU, name="r", self=Var("x")), compute, plan=_plan_nothing)
+    with pytest.raises(PatternError, match="compute is_square returns a bare bool"):
+
+        def is_square(w: WeightExpr) -> bool:
+            return True
+
+        need.compute("k", is_square, codes=("x",))  # type: ignore[arg-type]
+    with pytest.raises(PatternError, match="compute <lambda> must declare its return type"):
+        need.compute("k", lambda w: Success(1), codes=("x",))
+    with pytest.raises(PatternError, match="compute _kernel must list the reason codes"):
+        need.compute("k", _kernel, codes=())
+
+
+@pytest.mark.parametrize("out", [None, (3, 3), Failure("not a reason")])
+def test_a_compute_that_returns_no_result_is_a_bug_in_the_rule(out: object) -> None:
+    def sloppy(w: WeightExpr) -> Result[object, Reason]:
+        return out  # type: ignore[return-value]
+
+    r = rule("k", SCALED, need.compute("k", sloppy, codes=("x",)), plan=lambda p, k: p.finish([]))
+    with pytest.raises(TypeError, match="compute sloppy returned"):
+        plan(scaled(), [r])
 
 
 def test_a_planner_failure_about_an_expression_is_located_at_the_anchor() -> None:
