@@ -355,6 +355,14 @@ def test_a_compute_that_fails_declines_with_its_located_reason() -> None:
     assert (reason.code, reason.path, reason.message) == ("not-square", "mul.self/conv.weight", "kernel 3x1")
 
 
+def test_a_compute_that_reads_no_binding_is_located_at_itself() -> None:
+    def whole(match: Match) -> Result[int, Reason]:
+        return Failure(Declined(code="no", node=match.anchor, detail="never"))
+
+    r = rule("k", SCALED, need.compute("k", whole, codes=("no",)), plan=lambda p, k: p.finish([]))
+    assert only_rejection(scaled(), r).path == "need.whole"
+
+
 def test_computed_names_are_checked_when_the_rule_is_built() -> None:
     compute = need.compute("kernel", _kernel, codes=("not-square",))
     with pytest.raises(PatternError, match="compute _kernel binds 'w', which is bound already"):
@@ -367,13 +375,15 @@ def test_computed_names_are_checked_when_the_rule_is_built() -> None:
         rule("bad", SCALED, need.check(uses_kernel, codes=("x",)), compute, plan=_plan_nothing)
     with pytest.raises(PatternError, match="compute _kernel reads 'w'"):
         rule("bad", Op(RELU, name="r", self=Var("x")), compute, plan=_plan_nothing)
-    with pytest.raises(PatternError, match="compute is_square returns a bare bool"):
+    with pytest.raises(
+        PatternError, match=r"^compute is_square returns a bare bool: return Success\(value\) or Failure\(Reason\)$"
+    ):
 
         def is_square(w: WeightExpr) -> bool:
             return True
 
         need.compute("k", is_square, codes=("x",))  # type: ignore[arg-type]
-    with pytest.raises(PatternError, match="compute <lambda> must declare its return type"):
+    with pytest.raises(PatternError, match=r"^compute <lambda> must declare its return type \(a Result\)$"):
         need.compute("k", lambda w: Success(1), codes=("x",))
     with pytest.raises(PatternError, match="compute _kernel must list the reason codes"):
         need.compute("k", _kernel, codes=())

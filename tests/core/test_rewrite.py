@@ -61,6 +61,19 @@ def test_a_reader_through_keywords_follows_a_moved_use() -> None:
     assert b_after.kwargs == pmap({"other": NodeRef("n"), "pair": (NodeRef("n"), 1), "k": 3})
 
 
+def test_a_reader_moved_to_a_new_node_keeps_everything_else() -> None:
+    # n, made by a first rewrite (with its provenance and source function), reads c; a second
+    # rewrite moves c's uses to m: n reads m and is otherwise the same record
+    made = NewNode(name="n", target="h", args=(NodeRef("c"),), spec=spec(2), provenance="a", source_fn="relu")
+    first = after(chain(), [RewritePlan(rule="r", anchor="a", nodes=(made,), replace=(("a", "n"),), erase=("a",))])
+    n = first.node("n")
+    assert (n.provenance, n.source_fn) == ("a", "relu")
+    moved = RewritePlan(rule="r", anchor="c", nodes=(new("m", NodeRef("x")),), replace=(("c", "m"),), erase=("c",))
+    assert after(first, [moved]).node("n") == NodeSnapshot(
+        name="n", op="call_function", target="h", args=(NodeRef("m"),), spec=spec(2), provenance="a", source_fn="relu"
+    )
+
+
 def test_moved_uses_follow_a_chain_of_plans() -> None:
     # a's uses move to c, and c's to a new node m: a's readers read m
     drop_a = RewritePlan(rule="r", anchor="a", replace=(("a", "c"),), erase=("a",))
