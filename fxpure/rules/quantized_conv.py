@@ -33,7 +33,7 @@ from fxpure.pattern import (
 )
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedDtype
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, TensorSpec
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
 from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
 
 NAME = "quantized-conv"
@@ -146,7 +146,9 @@ def _symmetric(conv: Bound, dqw: Bound, match: Match) -> Reason | None:
     return None
 
 
-def _geometry(conv: Bound, w: TensorSpec | None) -> Result[Geometry, Reason]:
+def _geometry(conv: Bound, match: Match) -> Result[Geometry, Reason]:
+    """A static 2D weight that splits into the conv's groups, as channel and kernel sizes."""
+    w = match.spec("wq")
     if w is None or len(w.shape) != 4 or not w.is_static:
         shape = w.shape if w is not None else None
         return Failure(Malformed(node=conv.name, detail=f"weight shape {shape} is not a static 2D conv weight"))
@@ -158,12 +160,8 @@ def _geometry(conv: Bound, w: TensorSpec | None) -> Result[Geometry, Reason]:
     return Success(Geometry(oc=oc, icg=icg, ocg=oc // g, kh=kh, kw=kw, groups=g))
 
 
-def _shapes(conv: Bound, dqx: Bound, q: Bound, match: Match) -> Reason | None:
-    """A static 2D weight, and (N, C, H, W) activations with static channels."""
-    geo = _geometry(conv, match.spec("wq"))
-    if isinstance(geo, Failure):
-        bad: Reason = geo.failure()
-        return bad
+def _shapes(conv: Bound, dqx: Bound, q: Bound) -> Reason | None:
+    """(N, C, H, W) activations with static channels."""
     for role, spec in (("input", dqx.spec), ("output", q.spec)):
         if spec is None or len(spec.shape) != 4:
             return Malformed(node=conv.name, detail=f"{role} has no known (N, C, H, W) shape")
@@ -172,9 +170,8 @@ def _shapes(conv: Bound, dqx: Bound, q: Bound, match: Match) -> Reason | None:
     return None
 
 
-def _vectors(conv: Bound, dqw: Bound, match: Match) -> Reason | None:
+def _vectors(conv: Bound, geo: Geometry, dqw: Bound, match: Match) -> Reason | None:
     """Per-channel scales along the output channels, and scales and bias one per output channel."""
-    geo = _geometry(conv, match.spec("wq")).unwrap()
     if dqw.args.get("axis") is not None:
         axis, want = dqw.args["axis"], 1 if conv.bool("transposed") else 0
         if axis != want:
@@ -233,6 +230,8 @@ def _vector(p: Planner, name: str, expr: WeightExpr, ref: Arg, length: int, alig
 def _plan(
     p: Planner,
     align: int,
+    geo: Geometry,
+    kernel: str,
     conv: Bound,
     dqx: Bound,
     dqw: Bound,
@@ -249,8 +248,6 @@ def _plan(
     bias: WeightExpr | None,
 ) -> Result[RewritePlan, Reason]:
     # weight -> layout padded on its last dim; sums of the layout per output channel; scales, bias padded
-    geo = _geometry(conv, p.match.spec("wq")).unwrap()
-    kernel = _kernel(conv, geo, align).unwrap()
     w_ref = dqw.ref("input")
     layout = LAYOUTS[kernel](wq, geo)
     spec = infer_spec(layout)
@@ -365,12 +362,13 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
 
-    def aligned(conv: Bound, match: Match) -> Reason | None:
-        kernel = _kernel(conv, _geometry(conv, match.spec("wq")).unwrap(), align)
-        return kernel.failure() if isinstance(kernel, Failure) else None
+    def aligned(conv: Bound, geo: Geometry) -> Result[str, Reason]:
+        return _kernel(conv, geo, align)
 
     def plan(
         p: Planner,
+        geo: Geometry,
+        kernel: str,
         conv: Bound,
         dqx: Bound,
         dqw: Bound,
@@ -386,7 +384,26 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         scale: float | None = None,
         bias: WeightExpr | None = None,
     ) -> Result[RewritePlan, Reason]:
-        return _plan(p, align, conv, dqx, dqw, q, xq, x_scale, x_zp, out_scale, out_zp, wq, relu, scales, scale, bias)
+        return _plan(
+            p,
+            align,
+            geo,
+            kernel,
+            conv,
+            dqx,
+            dqw,
+            q,
+            xq,
+            x_scale,
+            x_zp,
+            out_scale,
+            out_zp,
+            wq,
+            relu,
+            scales,
+            scale,
+            bias,
+        )
 
     return rule(
         NAME,
@@ -395,9 +412,10 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         need.check(_explicit, codes=("no-kernel",)),
         need.check(_int8, codes=("unsupported-dtype",)),
         need.check(_symmetric, codes=("asymmetric-weight",)),
+        need.compute("geo", _geometry, codes=("malformed-node",)),
         need.check(_shapes, codes=("malformed-node", "symbolic-shape")),
         need.check(_vectors, codes=("no-kernel", "malformed-node")),
-        need.check(aligned, codes=("channel-alignment",)),
+        need.compute("kernel", aligned, codes=("channel-alignment",)),
         plan=plan,
         fallback=FALLBACKS[fallback],
     )
