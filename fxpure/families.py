@@ -124,6 +124,21 @@ def _conv_rank(snap: GraphSnapshot, node: NodeSnapshot, w: Arg) -> int | None:
     return len(spec.shape) - 2 if spec is not None and len(spec.shape) >= 3 else None
 
 
+def _batched(snap: GraphSnapshot, node: NodeSnapshot, x: NodeRef, rank: int) -> str | None:
+    """Why the conv is not known to run on a batch ``(N, C, *spatial)``, or None. The conv1d/2d/3d
+    spellings also take an unbatched ``(C, *spatial)`` input, whose channels are dim 0: a rule that
+    takes dim 1 for the channels would fold, normalise or slice along a spatial dim."""
+    x_spec = snap.node(x.name).tensor_spec if x.name in snap.index else None
+    for role, spec in (("input", x_spec), ("output", node.tensor_spec)):
+        if spec is not None and len(spec.shape) != rank + 2:
+            return (
+                f"{role} has shape {spec.shape}, not (N, C) and {rank} spatial dims: an unbatched conv is not rewritten"
+            )
+    if x_spec is None and node.tensor_spec is None and node.target != "aten.convolution.default":
+        return "no shape tells whether the input is a batch: an unbatched conv is not rewritten"
+    return None
+
+
 def _normalize_conv(
     snap: GraphSnapshot, node: NodeSnapshot, a: Mapping[str, Arg]
 ) -> Result[Mapping[str, Arg], Malformed]:
@@ -138,6 +153,9 @@ def _normalize_conv(
     w = snap.node(a["weight"].name).tensor_spec if a["weight"].name in snap.index else None
     if w is not None and len(w.shape) != rank + 2:
         return Failure(Malformed(node=n, detail=f"weight of shape {w.shape} does not fit a {rank}-d convolution"))
+    batched = _batched(snap, node, a["input"], rank)
+    if batched is not None:
+        return Failure(Malformed(node=n, detail=batched))
     out = dict(a)
     for key in ("stride", "dilation", "output_padding", *(() if isinstance(a["padding"], str) else ("padding",))):
         ints = _ints(n, key, a[key], rank)

@@ -42,9 +42,10 @@ def _ints(value: Arg) -> tuple[int, ...]:
 def conv_view(snap: GraphSnapshot, node: NodeSnapshot) -> Result[ConvView, Malformed]:
     """Normalise ``aten.conv{1,2,3}d``, ``conv_transpose*`` and ``convolution``.
 
-    >>> from fxpure.snapshot import snapshot
+    >>> from fxpure.snapshot import TensorSpec, snapshot
     >>> n = NodeSnapshot(name="c", op="call_function", target="aten.conv2d.default",
-    ...                  args=(NodeRef("x"), NodeRef("w"), None, (2, 2)))
+    ...                  args=(NodeRef("x"), NodeRef("w"), None, (2, 2)),
+    ...                  spec=TensorSpec(shape=(1, 8, 4, 4), dtype="float32"))
     >>> v = conv_view(snapshot([], {}), n).unwrap()
     >>> v.stride, v.padding, v.groups, v.transposed
     ((2, 2), (0, 0), 1, False)

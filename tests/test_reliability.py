@@ -15,7 +15,7 @@ import fxpure
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
-from tests.programs import FORMS, assert_sound, build, run
+from tests.programs import FORMS, assert_close, assert_sound, build, run
 
 
 class Holder(nn.Module):
@@ -237,3 +237,54 @@ def test_capture_pauses_the_cyclic_collector_and_restores_it(monkeypatch: pytest
     cap = adapters.snap.capture_program(gm)
     assert seen == [False] and gc.isenabled()
     assert [n.op for n in cap.snap.nodes] == ["placeholder", "call_module", "call_module", "output"]
+
+
+class Unbatched(nn.Module):
+    """A conv on an unbatched ``(C, *spatial)`` input, whose channels are dim 0, then each op a
+    rule would take dim 1 for the channels in: a batch norm (which reads the 2-d output of a conv1d
+    as (N, C)), a constant that broadcasts along a spatial dim, and groups to split."""
+
+    def __init__(self, rank: int, tail: str) -> None:
+        super().__init__()
+        conv = {1: nn.Conv1d, 2: nn.Conv2d}[rank]
+        self.conv = conv(4, 6, 1, groups=2 if tail == "groups" else 1)
+        self.bn = nn.BatchNorm1d(6) if tail == "bn" else None
+        self.k = torch.randn((6,) if rank == 1 else (6, 1))  # dim -1 (L) or dim -2 (H) of the output
+        self.tail = tail
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.conv(x)
+        if self.bn is not None:
+            return self.bn(y)  # type: ignore[no-any-return]
+        return y * self.k if self.tail == "mul" else y
+
+
+UNBATCHED = [
+    (1, "bn", (4, 6), "fuse-conv-bn"),
+    (1, "mul", (4, 6), "fold-binary"),
+    (2, "mul", (4, 6, 5), "fold-binary"),
+    (1, "groups", (4, 6), "split-group-conv"),
+    (2, "groups", (4, 6, 6), "split-group-conv"),
+    (1, "none", (4, 6), "conv1d-to-conv2d"),
+]
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize(("rank", "tail", "shape", "rule"), UNBATCHED)
+def test_an_unbatched_conv_is_declined(form: str, rank: int, tail: str, shape: tuple[int, ...], rule: str) -> None:
+    # its sizes fit each rule's dim-1 reading (6 along the spatial dim a rule would take for channels)
+    torch.manual_seed(0)
+    model, x = Unbatched(rank, tail).eval(), (torch.randn(*shape),)
+    if model.bn is not None:
+        randomize_bn(model)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = build(model, x, form)
+    code = program.graph_module.code if isinstance(program, torch.export.ExportedProgram) else program.code
+    outcome = adapters.transform(program, [RULES[rule]()]).unwrap()
+    assert outcome.report.plans == ()
+    (rejection,) = outcome.report.rejections
+    assert rejection.reason.code == "malformed-node"
+    assert f"input has shape {shape}, not (N, C) and {rank} spatial dims" in rejection.reason.message
+    assert (program.graph_module.code if isinstance(program, torch.export.ExportedProgram) else program.code) == code
+    assert_close(run(program, x), want)

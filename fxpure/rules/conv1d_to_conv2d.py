@@ -127,7 +127,6 @@ def _plan(
 CONV1D_TO_CONV2D = rule(
     NAME,
     PATTERN,
-    need.rank("x", (3,)),
     need.static("x", dims=(1,)),
     need.static("conv", dims=(1,)),
     need.check(_explicit, codes=("string-padding",)),
@@ -141,6 +140,6 @@ def conv1d_to_conv2d() -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(conv1d_to_conv2d().codes - GENERIC_CODES)
-    ['not-constant', 'string-padding', 'symbolic-shape', 'unsupported-rank', 'wrong-op']
+    ['not-constant', 'string-padding', 'symbolic-shape', 'wrong-op']
     """
     return CONV1D_TO_CONV2D

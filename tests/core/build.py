@@ -156,10 +156,11 @@ def qconv(
     if bias:
         b = g.input("b", (cout,)) if bias_is_input else g.parameter("b", (cout,))
     x_c = cin if channels is None else channels
-    prev = g.input("x", (1, x_c, 8, 8), act_dtype)
+    hw = (8,) * rank
+    prev = g.input("x", (1, x_c, *hw), act_dtype)
     for i in range(convs):
         name = f"conv{i}" if convs > 1 else "conv"
-        act = spec(1, x_c, 8, 8)
+        act = spec(1, x_c, *hw)
         dqx = g.call(
             "quantized_decomposed.dequantize_per_tensor.default",
             name=f"dqx{i}",
@@ -191,7 +192,7 @@ def qconv(
         args.update(
             stride=(stride,) * rank, padding=(padding,) * rank, dilation=(dilation,) * rank, transposed=transposed
         )
-        out = spec(1, cout, 8, 8)
+        out = spec(1, cout, *hw)
         last = g.call("aten.convolution.default", name=name, out=out, **args)
         if relu:
             last = g.call("aten.relu.default", name=f"relu{i}", out=out, self=last)
@@ -200,7 +201,7 @@ def qconv(
             last = g.call(
                 "quantized_decomposed.quantize_per_tensor.default",
                 name=f"q{i}",
-                out=spec(1, cout, 8, 8, dtype=act_dtype),
+                out=spec(1, cout, *hw, dtype=act_dtype),
                 **q,
             )
         prev = last

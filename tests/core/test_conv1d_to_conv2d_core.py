@@ -256,7 +256,7 @@ def test_dequantized_weight_is_unsqueezed_behind_a_new_dequantize(axis: int, nor
         ({"weight": "input"}, "not-constant", "conv.weight", "weight of conv is not a constant"),
         ({"weight": "dq-of-input"}, "not-constant", "conv.weight/dqw.input", "weight of conv is not a constant"),
         ({"channels": "s1"}, "symbolic-shape", "conv.input", "input of conv has symbolic shape"),
-        ({"unbatched": True}, "unsupported-rank", "conv.input", "has 2 dims, the rule handles (3,)"),
+        ({"unbatched": True}, "malformed-node", "conv", "input has shape (4, 16), not (N, C) and 1 spatial dims"),
         (
             {"target": "aten.conv1d.padding", "padding": "same", "stride": 1, "dialect": "edge"},
             "string-padding",

@@ -275,6 +275,8 @@ CONVS = snapshot(
         NodeSnapshot(name="w", op="placeholder", target="w", spec=spec(4, 3, 3, 3)),
         NodeSnapshot(name="bare", op="placeholder", target="bare"),
         NodeSnapshot(name="flat", op="placeholder", target="flat", spec=spec(4, 3)),
+        NodeSnapshot(name="x1", op="placeholder", target="x1", spec=spec(1, 3, 8)),
+        NodeSnapshot(name="x3", op="placeholder", target="x3", spec=spec(1, 3, 8, 8, 8)),
     ],
     {},
 )
@@ -314,8 +316,35 @@ def test_conv_normal_form() -> None:
     ],
 )
 def test_conv_rank_comes_from_the_spelling(target: str, rank: int) -> None:
-    bound = ok(conv(target, X, BARE))
+    bound = ok(conv(target, NodeRef({1: "x1", 2: "x", 3: "x3"}[rank]), BARE))
     assert (bound["rank"], bound["stride"]) == (rank, (1,) * rank)
+
+
+def _conv_node(target: str, x: NodeRef, out: tuple[int, ...] | None) -> NodeSnapshot:
+    args: tuple[Arg, ...] = (x, W) if target != CONVOLUTION else (x, W, None, 1, 0, 1, False, 0, 1)
+    return NodeSnapshot(
+        name="conv", op="call_function", target=target, args=args, spec=None if out is None else spec(*out)
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "x", "out", "message"),
+    [
+        # an unbatched input: its channels are dim 0, not the 1 a rule reads them from
+        ("aten.conv2d.default", "flat", None, "input has shape (4, 3), not (N, C) and 2 spatial dims"),
+        ("aten.conv2d.default", "bare", (4, 6, 6), "output has shape (4, 6, 6), not (N, C) and 2 spatial dims"),
+        ("aten.conv2d.default", "bare", None, "no shape tells whether the input is a batch"),
+        ("aten.conv2d.default", "x", None, None),
+        ("aten.conv2d.default", "bare", (1, 4, 6, 6), None),
+        (CONVOLUTION, "bare", None, None),  # aten.convolution has no unbatched form
+    ],
+)
+def test_a_conv_must_run_on_a_batch(target: str, x: str, out: tuple[int, ...] | None, message: str | None) -> None:
+    result = CONV.bind(CONVS, _conv_node(target, NodeRef(x), out))
+    if message is None:
+        assert ok(result)["rank"] == 2
+    else:
+        assert failed(result) == f"conv: {message}: an unbatched conv is not rewritten"
 
 
 @pytest.mark.parametrize(
