@@ -171,6 +171,58 @@ def capture_program(program: Program) -> Captured:
         return _capture(program)
 
 
+# per target: whether it returns an alias of an argument, and its aliased arguments as (position,
+# or -1 if keyword-only; name; written in place)
+_ALIASES: dict[Any, tuple[bool, tuple[tuple[int, str, bool], ...]]] = {}
+
+
+def _aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
+    try:
+        return _ALIASES[target]
+    except KeyError:
+        pass
+    schema = getattr(target, "_schema", None)
+    found: tuple[bool, tuple[tuple[int, str, bool], ...]] = (False, ())
+    if isinstance(schema, torch.FunctionSchema):
+        args = tuple(
+            (-1 if a.kwarg_only else i, a.name, bool(a.alias_info.is_write))
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None
+        )
+        found = (any(r.alias_info is not None for r in schema.returns), args)
+    _ALIASES[target] = found
+    return found
+
+
+def _written(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> set[str]:
+    """The nodes whose tensor the program writes: the buffers its signature mutates, and each
+    tensor an in-place op (or an ``out=``) writes, traced back through the views it was taken of."""
+    written: set[str] = set()
+    if ep is not None:
+        mutated = set(ep.graph_signature.buffers_to_mutate.values())
+        written |= {
+            s.arg.name for s in ep.graph_signature.input_specs if s.target in mutated and hasattr(s.arg, "name")
+        }
+    base: dict[str, str] = {}  # a view -> the tensor it views
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        try:
+            returns_alias, args = _aliases(n.target)
+        except TypeError:  # an unhashable target: no schema to read
+            continue
+        for i, name, write in args:
+            value = n.args[i] if 0 <= i < len(n.args) else n.kwargs.get(name)
+            for x in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(x, torch.fx.Node):
+                    root = base.get(x.name, x.name)
+                    if write:
+                        written.add(root)
+                    elif returns_alias:
+                        base[n.name] = root
+    return written
+
+
 def _capture(program: Program) -> Captured:
     ep = program if isinstance(program, ExportedProgram) else None
     gm = program.graph_module if isinstance(program, ExportedProgram) else program
@@ -214,6 +266,11 @@ def _capture(program: Program) -> Captured:
                 spec=_spec(n.meta.get("val")),
             )
         )
+    written = _written(ep, gm)
+    if written:  # a tensor the program writes (or one sharing its storage) is no constant to fold
+        storages = {constants[k].storage for k in written if k in constants}
+        for k in [k for k, c in constants.items() if k in written or c.storage in storages]:
+            del constants[k], tensors[k]
     snap = snapshot(
         nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
     )
