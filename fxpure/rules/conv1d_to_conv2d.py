@@ -87,7 +87,8 @@ def _weight(p: Planner, conv: Bound, w: WeightExpr | None, wq: WeightExpr | None
     axis = dqw.args.get("axis")
     if not isinstance(axis, int):  # per tensor
         return p.respell(dqw, name=name, spec=spec, input=int_w)
-    return p.respell(dqw, name=name, spec=spec, input=int_w, axis=axis % 3)  # (C0, C1, K) -> (C0, C1, 1, K)
+    axis %= 3  # (C0, C1, K) -> (C0, C1, 1, K): the kernel axis moves past the new dim
+    return p.respell(dqw, name=name, spec=spec, input=int_w, axis=3 if axis == 2 else axis)
 
 
 def _plan(

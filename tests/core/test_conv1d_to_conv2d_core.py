@@ -232,7 +232,8 @@ def test_weight_also_read_elsewhere_is_left_as_it_is() -> None:
     assert after.node("conv_2d").args[1] == NodeRef("conv_weight_2d")
 
 
-@pytest.mark.parametrize(("axis", "normal"), [(0, 0), (-3, 0), (1, 1)])
+# (C0, C1, K) -> (C0, C1, 1, K): the kernel axis moves past the new unit dim
+@pytest.mark.parametrize(("axis", "normal"), [(0, 0), (-3, 0), (1, 1), (2, 3), (-1, 3)])
 def test_dequantized_weight_is_unsqueezed_behind_a_new_dequantize(axis: int, normal: int) -> None:
     g = conv1d(weight="dq", axis=axis, transposed=axis == 1, target="aten.convolution.default", out_length=32)
     report = plan(g, [RULE])
