@@ -310,17 +310,19 @@ class _Commit:
     def erase(self, graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         if node.users:
             raise _ApplyError("apply-failed", f"{node.name} is still read by {next(iter(node.users)).name}")
-        following, args, kwargs = node.next, node.args, node.kwargs
-        graph.erase_node(node)
+        following, args, kwargs, length = node.next, node.args, node.kwargs, graph._len
 
-        def undo() -> None:  # put the very node back where it was (torch.fx has no public undo)
-            following._prepend(node)
+        def undo() -> None:  # put the very node back where it was (torch.fx has no public undo), from
+            # wherever erase_node stopped: an interrupt may stop it half way
+            if following._prev is not node:
+                following._prepend(node)
             node._erased = False
-            graph._len += 1
+            graph._len = length
             graph._find_nodes_lookup_table.insert(node)
             node.args, node.kwargs = args, kwargs
 
-        self.undo.append(undo)
+        self.undo.append(undo)  # before the erase, which may not return
+        graph.erase_node(node)
 
     def rollback(self) -> None:
         for fn in reversed(self.undo):

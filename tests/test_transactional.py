@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -118,13 +119,40 @@ def _fail_on_call(n: int, exc: BaseException) -> Callable[..., Any]:
     return wrap
 
 
+def _fail_inside_erase(exc: BaseException) -> Callable[..., Any]:
+    """The second ``Graph.erase_node`` stops half way, as an interrupt may stop it: the node is out
+    of the lookup table and the node list and marked erased, its inputs still list it as a user."""
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        calls = {"n": 0}
+
+        def fn(graph: torch.fx.Graph, node: torch.fx.Node) -> Any:
+            calls["n"] += 1
+            if calls["n"] != 2:
+                return real(graph, node)
+            graph._find_nodes_lookup_table.remove(node)
+            node._remove_from_list()
+            node._erased = True
+            graph._len -= 1
+            raise exc
+
+        return fn
+
+    return wrap
+
+
 # every point of the in-place commit where something can go wrong (the call that fails: the second
 # one, after some edits were made; recompile runs once, after all of them)
-FAILURE_POINTS: dict[str, tuple[Any, str, int]] = {
-    "insert a node": (torch.fx.Graph, "create_node", 2),
-    "re-point arguments": (importlib.import_module("adapters.realize"), "_rebuild", 2),
-    "erase a node": (torch.fx.Graph, "erase_node", 2),
-    "recompile": (torch.fx.GraphModule, "recompile", 1),
+FAILURE_POINTS: dict[str, tuple[Any, str, Callable[[BaseException], Callable[..., Any]]]] = {
+    "insert a node": (torch.fx.Graph, "create_node", functools.partial(_fail_on_call, 2)),
+    "re-point arguments": (
+        importlib.import_module("adapters.realize"),
+        "_rebuild",
+        functools.partial(_fail_on_call, 2),
+    ),
+    "erase a node": (torch.fx.Graph, "erase_node", functools.partial(_fail_on_call, 2)),
+    "erase a node, half way": (torch.fx.Graph, "erase_node", _fail_inside_erase),
+    "recompile": (torch.fx.GraphModule, "recompile", functools.partial(_fail_on_call, 1)),
 }
 
 
@@ -145,8 +173,8 @@ def test_every_commit_failure_point_rolls_back(
     before_sig = [str(s) for s in program.graph_signature.input_specs] if isinstance(program, ExportedProgram) else []
     with torch.no_grad():
         want = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
-    owner, attr, call = FAILURE_POINTS[point]
-    monkeypatch.setattr(owner, attr, _fail_on_call(call, exc)(getattr(owner, attr)))
+    owner, attr, failing = FAILURE_POINTS[point]
+    monkeypatch.setattr(owner, attr, failing(exc)(getattr(owner, attr)))
     if isinstance(exc, KeyboardInterrupt):
         with pytest.raises(KeyboardInterrupt, match=r"^Ctrl-C mid-commit$") as info:
             adapters.transform(program, [fuse_conv_bn()])
