@@ -343,7 +343,8 @@ FALLBACKS: Mapping[str, PatternRule | None] = {"dequantize": DEQUANTIZE_WEIGHT, 
 
 
 def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
-    """The int8 conv packing rule for ExecuTorch's Vulkan q8ta kernels; ``align`` is the texel width.
+    """The int8 conv packing rule for ExecuTorch's Vulkan q8ta kernels; ``align`` is the texel width
+    (a positive multiple of 4: the kernels read channels four at a time).
 
     ``fallback`` is what happens to a quantized conv it declines: ``"dequantize"`` (the default)
     dequantizes its int8 weight into a float constant, so the conv runs in float between the
@@ -358,9 +359,14 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
 'not-quantized', 'not-scalar', 'symbolic-shape', 'unsupported-dtype', 'unsupported-rank']
     >>> r.fallback.name if r.fallback else None, quantized_conv(fallback="none").fallback
     ('quantized-conv-fallback', None)
+    >>> quantized_conv(align=0)
+    Traceback (most recent call last):
+    ValueError: align must be a positive multiple of 4, got 0
     """
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+    if type(align) is not int or align < 4 or align % 4:  # the kernels read channels four at a time
+        raise ValueError(f"align must be a positive multiple of 4, got {align!r}")
 
     def aligned(conv: Bound, geo: Geometry) -> Result[str, Reason]:
         return _kernel(conv, geo, align)

@@ -239,6 +239,13 @@ def test_a_zero_weight_scale_is_kept() -> None:
     assert isinstance(weight.expr, Dequantize) and weight.expr.scale == Fill(shape=(), value=0.0, dtype="float32")
 
 
+@pytest.mark.parametrize("align", [0, -4, 2, 6, 4.0, True])
+def test_an_align_the_kernels_cannot_use_is_refused(align: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^align must be a positive multiple of 4, got {align!r}$"):
+        quantized_conv(align=align)
+    assert quantized_conv(align=8).name == "quantized-conv"
+
+
 def test_an_unknown_fallback_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^fallback must be one of dequantize, none, got 'float'$"):
         quantized_conv(fallback="float")
