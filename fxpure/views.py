@@ -40,7 +40,8 @@ def _ints(value: Arg) -> tuple[int, ...]:
 
 
 def conv_view(snap: GraphSnapshot, node: NodeSnapshot) -> Result[ConvView, Malformed]:
-    """Normalise ``aten.conv{1,2,3}d``, ``conv_transpose*`` and ``convolution``.
+    """Normalise ``aten.conv{1,2,3}d``, ``conv_transpose*`` and ``convolution``; a conv on an
+    unbatched input (or a ``conv{1,2,3}d`` with no shape known) is ``Malformed``.
 
     >>> from fxpure.snapshot import TensorSpec, snapshot
     >>> n = NodeSnapshot(name="c", op="call_function", target="aten.conv2d.default",
