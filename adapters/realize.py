@@ -377,9 +377,12 @@ def _commit_ep(
 
 def _commit_gm(c: _Commit, cap: Captured, after: GraphSnapshot, new: Mapping[str, torch.Tensor]) -> None:
     live = {after.node(k).target for k in after.constants if after.node(k).op == "get_attr"}
+    # what the graph still reads as a whole: a called module (its parameters with it), an attribute
+    held = tuple(f"{n.target}." for n in after.nodes if n.op in ("call_module", "get_attr"))
     for name in cap.snap.constants:
         node = cap.snap.node(name)
-        if node.op == "get_attr" and node.target not in live and _attr_exists(cap.gm, node.target):
+        dead = node.op == "get_attr" and node.target not in live and not node.target.startswith(held)
+        if dead and _attr_exists(cap.gm, node.target):
             owner, leaf = _owner(cap.gm, node.target)
             c.set_attr(owner, leaf, None)
     for name, t in new.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -365,3 +366,39 @@ def test_a_tensor_the_program_writes_is_not_folded(
     for _ in range(3):
         with torch.no_grad():
             assert_close([got_module(*x)], [want_module(*x)])
+
+
+class CalledToo(nn.Module):
+    """A conv read through its parameters (then a batch norm) and also called as a module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        aten = torch.ops.aten
+        y = aten.conv2d.default(x, self.conv.weight, self.conv.bias)
+        bn = self.bn
+        y = aten.batch_norm.default(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, False, 0.1, 1e-5, False)
+        return y + self.conv(x)  # type: ignore[no-any-return]
+
+
+class _Shapes(torch.fx.Interpreter):
+    """Records each node's value as ``meta["val"]`` (what capture reads the shapes from)."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        value = super().run_node(n)
+        n.meta["val"] = value
+        return value
+
+
+def test_a_parameter_a_module_call_still_reads_is_kept() -> None:
+    model, x = randomize_bn(CalledToo()).eval(), torch.randn(1, 3, 8, 8)
+    gm = torch.fx.symbolic_trace(model)
+    _Shapes(gm).run(x)
+    with torch.no_grad():
+        want = [gm(x)]
+    outcome = adapters.transform(gm, [fuse_conv_bn()]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
+    assert isinstance(gm.conv, nn.Conv2d) and {"weight", "bias"} <= dict(gm.conv.named_parameters()).keys()
+    assert_close(run(gm, (x,)), want)

@@ -334,6 +334,7 @@ def _conv_node(target: str, x: NodeRef, out: tuple[int, ...] | None) -> NodeSnap
         ("aten.conv2d.default", "flat", None, "input has shape (4, 3), not (N, C) and 2 spatial dims"),
         ("aten.conv2d.default", "bare", (4, 6, 6), "output has shape (4, 6, 6), not (N, C) and 2 spatial dims"),
         ("aten.conv2d.default", "bare", None, "no shape tells whether the input is a batch"),
+        ("aten.conv2d.default", "gone", None, "no shape tells whether the input is a batch"),  # not in the graph
         ("aten.conv2d.default", "x", None, None),
         ("aten.conv2d.default", "bare", (1, 4, 6, 6), None),
         (CONVOLUTION, "bare", None, None),  # aten.convolution has no unbatched form
