@@ -59,13 +59,15 @@ def _quantize(e: Quantize, ev: Eval) -> torch.Tensor:
     x = ev(e.x).to(torch.float32)
     scale = _along(ev(e.scale).to(torch.float32), e.axis, x.dim())
     zero = _along(ev(e.zero_point).to(torch.float32), e.axis, x.dim())
-    return torch.clamp(torch.round(x / scale) + zero, e.quant_min, e.quant_max).to(dtype_of(e.dtype))
+    # x * (1 / scale), as torch's quantize_per_tensor / _per_channel round it (x / scale can round a tie the other way)
+    return torch.clamp(torch.round(x * (1.0 / scale)) + zero, e.quant_min, e.quant_max).to(dtype_of(e.dtype))
 
 
 def _dequantize(e: Dequantize, ev: Eval) -> torch.Tensor:
-    x = ev(e.x).to(torch.float32)
-    scale = _along(ev(e.scale).to(torch.float32), e.axis, x.dim())
-    zero = _along(ev(e.zero_point).to(torch.float32), e.axis, x.dim())
+    work = torch.float64 if e.dtype == "float64" else torch.float32  # at least float32, as wide as the result
+    x = ev(e.x).to(work)
+    scale = _along(ev(e.scale).to(work), e.axis, x.dim())
+    zero = _along(ev(e.zero_point).to(work), e.axis, x.dim())
     return ((x - zero) * scale).to(dtype_of(e.dtype))
 
 

@@ -15,7 +15,7 @@ several constants is computed once. Nothing here computes data;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Literal, TypeAlias, final
@@ -27,6 +27,13 @@ from fxpure.snapshot import Dim, TensorSpec
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
+INT_RANGES: Mapping[str, tuple[int, int]] = {
+    "int8": (-(2**7), 2**7 - 1),
+    "uint8": (0, 2**8 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+}
 # the node of a BadExpr about an expression alone; a rule's planner relocates it at its anchor
 EXPR_NODE = "<expr>"
 
@@ -128,7 +135,7 @@ class PadTo(_Expr):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class SumOver(_Expr):
-    """``x`` summed over ``dims`` (dropped), accumulated and returned as ``dtype``."""
+    """``x`` summed over ``dims`` (one or more, each once; dropped), accumulated and returned as ``dtype``."""
 
     x: WeightExpr
     dims: tuple[int, ...]
@@ -156,7 +163,8 @@ class Concat(_Expr):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Fill(_Expr):
-    """A new tensor of ``shape`` holding ``value`` everywhere; ``shape=()`` is a scalar."""
+    """A new tensor of ``shape`` holding ``value`` everywhere (a whole number in range for an integer
+    ``dtype``); ``shape=()`` is a scalar."""
 
     shape: tuple[int, ...]
     value: float
@@ -166,7 +174,8 @@ class Fill(_Expr):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Binary(_Expr):
-    """Elementwise ``a (op) b`` with numpy broadcasting; both operands of one dtype (``Cast`` first)."""
+    """Elementwise ``a (op) b`` with numpy broadcasting; both operands of one dtype (``Cast`` first),
+    a floating one to ``div``."""
 
     op: Literal["add", "sub", "mul", "div"]
     a: WeightExpr
@@ -185,7 +194,8 @@ class Unary(_Expr):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Quantize(_Expr):
-    """``clamp(round(x / scale) + zero_point, quant_min, quant_max)`` as ``dtype``; ``axis=None``:
+    """``clamp(round(x * (1 / scale)) + zero_point, quant_min, quant_max)`` as ``dtype`` (torch's
+    ``quantize_per_channel`` and ``quantize_per_tensor.tensor``), in a range ``dtype`` holds; ``axis=None``:
     one scale and zero point (shape ``()`` or ``(1,)``), else one per index of dim ``axis``."""
 
     x: WeightExpr
@@ -298,7 +308,7 @@ def _pad_to(e: PadTo, s: TensorSpec) -> Inferred:
 
 def _sum_over(e: SumOver, s: TensorSpec) -> Inferred:
     dims = {_norm_dim(d, len(s.shape)) for d in e.dims}
-    if None in dims:
+    if None in dims or not e.dims or len(dims) != len(e.dims):  # torch sums all of () and refuses a repeat
         return _bad(f"sum over {e.dims} does not fit rank {len(s.shape)}")
     return TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=e.dtype)
 
@@ -350,6 +360,8 @@ def _binary(e: Binary) -> Inferred:
     shape = broadcast(sa.shape, sb.shape)
     if sa.dtype != sb.dtype:
         return _bad(f"{e.op} of {sa.dtype} and {sb.dtype} (cast one first)")
+    if e.op == "div" and sa.dtype not in FLOAT_DTYPES:  # torch divides integers into floats
+        return _bad(f"div of {sa.dtype} (cast to a float first)")
     if shape is None:
         return _bad(f"{e.op} of shapes {sa.shape} and {sb.shape} that do not broadcast")
     return TensorSpec(shape=shape, dtype=sa.dtype)
@@ -375,8 +387,14 @@ def _qparams(x: TensorSpec, e: Quantize | Dequantize) -> BadExpr | None:
     return None
 
 
+def _fits(low: float, high: float, dtype: str) -> bool:
+    """Both values are whole numbers the integer ``dtype`` holds, in order."""
+    lo, hi = INT_RANGES[dtype]
+    return lo <= low <= high <= hi and float(low).is_integer() and float(high).is_integer()
+
+
 def _quantize(e: Quantize, s: TensorSpec) -> Inferred:
-    if s.dtype not in FLOAT_DTYPES or e.dtype not in INT_DTYPES or e.quant_min > e.quant_max:
+    if s.dtype not in FLOAT_DTYPES or e.dtype not in INT_DTYPES or not _fits(e.quant_min, e.quant_max, e.dtype):
         return _bad(f"quantize {s.dtype} to {e.dtype} in [{e.quant_min}, {e.quant_max}]")
     err = _qparams(s, e)
     return err if err is not None else TensorSpec(shape=s.shape, dtype=e.dtype)
@@ -416,6 +434,9 @@ def _infer(expr: WeightExpr) -> Inferred:
     if isinstance(expr, Source):
         return expr.spec
     if isinstance(expr, Fill):
+        v = expr.value
+        if any(d < 0 for d in expr.shape) or (expr.dtype in INT_DTYPES and not _fits(v, v, expr.dtype)):
+            return _bad(f"fill of shape {expr.shape} with {v!r} as {expr.dtype}")
         return TensorSpec(shape=expr.shape, dtype=expr.dtype)
     if isinstance(expr, Concat):
         return _concat(expr)

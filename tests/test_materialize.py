@@ -3,11 +3,13 @@ change together, and inputs are never touched."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from adapters.weights import Memo, materialize
 from fxpure.snapshot import TensorSpec
-from fxpure.weights import Binary, Cast, Fill, Permute, Reshape, Source, WeightExpr
+from fxpure.weights import Binary, Cast, Dequantize, Fill, Permute, Quantize, Reshape, Source, WeightExpr
 
 W = Source(key="w", spec=TensorSpec(shape=(2, 3), dtype="float32"))
 DOUBLED = Binary(op="mul", a=W, b=Fill(shape=(), value=2.0, dtype="float32"))
@@ -47,3 +49,43 @@ def test_a_weight_asked_for_twice_from_one_memo_comes_back_twice_as_its_own_copy
     tensors, memo = _inputs(), Memo()
     a, b = materialize(DOUBLED, tensors, memo), materialize(DOUBLED, tensors, memo)
     assert torch.equal(a, b) and _storage(a) != _storage(b)
+
+
+def _src(key: str, t: torch.Tensor) -> Source:
+    return Source(key=key, spec=TensorSpec(shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch.")))
+
+
+def test_quantize_rounds_ties_as_torch_does() -> None:
+    import torchao.quantization.pt2e  # noqa: F401  registers quantized_decomposed
+
+    # values at (or within a rounding of) k.5 steps: x / scale and x * (1 / scale) round some apart
+    scale = 0.0123
+    x = (torch.arange(-100, 100).float() + 0.5) * scale
+    tensors = {"x": x, "s": torch.tensor(scale), "z": torch.tensor(0)}
+    e = Quantize(
+        x=_src("x", x),
+        scale=_src("s", tensors["s"]),
+        zero_point=_src("z", tensors["z"]),
+        axis=None,
+        quant_min=-128,
+        quant_max=127,
+        dtype="int8",
+    )
+    # the scale is a tensor, as in the .tensor overload (the default one takes a Python double)
+    qd = torch.ops.quantized_decomposed
+    want = qd.quantize_per_tensor.tensor(x, tensors["s"], tensors["z"], -128, 127, torch.int8)
+    assert torch.equal(materialize(e, tensors), want)
+    per_channel = replace(e, x=_src("x", x[None]), scale=_src("s", s := torch.full((200,), scale)), axis=1)
+    per_channel = replace(per_channel, zero_point=_src("z", z := torch.zeros(200, dtype=torch.int64)))
+    want = qd.quantize_per_channel(x[None], s, z, 1, -128, 127, torch.int8)
+    assert torch.equal(materialize(per_channel, {"x": x[None], "s": s, "z": z}), want)
+
+
+def test_a_float64_dequantize_is_computed_in_float64() -> None:
+    q, s, z = (
+        torch.tensor([123456789, 7], dtype=torch.int32),
+        torch.tensor([0.1], dtype=torch.float64),
+        torch.tensor([0]),
+    )
+    e = Dequantize(x=_src("q", q), scale=_src("s", s), zero_point=_src("z", z), axis=None, dtype="float64")
+    assert torch.equal(materialize(e, {"q": q, "s": s, "z": z}), q.double() * 0.1)
