@@ -28,7 +28,7 @@ from adapters.weights import materialize
 from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc
 from fxpure.reasons import NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
-from fxpure.weights import sources, subexpressions
+from fxpure.weights import sources
 
 V = TypeVar("V")
 
@@ -486,13 +486,13 @@ def _non_finite(new: Mapping[str, torch.Tensor]) -> list[str]:
 
 
 def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str], Reason]:
-    """Every plan whose new constants a non-finite constant is computed from, with the reason."""
+    """Every plan that adds a non-finite constant, with the reason. An earlier rule's constant it is
+    computed from is not to blame: it is checked on its own once the plan is declined."""
     out: dict[tuple[str, str], Reason] = {}
     for name in bad:
         info = report.after.constants[name]
-        inside = subexpressions(info.source) if info.source is not None else frozenset()
         for p in report.plans:
-            if any(c.expr in inside for c in p.constants):
+            if any(c.expr == info.source for c in p.constants):
                 out[(p.rule, p.anchor)] = NonFinite(node=p.anchor, constant=name, dtype=info.spec.dtype)
     return out
 

@@ -13,7 +13,7 @@ from torch import nn
 import adapters
 import adapters.snap
 import fxpure
-from fxpure.rules import RULES, fuse_conv_bn
+from fxpure.rules import RULES, fold_binary, fuse_conv_bn
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, run
@@ -94,6 +94,37 @@ def test_fold_that_overflows_is_declined_and_the_rest_applies(form: str) -> None
     got = run(program, x)
     assert torch.isfinite(got[0]).all()
     assert torch.equal(got[0], want[0]) or (got[0].float() - want[0].float()).abs().max() <= 1e-2 * want[0].abs().max()
+
+
+class TinyDivisor(nn.Module):
+    """conv, batch norm, then a division by a per-channel constant with one tiny entry: the fusion
+    is finite in float16, the division folded into it is not."""
+
+    k: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.register_buffer("k", torch.tensor([1.0, 1e-7, 1.0, 1.0]).reshape(1, 4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x)) / self.k  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_only_the_rule_whose_fold_overflows_is_declined(form: str) -> None:
+    model = randomize_bn(TinyDivisor()).eval().half()
+    x = (torch.randn(1, 3, 8, 8).half(),)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [fuse_conv_bn(), fold_binary()]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
+    (declined,) = outcome.report.rejections
+    assert (declined.rule, declined.reason.code) == ("fold-binary", "non-finite-weight")
+    assert "float16" in declined.reason.message
+    # the division overflows float16 in the model as well: the infinities stay where they were
+    torch.testing.assert_close(run(program, x)[0], want[0], rtol=1e-2, atol=1e-2)
 
 
 class NoneOutputs(nn.Module):
