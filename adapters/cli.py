@@ -351,18 +351,19 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     from fxpure.pattern import attempts
     from fxpure.serial import to_data
 
-    if node not in report.before.index:
-        raise BadInput(f"no node {node!r} in the program")
     found = attempts(report, rules, node)
+    if node not in report.before.index and not found:
+        raise BadInput(f"no node {node!r} in the program")
     if as_json:
         print(json.dumps({"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}, indent=2))
         return EXIT_OK
-    target = report.before.node(node).target
     if not found:
+        target = report.before.node(node).target
         print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
     for a in found:
         outcome = "will rewrite" if a.reason is None else f"declined: {a.reason.code} at {a.reason.path or '-'}"
-        print(f"{a.rule} at {node} ({target}): {outcome}")
+        made = "" if a.anchor == node else f", made from {node} by an earlier rule"
+        print(f"{a.rule} at {a.anchor}{made}: {outcome}")
         if a.reason is not None:
             print(f"  {a.reason.message}")
         bound = ", ".join(f"{k}={_shown(v)}" for k, v in a.bindings.items())
@@ -372,7 +373,8 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
 
 def _shown(value: Any) -> str:
     name = getattr(value, "name", None) or getattr(value, "key", None)
-    return str(name) if isinstance(name, str) else repr(value)
+    text = str(name) if isinstance(name, str) else repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."  # a derived weight's whole expression is long
 
 
 def apply_cmd(args: argparse.Namespace) -> int:

@@ -55,7 +55,9 @@ def location(metas: Metas, name: str) -> dict[str, str]:
 
 
 def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
-    """One row per candidate (plans, then rejections): rule, anchor, outcome, reason, location."""
+    """One row per candidate (plans, then rejections): rule, anchor, the program's node it stands
+    for (``origin``: itself, or the node an earlier rule's rewrite made it from), outcome, reason,
+    location."""
     out: list[dict[str, JSON]] = []
     origin = origins(report)
     for p in report.plans:
@@ -63,13 +65,24 @@ def rows(report: RewriteReport, metas: Metas) -> list[dict[str, JSON]]:
         instead = p.instead_of
         outcome = "will rewrite" if instead is None else "fallback"
         code, message = ("", "") if instead is None else (instead.code, instead.message)
-        out.append({"rule": p.rule, "anchor": p.anchor, "outcome": outcome, "code": code, "message": message, **where})
+        out.append(
+            {
+                "rule": p.rule,
+                "anchor": p.anchor,
+                "origin": origin(p.anchor),
+                "outcome": outcome,
+                "code": code,
+                "message": message,
+                **where,
+            }
+        )
     for r in report.rejections:
         where = location(metas, origin(r.node))
         out.append(
             {
                 "rule": r.rule,
                 "anchor": r.node,
+                "origin": origin(r.node),
                 "outcome": "declined",
                 "code": r.reason.code,
                 "message": r.reason.message,
@@ -116,7 +129,7 @@ def table(report: RewriteReport, metas: Metas, rules: list[str]) -> str:
         body = [
             (
                 str(r["rule"]),
-                str(r["anchor"]),
+                str(r["anchor"]) + ("" if r["origin"] == r["anchor"] else f" (from {r['origin']})"),
                 str(r["outcome"]),
                 str(r["module"]),
                 str(r["source"]),

@@ -1235,13 +1235,17 @@ def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot) -> Attempt:
 
 def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[Attempt, ...]:
     """For each rule that considered ``node``, how far it got there, on the snapshot it planned on
-    (rules run in stages, each on the previous one's result); ``report`` comes from ``plan``."""
+    (rules run in stages, each on the previous one's result); ``report`` comes from ``plan``. A
+    later stage considers, in place of ``node``, the nodes an earlier stage made from it (each
+    attempt names its ``anchor``)."""
     current, out = report.before, []
     stages = report.stages or tuple(() for _ in rules)
     for r, stage in zip(rules, stages, strict=False):
-        if node in current.index and any(a.name == node for a in r.anchors(current)):
-            attempt = explain(current, r, current.node(node))
-            late = next((j.reason for j in report.rejections if j.rule == r.name and j.node == node), None)
+        for a in r.anchors(current):
+            if a.name != node and a.provenance != node:
+                continue
+            attempt = explain(current, r, a)
+            late = next((j.reason for j in report.rejections if j.rule == r.name and j.node == a.name), None)
             out.append(attempt if attempt.reason is not None or late is None else replace(attempt, reason=late))
         current = rewrite(current, stage).value_or(current)
     return tuple(out)

@@ -57,6 +57,33 @@ def test_explain_table(saved: dict[str, Path]) -> None:
     assert lines[-1] == "fuse-conv-bn: 1 to rewrite, 2 declined (1 conv-output-shared, 1 producer-not-conv)"
 
 
+class _DepthwiseBN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.bn = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.c(x))  # type: ignore[no-any-return]
+
+
+def test_a_candidate_an_earlier_rule_made_is_shown_with_the_node_it_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "dw.pt2"
+    torch.export.save(torch.export.export(_DepthwiseBN().eval(), (torch.randn(1, 8, 8, 8),)), path)
+    rules = ("--rules", "fuse-conv-bn,split-group-conv")
+    table = fxpure("explain", path, *rules)
+    assert "split-group-conv  conv2d_bn (from conv2d)  declined" in table.stdout, table.stdout
+    doc = json.loads(fxpure("explain", path, *rules, "--json").stdout)
+    assert {(c["anchor"], c["origin"]) for c in doc["candidates"]} == {
+        ("batch_norm", "batch_norm"),
+        ("conv2d_bn", "conv2d"),
+    }
+    for node in ("conv2d", "conv2d_bn"):  # the program's node, or the one the table shows
+        r = fxpure("explain", path, *rules, "--node", node)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("split-group-conv at conv2d_bn"), r.stdout
+        assert "declined: depthwise-conv" in r.stdout.splitlines()[0]
+
+
 def test_explain_json_schema_round_trip(saved: dict[str, Path]) -> None:
     r = fxpure("explain", saved["resnext"], "--json", "--edge")
     assert r.returncode == 0, r.stderr

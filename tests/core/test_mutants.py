@@ -351,6 +351,37 @@ def test_attempts_follow_the_stages() -> None:
     assert attempts(declined, rules, "conv")[0].reason == conv.reason
 
 
+def test_a_later_stage_is_asked_about_the_node_an_earlier_one_made() -> None:
+    # a depthwise conv and its batch norm: fused first, then the fused conv (made from "conv") is
+    # declined by the split rule, which never sees "conv" itself
+    g = GraphBuilder()
+    x, w = g.input("x", (1, 4, 8, 8)), g.parameter("w", (4, 1, 3, 3))
+    conv = g.call("aten.conv2d.default", name="conv", input=x, weight=w, groups=4, out=(1, 4, 6, 6))
+    stats = {k: g.parameter(k, (4,)) for k in ("mean", "var")}
+    bn = g.call(
+        "aten.batch_norm.default",
+        name="bn",
+        input=conv,
+        weight=None,
+        bias=None,
+        running_mean=stats["mean"],
+        running_var=stats["var"],
+        training=False,
+        momentum=0.1,
+        eps=1e-5,
+        cudnn_enabled=False,
+        out=(1, 4, 6, 6),
+    )
+    g.output(bn)
+    rules = [fuse_conv_bn(), split_group_conv()]
+    report = plan(g.build(), rules)
+    fused = next(n.name for n in report.after.nodes if n.provenance == "conv")
+    assert [(a.rule, a.anchor) for a in attempts(report, rules, "conv")] == [("split-group-conv", fused)]
+    (split,) = attempts(report, rules, "conv")
+    assert split.reason is not None and split.reason.code == "depthwise-conv"
+    assert [a.rule for a in attempts(report, rules, fused)] == ["split-group-conv"]  # by its own name too
+
+
 def _never(relu: Bound) -> Reason | None:
     return Declined(code="no", node=relu.name, detail="never")
 
