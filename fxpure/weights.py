@@ -522,8 +522,14 @@ def _as(x: WeightExpr, dtype: str) -> WeightExpr:
     return x if isinstance(spec, TensorSpec) and spec.dtype == dtype else Cast(x=x, dtype=dtype)
 
 
-def _f32(x: WeightExpr) -> WeightExpr:
-    return _as(x, "float32")
+def work_dtype(dtype: str) -> str:
+    """The dtype a fold computes a ``dtype`` weight in: float64 for float64, else float32 (float16
+    and bfloat16 are widened, then cast back).
+
+    >>> work_dtype("float16"), work_dtype("float64")
+    ('float32', 'float64')
+    """
+    return "float64" if dtype == "float64" else "float32"
 
 
 def fold_batch_norm(
@@ -541,7 +547,8 @@ def fold_batch_norm(
     """Weight and bias of a conv (or linear: ``transposed=False``, ``groups=1``) with an eval batch
     norm over its output channels folded in. ``s = gamma / sqrt(var + eps)``; weight ``W * s``
     per output channel (laid out for a transposed, grouped weight too), bias ``(b - mean) * s + beta``.
-    Computed in float32 and cast back to the weight's dtype; missing gamma, beta, bias mean 1, 0, 0.
+    Computed in ``work_dtype`` (float32; float64 for a float64 weight) and cast back to the weight's
+    dtype; missing gamma, beta, bias mean 1, 0, 0.
 
     >>> spec = TensorSpec(shape=(4, 2, 3, 3), dtype="float16")
     >>> vec = lambda k: Source(key=k, spec=TensorSpec(shape=(4,), dtype="float16"))
@@ -558,22 +565,23 @@ def fold_batch_norm(
     oc = out_channels(w, transposed=transposed, groups=groups) if len(w.shape) >= 2 else None
     if dims is None or not isinstance(oc, int) or len(dims) < 2 or dims[0] % groups:
         return Failure(BadExpr(node=EXPR_NODE, detail=f"cannot fold into a weight of shape {w.shape}"))
-    scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_f32(var), b=Fill(shape=(), value=eps, dtype="float32")))
+    work = work_dtype(w.dtype)
+    scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_as(var, work), b=Fill(shape=(), value=eps, dtype=work)))
     if gamma is not None:
-        scale = Binary(op="mul", a=_f32(gamma), b=scale)
+        scale = Binary(op="mul", a=_as(gamma, work), b=scale)
     ones = (1,) * (len(dims) - 2)
     if transposed:  # (IC, OC/g, ...): output channel g*(OC/g)+j sits at [g*(IC/g)+i, j]
-        grouped = Reshape(x=_f32(weight), shape=(groups, dims[0] // groups, *dims[1:]))
+        grouped = Reshape(x=_as(weight, work), shape=(groups, dims[0] // groups, *dims[1:]))
         per_out = Reshape(x=scale, shape=(groups, 1, dims[1], *ones))
         folded: WeightExpr = Reshape(x=Binary(op="mul", a=grouped, b=per_out), shape=dims)
     else:
-        folded = Binary(op="mul", a=_f32(weight), b=Reshape(x=scale, shape=(oc, *(1,) * (len(dims) - 1))))
+        folded = Binary(op="mul", a=_as(weight, work), b=Reshape(x=scale, shape=(oc, *(1,) * (len(dims) - 1))))
     shifted: WeightExpr = (
-        Unary(op="neg", x=_f32(mean)) if bias is None else Binary(op="sub", a=_f32(bias), b=_f32(mean))
+        Unary(op="neg", x=_as(mean, work)) if bias is None else Binary(op="sub", a=_as(bias, work), b=_as(mean, work))
     )
     new_bias: WeightExpr = Binary(op="mul", a=shifted, b=scale)
     if beta is not None:
-        new_bias = Binary(op="add", a=new_bias, b=_f32(beta))
+        new_bias = Binary(op="add", a=new_bias, b=_as(beta, work))
     return Success((_as(folded, w.dtype), _as(new_bias, w.dtype)))
 
 

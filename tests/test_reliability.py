@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -433,3 +434,33 @@ def test_a_parameter_a_module_call_still_reads_is_kept() -> None:
     assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
     assert isinstance(gm.conv, nn.Conv2d) and {"weight", "bias"} <= dict(gm.conv.named_parameters()).keys()
     assert_close(run(gm, (x,)), want)
+
+
+class DividedConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) / 3.0 + torch.arange(8.0, dtype=x.dtype).reshape(1, 8, 1, 1)  # type: ignore[no-any-return]
+
+
+FLOAT64: list[tuple[Callable[[], nn.Module], tuple[int, ...], str, int]] = [
+    (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)), (2, 3, 8, 8), "fuse-conv-bn", 1),
+    (lambda: nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)), (4, 8), "fuse-linear-bn", 1),
+    (DividedConv, (2, 3, 8, 8), "fold-binary", 1),
+]
+
+
+@pytest.mark.parametrize(("make", "shape", "rule", "plans"), FLOAT64)
+def test_a_float64_model_is_folded_in_float64(
+    make: Callable[[], nn.Module], shape: tuple[int, ...], rule: str, plans: int
+) -> None:
+    torch.manual_seed(0)
+    model, x = randomize_bn(make()).eval().double(), (torch.randn(*shape, dtype=torch.float64),)
+    with torch.no_grad():
+        want = model(*x)
+    program = build(model, x, "aten")
+    assert len(adapters.transform(program, [RULES[rule]()]).unwrap().report.plans) == plans
+    # float32 arithmetic would be off by about 1e-7 of the output's size
+    assert (run(program, x)[0] - want).abs().max() <= 1e-12 * want.abs().max()

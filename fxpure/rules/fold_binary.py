@@ -3,8 +3,8 @@
 The binary op is ``y' = a * y + k`` per output channel of ``y`` (the conv's or linear's output);
 then ``W' = a * W`` (along the output channels, in the weight's own layout) and ``b' = a * b + k``.
 A bias appears when the op adds and there was none (``mm`` becomes ``addmm``). ``c / y`` is not
-affine in ``y`` and is declined. Everything is computed in float32 and cast back, as
-``fold_batch_norm`` does.
+affine in ``y`` and is declined. Everything is computed in float32 (float64 for a float64
+weight) and cast back, as ``fold_batch_norm`` does.
 
 The candidates are the mul, div, add, sub and rsub ops with an operand computed by a conv or a
 linear whose other operand is not another activation of the op's shape: neither a residual
@@ -25,7 +25,18 @@ from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner,
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, TensorSpec
-from fxpure.weights import FLOAT_DTYPES, Binary, Cast, Fill, Reshape, Unary, WeightExpr, infer_spec, out_channels
+from fxpure.weights import (
+    FLOAT_DTYPES,
+    Binary,
+    Cast,
+    Fill,
+    Reshape,
+    Unary,
+    WeightExpr,
+    infer_spec,
+    out_channels,
+    work_dtype,
+)
 
 NAME = "fold-binary"
 NOT_PRODUCER = "producer-not-conv-or-linear"
@@ -98,28 +109,28 @@ Scale: TypeAlias = tuple[Literal["mul", "div"], WeightExpr] | None
 Affine: TypeAlias = tuple[Scale, WeightExpr | None]  # (a, k): y' = a * y + k; None: a = 1, k = 0
 
 
-def _fill(value: float) -> WeightExpr:
-    return Fill(shape=(1,), value=value, dtype="float32")
+def _fill(value: float, work: str) -> WeightExpr:
+    return Fill(shape=(1,), value=value, dtype=work)
 
 
-def _times(x: WeightExpr, k: float) -> WeightExpr:
-    return x if k == 1 else Unary(op="neg", x=x) if k == -1 else Binary(op="mul", a=x, b=_fill(k))
+def _times(x: WeightExpr, k: float, work: str) -> WeightExpr:
+    return x if k == 1 else Unary(op="neg", x=x) if k == -1 else Binary(op="mul", a=x, b=_fill(k, work))
 
 
-def _by(k: float) -> Scale:
-    return None if k == 1 else ("mul", _fill(k))
+def _by(k: float, work: str) -> Scale:
+    return None if k == 1 else ("mul", _fill(k, work))
 
 
-# (op, y is its first operand) -> (c as a float32 vector, alpha) -> (a, k)
-AFFINE: Mapping[tuple[str, bool], Callable[[WeightExpr, float], Affine]] = {
-    ("mul", True): lambda c, _: (("mul", c), None),
-    ("mul", False): lambda c, _: (("mul", c), None),
-    ("div", True): lambda c, _: (("div", c), None),
-    ("add", True): lambda c, alpha: (None, _times(c, alpha)),
-    ("add", False): lambda c, alpha: (_by(alpha), c),
-    ("sub", True): lambda c, alpha: (None, _times(c, -alpha)),
-    ("sub", False): lambda c, alpha: (_by(-alpha), c),
-    ("rsub", True): lambda c, alpha: (_by(-alpha), c),
+# (op, y is its first operand) -> (c as a vector in the work dtype, alpha, work dtype) -> (a, k)
+AFFINE: Mapping[tuple[str, bool], Callable[[WeightExpr, float, str], Affine]] = {
+    ("mul", True): lambda c, _, __: (("mul", c), None),
+    ("mul", False): lambda c, _, __: (("mul", c), None),
+    ("div", True): lambda c, _, __: (("div", c), None),
+    ("add", True): lambda c, alpha, work: (None, _times(c, alpha, work)),
+    ("add", False): lambda c, alpha, work: (_by(alpha, work), c),
+    ("sub", True): lambda c, alpha, work: (None, _times(c, -alpha, work)),
+    ("sub", False): lambda c, alpha, work: (_by(-alpha, work), c),
+    ("rsub", True): lambda c, alpha, work: (_by(-alpha, work), c),
 }
 
 
@@ -186,19 +197,21 @@ def _per_channel(bin: Bound, c: WeightExpr | float, match: Match, conv: Bound | 
     return Declined(code=PER_CHANNEL, node=bin.name, detail=detail, path=site.path)
 
 
-def _vector(c: WeightExpr | float) -> WeightExpr:
-    """The constant as a float32 vector of 1 or C entries."""
+def _vector(c: WeightExpr | float, work: str) -> WeightExpr:
+    """The constant as a vector of 1 or C entries in the work dtype."""
     if not isinstance(c, WeightExpr):
-        return _fill(float(c))
-    return Reshape(x=Cast(x=c, dtype="float32"), shape=(infer_spec(c).unwrap().numel,))
+        return _fill(float(c), work)
+    return Reshape(x=Cast(x=c, dtype=work), shape=(infer_spec(c).unwrap().numel,))
 
 
 def _scaled(w: WeightExpr, scale: tuple[Literal["mul", "div"], WeightExpr], conv: Bound | None) -> WeightExpr:
-    """``w`` (float32) times (or over) a per-output-channel vector, in the weight's layout."""
+    """``w`` (in the work dtype of ``scale``) times (or over) a per-output-channel vector, in the
+    weight's layout."""
     op, vec = scale
     dims = tuple(d for d in infer_spec(w).unwrap().shape if isinstance(d, int))
-    n = infer_spec(vec).unwrap().numel
-    w32: WeightExpr = Cast(x=w, dtype="float32")
+    spec = infer_spec(vec).unwrap()
+    n = spec.numel
+    w32: WeightExpr = Cast(x=w, dtype=spec.dtype)
     ones = (1,) * (len(dims) - 2)
     if n == 1:
         return Binary(op=op, a=w32, b=vec)
@@ -214,7 +227,8 @@ def _bias(b: WeightExpr | None, affine: Affine, n: int, dtype: str) -> WeightExp
     scale, shift = affine
     if b is None and shift is None:
         return None
-    out: WeightExpr = Cast(x=b, dtype="float32") if b is not None else Fill(shape=(n,), value=0.0, dtype="float32")
+    work = work_dtype(dtype)
+    out: WeightExpr = Cast(x=b, dtype=work) if b is not None else Fill(shape=(n,), value=0.0, dtype=work)
     if b is not None and scale is not None:
         out = Binary(op=scale[0], a=out, b=scale[1])
     if shift is not None:
@@ -244,7 +258,8 @@ def _plan(
 ) -> RewritePlan:
     # y' = conv(x, a * W, a * b + k) | linear(x, a * W, a * b + k)
     kind, first = _key(bin, p.match)
-    affine = AFFINE[(kind, first)](_vector(c), float(alpha))
+    work = work_dtype(infer_spec(w).unwrap().dtype)
+    affine = AFFINE[(kind, first)](_vector(c, work), float(alpha), work)
     if conv is not None:
         weight, bias = _folded(p, w, b, affine, conv, conv.ref("weight"), f"{conv.name}_{kind}")
         return p.replace(bin, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias))
