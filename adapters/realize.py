@@ -26,7 +26,7 @@ from adapters.snap import Captured, Program, capture_program, unreachable
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc
-from fxpure.reasons import NonFinite, Reason
+from fxpure.reasons import Declined, NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
 from fxpure.weights import sources
 
@@ -497,6 +497,18 @@ def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str]
     return out
 
 
+def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan that removes a node a preserved module call signature names, with the reason."""
+    gone = {n: fqn for n, fqn in cap.pinned.items() if n not in report.after.index}
+    out: dict[tuple[str, str], Reason] = {}
+    for p in report.plans:
+        hit = next((n for n in (*p.erase, *(old for old, _ in p.replace), *p.prune) if n in gone), None)
+        if hit is not None:
+            detail = f"{hit} is an input or output of {gone[hit]!r}, whose call signature the program preserves"
+            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+    return out
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
@@ -505,6 +517,10 @@ def _finite_plan(
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
+        crossing = {k: v for k, v in _crossing(cap, report).items() if k not in declined}
+        if crossing:
+            declined.update(crossing)
+            continue
         try:
             new = _materialize_new(cap, report.after) if report.plans else {}
         except _ApplyError as e:

@@ -117,6 +117,21 @@ class Captured:
     specs: dict[str, InputSpec]
     module_calls: list[tuple[str, str, str]] = field(default_factory=list)  # node, canonical target, class
     branches: list[tuple[str, torch.fx.GraphModule]] = field(default_factory=list)  # attribute, graph
+    # node -> the module whose preserved call signature names it (preserve_module_call_signature)
+    pinned: dict[str, str] = field(default_factory=dict)
+
+
+def _pinned(ep: ExportedProgram | None) -> dict[str, str]:
+    """The nodes a preserved module call signature names as the module's inputs or outputs: they
+    must stay in the graph for the program to validate (and unflatten)."""
+    out: dict[str, str] = {}
+    for entry in ep.module_call_graph if ep is not None else ():
+        sig = entry.signature
+        for arg in [*sig.inputs, *sig.outputs] if sig is not None else ():
+            name = getattr(arg, "name", None)
+            if isinstance(name, str):
+                out.setdefault(name, entry.fqn)
+    return out
 
 
 def _tensor_of(ep: ExportedProgram, spec: InputSpec) -> torch.Tensor | None:
@@ -274,7 +289,7 @@ def _capture(program: Program) -> Captured:
     snap = snapshot(
         nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
     )
-    return Captured(program, gm, snap, tensors, specs, calls, branches)
+    return Captured(program, gm, snap, tensors, specs, calls, branches, _pinned(ep))
 
 
 # modules whose calls (in a symbolic_trace GraphModule) stand for an ATen op a rule may anchor on

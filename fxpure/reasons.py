@@ -308,9 +308,18 @@ class NonFinite(Reason):
 
 
 GENERIC_CODES = frozenset(
-    {"malformed-node", "plan-conflict", "bad-weight-expr", "non-finite-weight", "module-call", "in-subgraph"}
+    {
+        "malformed-node",
+        "plan-conflict",
+        "bad-weight-expr",
+        "non-finite-weight",
+        "module-call",
+        "in-subgraph",
+        "preserved-signature",
+    }
 )
 """Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
 overlaps another, a derived weight that is ill-typed; and, found by the adapter, a weight that
-computes to inf or NaN, a candidate that is an ``nn.Module`` call (``symbolic_trace``), or one in
-a control-flow branch."""
+computes to inf or NaN, a candidate that is an ``nn.Module`` call (``symbolic_trace``), one in
+a control-flow branch, or one whose plan would remove a node a preserved module call signature
+names (``torch.export``'s ``preserve_module_call_signature``)."""

@@ -25,6 +25,7 @@ COMMON = {
     "non-finite-weight",
     "in-subgraph",
     "module-call",
+    "preserved-signature",
 }
 
 

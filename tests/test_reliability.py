@@ -464,3 +464,30 @@ def test_a_float64_model_is_folded_in_float64(
     assert len(adapters.transform(program, [RULES[rule]()]).unwrap().report.plans) == plans
     # float32 arithmetic would be off by about 1e-7 of the output's size
     assert (run(program, x)[0] - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+class TwoPairs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.c2, self.b2 = nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b2(self.c2(self.b1(self.c1(x)).relu()))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("preserved", ["b2", "c2"])
+def test_a_preserved_module_call_signature_keeps_its_nodes(preserved: str) -> None:
+    # the fusion of c2 and b2 would remove c2's output, the input (or output) the signature names
+    model, x = randomize_bn(TwoPairs()).eval(), (torch.randn(1, 3, 10, 10),)
+    with torch.no_grad():
+        want = [model(*x)]
+    ep = torch.export.export(model, x, preserve_module_call_signature=(preserved,))
+    outcome = adapters.transform(ep, [fuse_conv_bn()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["batch_norm"]  # the first pair
+    (declined,) = outcome.report.rejections
+    assert (declined.node, declined.reason.code) == ("batch_norm_1", "preserved-signature")
+    assert "whose call signature the program preserves" in declined.reason.message
+    ep.validate()  # type: ignore[no-untyped-call]
+    assert_close(run(ep, x), want)
+    assert_close([torch.export.unflatten(ep)(*x)], want)

@@ -381,6 +381,7 @@ ADAPTER = {
     "module-call": "found by the adapter: an nn.Module call in a symbolic_trace graph",
     "in-subgraph": "found by the adapter: a candidate in a control-flow branch",
     "non-finite-weight": "found by the adapter: a folded weight computed with torch is inf or NaN",
+    "preserved-signature": "found by the adapter: a node a preserved module call signature names",
 }
 NO_OVERLAP = "a rule's plans claim only nodes its match alone reads (shared ones are declined): never two at once"
 UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: {**ADAPTER, "plan-conflict": NO_OVERLAP} for name in RULES} | {
