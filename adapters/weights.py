@@ -107,8 +107,9 @@ _RETURNED = "returned"
 
 
 def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Memo | None = None) -> torch.Tensor:
-    """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage: it
-    shares none with an input, nor with an earlier result of the same ``memo``.
+    """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage, and
+    no more than it: it shares none with an input, nor with an earlier result of the same ``memo``,
+    nor is it a slice of a larger value (which would be saved whole).
 
     Pass one ``memo`` to several calls to compute shared sub-expressions once. It keeps every value
     it computed alive, results included: change no result in place before the last call with it.
@@ -129,10 +130,16 @@ def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Mem
 
     with torch.no_grad():
         owned = ev(expr).contiguous()
-    ptr = owned.untyped_storage().data_ptr()
-    if (_RETURNED, ptr) in cache or any(tensors[k].untyped_storage().data_ptr() == ptr for k in read):
+    storage = owned.untyped_storage()
+    ptr = storage.data_ptr()
+    if (
+        (_RETURNED, ptr) in cache
+        or any(tensors[k].untyped_storage().data_ptr() == ptr for k in read)
+        or storage.nbytes() != owned.numel() * owned.element_size()
+    ):
         # a view or no-op cast of an input, or of a constant an earlier call returned (a reshaped
-        # copy of a derived weight, say): two weights in one storage would change together
+        # copy of a derived weight, say): two weights in one storage would change together; or a
+        # slice of a larger value, such as one group of a fused weight
         owned = owned.clone()
     cache[(_RETURNED, owned.untyped_storage().data_ptr())] = owned
     return owned

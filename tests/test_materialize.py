@@ -9,7 +9,7 @@ import torch
 
 from adapters.weights import Memo, materialize
 from fxpure.snapshot import TensorSpec
-from fxpure.weights import Binary, Cast, Dequantize, Fill, Permute, Quantize, Reshape, Source, WeightExpr
+from fxpure.weights import Binary, Cast, Dequantize, Fill, Permute, Quantize, Reshape, Slice, Source, WeightExpr
 
 W = Source(key="w", spec=TensorSpec(shape=(2, 3), dtype="float32"))
 DOUBLED = Binary(op="mul", a=W, b=Fill(shape=(), value=2.0, dtype="float32"))
@@ -89,3 +89,14 @@ def test_a_float64_dequantize_is_computed_in_float64() -> None:
     )
     e = Dequantize(x=_src("q", q), scale=_src("s", s), zero_point=_src("z", z), axis=None, dtype="float64")
     assert torch.equal(materialize(e, {"q": q, "s": s, "z": z}), q.double() * 0.1)
+
+
+def test_a_slice_of_a_derived_weight_holds_only_its_own_bytes() -> None:
+    # one group's weight out of a fused one: a view of the whole would be saved whole
+    w = torch.randn(8, 3)
+    fused = Binary(op="mul", a=_src("w", w), b=Fill(shape=(), value=2.0, dtype="float32"))
+    memo: Memo = {}
+    groups = [materialize(Slice(x=fused, dim=0, start=i, stop=i + 4), {"w": w}, memo) for i in (0, 4)]
+    for i, g in zip((0, 4), groups, strict=True):
+        assert g.untyped_storage().nbytes() == g.numel() * g.element_size() == 4 * 3 * 4
+        assert torch.equal(g, w[i : i + 4] * 2)
