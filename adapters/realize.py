@@ -459,10 +459,13 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
     memo: dict[object, torch.Tensor] = {}
     out: dict[str, torch.Tensor] = {}
     on_meta = {k for k, t in cap.tensors.items() if t.is_meta}
-    for name, info in after.constants.items():
-        if info.source is None:
-            continue
-        meta = sorted(k for k in sources(info.source) if k in on_meta) if on_meta else []
+    # in graph order: the constants map's own order follows string hashes, which change per process
+    derived = sorted((k for k, i in after.constants.items() if i.source is not None), key=after.index.__getitem__)
+    for name in derived:
+        info = after.constants[name]
+        source = info.source
+        assert source is not None  # derived, as sorted above
+        meta = sorted(k for k in sources(source) if k in on_meta) if on_meta else []
         if meta:
             raise _ApplyError(
                 "meta-tensor",
@@ -470,7 +473,7 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
                 " (load the weights first, or plan with dry_run=True)",
             )
         try:
-            t = materialize(info.source, cap.tensors, memo)
+            t = materialize(source, cap.tensors, memo)
         except Exception as e:  # a torch error while computing a constant: abort cleanly
             raise _ApplyError("materialize-failed", f"{name}: {e}") from e
         got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))

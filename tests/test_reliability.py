@@ -491,3 +491,33 @@ def test_a_preserved_module_call_signature_keeps_its_nodes(preserved: str) -> No
     ep.validate()  # type: ignore[no-untyped-call]
     assert_close(run(ep, x), want)
     assert_close([torch.export.unflatten(ep)(*x)], want)
+
+
+_ORDER = """
+import torch, torch.nn as nn, adapters
+from fxpure.rules import fuse_conv_bn, split_group_conv
+torch.manual_seed(0)
+m = nn.Sequential(nn.Conv2d(16, 16, 3, groups=4, bias=False), nn.BatchNorm2d(16)).eval()
+ep = torch.export.export(m, (torch.randn(1, 16, 8, 8),))
+adapters.transform(ep, [fuse_conv_bn(), split_group_conv()]).unwrap()
+print(list(ep.state_dict))
+"""
+
+
+def test_the_new_weights_come_in_the_same_order_in_every_process() -> None:
+    # string hashes change per process; the order of the new weights (so the saved file) must not
+    import os
+    import subprocess
+    import sys
+
+    orders = {
+        subprocess.run(
+            [sys.executable, "-c", _ORDER],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout.splitlines()[-1]
+        for seed in range(3)
+    }
+    assert len(orders) == 1, orders
