@@ -256,18 +256,30 @@ def _random_inputs(program: Any) -> tuple[Any, ...]:
 
 def _save(program: Any, path: str) -> None:
     """Save atomically: a temporary file in the same directory, renamed over ``path`` only once it
-    is complete (so ``-o`` may name the input itself; a failed save leaves every file as it was)."""
+    is complete (so ``-o`` may name the input itself; a failed save leaves every file as it was).
+    A symlink is written through (the file it names is replaced, with its mode); anything else that
+    is not a regular file is refused. A new file takes the mode the umask gives."""
     import os
+    import stat
     import tempfile
     from pathlib import Path
 
     import torch
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
+    target = Path(path).resolve()
+    if target.exists() and not target.is_file():
+        raise BadInput(f"{path}: not a regular file")
+    if target.exists():
+        mode = stat.S_IMODE(target.stat().st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         torch.export.save(program, tmp)
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException as e:
         with contextlib.suppress(OSError):

@@ -84,6 +84,32 @@ def test_a_candidate_an_earlier_rule_made_is_shown_with_the_node_it_came_from(tm
         assert "declined: depthwise-conv" in r.stdout.splitlines()[0]
 
 
+def test_apply_writes_through_a_symlink_and_refuses_what_is_no_file(saved: dict[str, Path], tmp_path: Path) -> None:
+    import os
+    import stat
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "v1.pt2").write_text("old")
+    link = tmp_path / "latest.pt2"
+    link.symlink_to(store / "v1.pt2")
+    r = fxpure("apply", saved["plain"], "-o", link)
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and (store / "v1.pt2").read_bytes()[:2] == b"PK"  # the file it names, replaced
+    fifo = tmp_path / "pipe.pt2"
+    os.mkfifo(fifo)
+    r = fxpure("apply", saved["plain"], "-o", fifo)
+    assert r.returncode == 2 and r.stderr.strip().endswith("pipe.pt2: not a regular file"), r.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    fresh = tmp_path / "new.pt2"
+    umask = os.umask(0o022)
+    try:
+        assert fxpure("apply", saved["plain"], "-o", fresh).returncode == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+
+
 def test_explain_json_schema_round_trip(saved: dict[str, Path]) -> None:
     r = fxpure("explain", saved["resnext"], "--json", "--edge")
     assert r.returncode == 0, r.stderr
