@@ -240,12 +240,13 @@ def _random_inputs(program: Any) -> tuple[Any, ...]:
             sizes[str(d)] = min(max(low, 2), high)
         return sizes[str(d)]
 
-    user = set(program.graph_signature.user_inputs)
-    out = []
-    for n in program.graph.find_nodes(op="placeholder"):
-        if n.name not in user:
+    placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
+    out: list[Any] = []
+    for user in program.graph_signature.user_inputs:
+        val = placeholders[user].meta["val"] if isinstance(user, str) else user  # a number export kept as is
+        if not isinstance(val, torch.Tensor):
+            out.append(size(val) if isinstance(val, torch.SymInt) else val)
             continue
-        val = n.meta["val"]
         shape = [size(d) for d in val.shape]
         if val.dtype.is_floating_point:
             out.append(torch.randn(shape, dtype=val.dtype))
@@ -287,6 +288,17 @@ def _save(program: Any, path: str) -> None:
         if isinstance(e, (OSError, RuntimeError)):
             raise BadInput(f"{path}: cannot write ({e})") from e
         raise
+
+
+def _default_tolerance(program: Any) -> float:
+    """1e-4, or eight steps of the least precise floating dtype among the outputs (float16 and
+    bfloat16 round much coarser than that)."""
+    import torch
+
+    values = _flat(program.graph.output_node().args[0])
+    dtypes = [v.meta["val"].dtype for v in values if isinstance(getattr(v, "meta", {}).get("val"), torch.Tensor)]
+    steps = [torch.finfo(d).eps for d in dtypes if d.is_floating_point]
+    return max([1e-4, *(8 * e for e in steps)])
 
 
 def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
@@ -417,12 +429,15 @@ def apply_cmd(args: argparse.Namespace) -> int:
     code = EXIT_OK
     if original is not None and before is not None:
         progress("verifying each plan, then the whole program, on random inputs")
+        if args.tolerance is None:
+            args.tolerance = _default_tolerance(original)
         checks = check_plans(before, outcome.report, tolerance=args.tolerance)
         doc["plan_checks"] = [
             {"rule": c.rule, "anchor": c.anchor, "ok": c.ok, "max_rel": c.max_rel, "note": c.note} for c in checks
         ]
-        delegated = sorted(n for n in names if n in DELEGATED)
-        if delegated and outcome.changed:
+        # rules whose plans made ops that run only in a delegate (not the rules merely named)
+        delegated = sorted({p.rule for p in outcome.report.plans for n in p.nodes if n.target.startswith("et_vk.")})
+        if delegated:
             why = f"{', '.join(delegated)}: its et_vk kernels run only in the Vulkan delegate, not on this host"
             doc["verify"] = {"ok": True, "skipped": why}
         else:
@@ -523,7 +538,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-o", "--output", required=True, help="where to save the rewritten .pt2")
     ap.add_argument("--rules", default=DEFAULT_RULES, help=rules_help)
     ap.add_argument("--verify", action="store_true", help="compare outputs before/after on random inputs")
-    ap.add_argument("--tolerance", type=float, default=1e-4, help="max relative difference for --verify")
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="max relative difference for --verify (default: 1e-4, or 8 steps of a float16/bfloat16 output)",
+    )
     ap.add_argument("--pte", help="also lower to ExecuTorch and write this .pte")
     ap.add_argument("--json", action="store_true", help="machine-readable output (schema fxpure.report/1)")
     args = parser.parse_args(argv)
@@ -533,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_path(args.model)
             if args.command == "apply":
                 _check_writable(args.output, args.pte)
+                if args.tolerance is not None and not 0 < args.tolerance < float("inf"):
+                    raise BadInput(f"--tolerance {args.tolerance:g}: not a positive number")
         _quiet_libraries()
         if args.command == "demo":
             return demo()

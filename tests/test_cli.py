@@ -110,6 +110,30 @@ def test_apply_writes_through_a_symlink_and_refuses_what_is_no_file(saved: dict[
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
 
 
+class _ScaledBN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return self.bn(self.c(x)) * n  # type: ignore[no-any-return]
+
+
+def test_verify_compares_programs_with_number_inputs_and_half_precision(tmp_path: Path) -> None:
+    model = randomize_bn(_ScaledBN()).eval()
+    numbers, half = tmp_path / "numbers.pt2", tmp_path / "half.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 8, 8), 3)), numbers)
+    torch.export.save(torch.export.export(model.half(), (torch.randn(1, 3, 8, 8).half(), 1)), half)
+    r = fxpure("apply", numbers, "-o", tmp_path / "o1.pt2", "--verify")
+    assert r.returncode == 0 and "(ok, tolerance 0.0001)" in r.stdout, r.stdout
+    # float16 rounds at about 1e-3: the default tolerance is eight of its steps, not 1e-4
+    r = fxpure("apply", half, "-o", tmp_path / "o2.pt2", "--verify")
+    assert r.returncode == 0 and "(ok, tolerance 0.0078125)" in r.stdout, r.stdout
+    # quantized-conv named, nothing packed: the whole program is compared, not skipped
+    r = fxpure("apply", numbers, "-o", tmp_path / "o3.pt2", "--verify", "--rules", "fuse-conv-bn,quantized-conv")
+    assert r.returncode == 0 and "verify: max abs diff" in r.stdout, r.stdout
+
+
 def test_explain_json_schema_round_trip(saved: dict[str, Path]) -> None:
     r = fxpure("explain", saved["resnext"], "--json", "--edge")
     assert r.returncode == 0, r.stderr
@@ -204,6 +228,8 @@ def test_a_failed_pte_lowering_is_exit_3_and_writes_no_pt2(
         (("explain", "{dir}/resnext.pt2", "--rules", "fuse-conv-bn,bogus"), "unknown rule 'bogus'"),
         (("apply", "{dir}/garbage.pt2", "-o", "{dir}/x.pt2"), "not a valid .pt2 archive"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/no/such/dir/x.pt2"), "cannot write"),
+        (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "nan"), "--tolerance nan: not a positive"),
+        (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "-1"), "--tolerance -1: not a positive"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(saved: dict[str, Path], args: tuple[str, ...], message: str) -> None:
