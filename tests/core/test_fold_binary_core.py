@@ -452,6 +452,15 @@ def test_half_weights_fold_in_float32_and_stay_half(dtype: str) -> None:
         assert arithmetic and all(infer_spec(e).unwrap().dtype == "float32" for e in arithmetic)
 
 
+def test_float64_weights_fold_in_float64() -> None:
+    g = graph(weight_dtype="float64", c_dtype="float64", target="aten.add.Tensor", first=False, alpha=0.5)
+    after = verify(plan(g, [RULE]).after).unwrap()
+    for name in ("conv_add_weight", "conv_add_bias"):
+        info = after.constants[name]
+        assert info.spec.dtype == "float64" and info.source is not None
+        assert all(infer_spec(e).unwrap().dtype == "float64" for e in subexpressions(info.source))
+
+
 def test_a_chain_folds_one_op_per_run_and_composes() -> None:
     # (conv * c) + 2.5: each run plans on one snapshot, so the add sees a mul, not a conv; a second
     # run folds it into the already folded (still unmaterialised) weight and bias

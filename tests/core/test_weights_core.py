@@ -742,6 +742,23 @@ def test_fold_float16_is_computed_in_float32() -> None:
     assert Cast(x=weight, dtype="float32") in subexpressions(new_w)
 
 
+def test_a_float64_fold_is_computed_in_float64() -> None:
+    # float32 arithmetic would lose the 1e-12 in the bias
+    d = np.float64
+    env = {"w": np.ones((1, 1), d), "b": np.array([1e-12], d), "mean": np.zeros(1, d), "var": np.full(1, 1.0, d)}
+    new_w, new_b = fold_batch_norm(
+        weight=source_of("w", env["w"]),
+        bias=source_of("b", env["b"]),
+        mean=source_of("mean", env["mean"]),
+        var=source_of("var", env["var"]),
+        gamma=None,
+        beta=None,
+        eps=0.0,
+    ).unwrap()
+    assert all(infer_spec(e).unwrap().dtype == "float64" for e in subexpressions(new_b) | subexpressions(new_w))
+    np.testing.assert_array_equal(value_of(new_b, env), np.array([1e-12], d))
+
+
 def test_fold_eps_is_added_to_var() -> None:
     env = {"w": np.ones((1, 1), np.float32), "mean": np.zeros(1, np.float32), "var": np.full(1, 3, np.float32)}
     new_w, new_b = fold_batch_norm(
