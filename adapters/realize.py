@@ -515,8 +515,9 @@ def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
-    """Plan, compute the new constants, and decline (then plan again without) every plan whose
-    constants are not finite; raises _ApplyError if a constant cannot be computed."""
+    """Plan, compute the new constants, and decline (then plan again without) every plan that
+    removes a node a preserved module call signature names, or whose constants are not finite;
+    raises _ApplyError if a constant cannot be computed."""
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)

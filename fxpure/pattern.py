@@ -324,7 +324,10 @@ class Bound:
 Binding: TypeAlias = Bound | WeightExpr | Arg
 
 
-_NOTHING: Mapping[str, object] = MappingProxyType({})
+Values: TypeAlias = Mapping[str, object]
+"""What a rule's ``need.compute`` steps computed for one match, by name."""
+
+_NOTHING: Values = MappingProxyType({})
 
 
 @final
@@ -341,8 +344,7 @@ class Site:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Match:
     """A successful match at ``anchor``: bindings by name, where each was bound, the matched nodes
-    a replacement erases (``erase``) and the shared ones it drops once unused (``prune``);
-    ``computed``: the values of the rule's ``need.compute`` steps so far, by name."""
+    a replacement erases (``erase``) and the shared ones it drops once unused (``prune``)."""
 
     snap: GraphSnapshot
     anchor: str
@@ -350,7 +352,6 @@ class Match:
     sites: Mapping[str, Site] = field(hash=False)
     erase: tuple[str, ...]
     prune: tuple[str, ...]
-    computed: Mapping[str, object] = field(default_factory=lambda: _NOTHING, hash=False)
 
     def spec(self, name: str) -> TensorSpec | None:
         """Shape and dtype of a bound value (a constant expression, an op's output, a node)."""
@@ -658,10 +659,12 @@ class Check:
     label: str
     reads: tuple[str, ...]
     codes: frozenset[str]
-    run: Callable[[Match], Reason | None] = field(compare=False)
+    run: Callable[[Match, Values], Reason | None] = field(compare=False)
 
-    def __call__(self, m: Match) -> Reason | None:
-        reason = self.run(m)
+    def __call__(self, m: Match, values: Values = _NOTHING) -> Reason | None:
+        """The reason (located, see ``_locate``) or None; ``values``: what earlier ``need.compute``
+        steps computed, by name."""
+        reason = self.run(m, values)
         return None if reason is None else _locate(reason, m, self.reads, self.label)
 
 
@@ -675,10 +678,12 @@ class Compute:
     binds: str
     reads: tuple[str, ...]
     codes: frozenset[str]
-    run: Callable[[Match], Result[object, Reason]] = field(compare=False)
+    run: Callable[[Match, Values], Result[object, Reason]] = field(compare=False)
 
-    def __call__(self, m: Match) -> Result[object, Reason]:
-        return self.run(m).alt(lambda reason: _locate(reason, m, self.reads, self.label))
+    def __call__(self, m: Match, values: Values = _NOTHING) -> Result[object, Reason]:
+        """The value, or the reason (located as a check's) there is none."""
+        out = self.run(m, values)
+        return out if isinstance(out, Success) else Failure(_locate(out.failure(), m, self.reads, self.label))
 
 
 def _locate(reason: Reason, m: Match, reads: tuple[str, ...], label: str) -> Reason:
@@ -695,7 +700,7 @@ def _site(m: Match, name: str) -> Site:
 
 def _call(
     fn: Callable[..., object], codes: Iterable[str], kind: str, returns: str, instead: str
-) -> tuple[Callable[[Match], object], tuple[str, ...], frozenset[str]]:
+) -> tuple[Callable[[Match, Values], object], tuple[str, ...], frozenset[str]]:
     """``fn`` as a function of the match (bound and computed values by parameter name, ``match``
     for the whole match), the names it reads and the codes it declares; refused here if it
     declares no codes or no return type, or a bare bool."""
@@ -711,8 +716,7 @@ def _call(
     reads = tuple(n for n in sig.parameters if n != "match")
     wants_match = "match" in sig.parameters
 
-    def run(m: Match) -> object:
-        values = m.computed
+    def run(m: Match, values: Values) -> object:
         kwargs: dict[str, object] = {
             n: values[n] if n in values else m.bindings[n] for n in reads if n in values or n in m.bindings
         }
@@ -726,8 +730,8 @@ def _call(
 def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
     call, reads, declared = _call(fn, codes, "check", "a Reason or None", "a Reason (with a code) or None")
 
-    def run(m: Match) -> Reason | None:
-        out = call(m)
+    def run(m: Match, values: Values) -> Reason | None:
+        out = call(m, values)
         if out is not None and not isinstance(out, Reason):
             raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
         return out
@@ -747,7 +751,7 @@ class _Need:
     def static(name: str, *, dims: Sequence[int] | None = None) -> Check:
         """The bound value's shape (or just ``dims`` of it) is known and has no symbolic size."""
 
-        def run(m: Match) -> Reason | None:
+        def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
             if spec is None:
                 return Malformed(node=site.node, detail=f"{site.role} has no known shape")
@@ -767,7 +771,7 @@ class _Need:
         """The bound value's dtype is one of ``allowed``."""
         ok = frozenset(allowed)
 
-        def run(m: Match) -> Reason | None:
+        def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
             if spec is None or spec.dtype in ok:
                 return None
@@ -780,7 +784,7 @@ class _Need:
         """The bound value's rank (number of dims) is one of ``allowed``."""
         ok = tuple(sorted(allowed))
 
-        def run(m: Match) -> Reason | None:
+        def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
             if spec is None or len(spec.shape) in ok:
                 return None
@@ -793,7 +797,7 @@ class _Need:
         """A bound convolution's number of spatial dims is one of ``allowed``."""
         ok = tuple(sorted(allowed))
 
-        def run(m: Match) -> Reason | None:
+        def run(m: Match, _: Values) -> Reason | None:
             op = m.bindings.get(conv)
             rank = op.args.get("rank") if isinstance(op, Bound) else None
             if not isinstance(rank, int) or rank in ok:
@@ -807,7 +811,7 @@ class _Need:
         """Bound vector ``name`` has one entry per output channel of weight ``of`` (laid out as the
         bound convolution ``conv`` says: transposed, grouped; else output channels lead)."""
 
-        def run(m: Match) -> Reason | None:
+        def run(m: Match, _: Values) -> Reason | None:
             vec, w, site = m.spec(name), m.spec(of), _site(m, name)
             op = m.bindings.get(conv) if conv is not None else None
             transposed = isinstance(op, Bound) and op.args.get("transposed") is True
@@ -842,8 +846,8 @@ class _Need:
         decline (located like a check's)."""
         call, reads, declared = _call(fn, codes, "compute", "a Result", "Success(value) or Failure(Reason)")
 
-        def run(m: Match) -> Result[object, Reason]:
-            out = call(m)
+        def run(m: Match, values: Values) -> Result[object, Reason]:
+            out = call(m, values)
             if not isinstance(out, Success | Failure) or (
                 isinstance(out, Failure) and not isinstance(out.failure(), Reason)
             ):
@@ -1119,17 +1123,17 @@ class PatternRule:
         )
 
     def _finish(self, m: Match) -> Result[RewritePlan, Reason]:
+        values: dict[str, object] = {}  # what the need.compute steps computed, by name
         for check in self.checks:
             if isinstance(check, Compute):
-                value = check(m)
+                value = check(m, values)
                 if not isinstance(value, Success):
                     return Failure(value.failure())
-                m = replace(m, computed=MappingProxyType({**m.computed, check.binds: value.unwrap()}))
+                values[check.binds] = value.unwrap()
                 continue
-            reason = check(m)
+            reason = check(m, values)
             if reason is not None:
                 return Failure(reason)
-        values = m.computed
         kwargs = {n: values[n] if n in values else m.bindings[n] for n in self.reads if n in values or n in m.bindings}
         out = self.planner(Planner(self.name, m), **kwargs)
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
