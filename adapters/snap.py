@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -221,6 +222,16 @@ def _written(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> set[str]:
     base: dict[str, str] = {}  # a view -> the tensor it views
     for n in gm.graph.nodes:
         if n.op != "call_function":
+            continue
+        if isinstance(n.target, torch._ops.HigherOrderOperator):
+            # its subgraph may write what it is given (``with torch.no_grad(): buf.add_(1)`` is one)
+            for x in n.all_input_nodes:
+                written.add(base.get(x.name, x.name))
+            continue
+        if n.target is operator.getitem:  # an element of a split, unbind, chunk: a view too
+            x = n.args[0]
+            if isinstance(x, torch.fx.Node) and x.name in base:
+                base[n.name] = base[x.name]
             continue
         try:
             returns_alias, args = _aliases(n.target)

@@ -371,8 +371,31 @@ class WrittenLinears(nn.Module):
         return y
 
 
+class WrittenQuietly(WrittenScale):
+    """s updated under no_grad (export wraps that in a higher-order op with its own subgraph), and
+    through one half of a split."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.conv(x) * self.s
+        with torch.no_grad():
+            self.s.add_(1.0)
+        torch.split(self.s, 2, 1)[0].add_(1.0)
+        return y
+
+
+class WrittenHalf(WrittenScale):
+    """s updated through one half of a split (a getitem of the split's views)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.conv(x) * self.s
+        torch.split(self.s, 2, 1)[0].add_(1.0)
+        return y
+
+
 WRITTEN = [
     (WrittenScale, (1, 3, 4, 4), "fold-binary"),
+    (WrittenQuietly, (1, 3, 4, 4), "fold-binary"),
+    (WrittenHalf, (1, 3, 4, 4), "fold-binary"),
     (WrittenWeight, (1, 3, 4, 4), "fuse-conv-bn"),
     (WrittenLinears, (2, 3), "linear-to-conv2d"),
     (WrittenLinears, (2, 3), "concat-parallel-linears"),
