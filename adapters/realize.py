@@ -501,14 +501,22 @@ def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str]
 
 
 def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
-    """Every plan that removes a node a preserved module call signature names, with the reason."""
+    """Every plan that removes a node a preserved module call signature names, with the reason: it
+    erases or prunes the node, or takes its uses, or (a constant left unread) computes from it.
+    Raises _ApplyError if such a node is gone and no plan is to blame."""
     gone = {n: fqn for n, fqn in cap.pinned.items() if n not in report.after.index}
+    if not gone:
+        return {}
     out: dict[tuple[str, str], Reason] = {}
     for p in report.plans:
-        hit = next((n for n in (*p.erase, *(old for old, _ in p.replace), *p.prune) if n in gone), None)
+        read = {k for c in p.constants for k in sources(c.expr) if k in gone}  # a Source's key is its node
+        hit = next((n for n in (*p.erase, *(old for old, _ in p.replace), *p.prune, *sorted(read)) if n in gone), None)
         if hit is not None:
             detail = f"{hit} is an input or output of {gone[hit]!r}, whose call signature the program preserves"
             out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+    if not out:
+        name, fqn = next(iter(gone.items()))
+        raise _ApplyError("preserved-signature", f"{name}, which {fqn!r}'s preserved call signature names, would go")
     return out
 
 
@@ -620,6 +628,10 @@ def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOut
             return Failure(TransformError(code="plan-conflict", message=str(after.failure())))
         report = RewriteReport(plans=tuple(plans), rejections=(), before=cap.snap, after=after.unwrap())
         try:
+            crossing = _crossing(cap, report)
+            if crossing:
+                reason = next(iter(crossing.values()))
+                raise _ApplyError("preserved-signature", reason.message)
             new = _materialize_new(cap, report.after)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))

@@ -544,3 +544,42 @@ def test_the_new_weights_come_in_the_same_order_in_every_process() -> None:
         for seed in range(3)
     }
     assert len(orders) == 1, orders
+
+
+class _TakesWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(nn.functional.conv2d(x, w)))
+
+
+class GivesWeight(nn.Module):
+    """A preserved module whose signature names a parameter it is given: fusing inside it leaves
+    that parameter unread, and dropping it would break the signature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sub, self.w = _TakesWeight(), nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sub(x, self.w)  # type: ignore[no-any-return]
+
+
+def test_a_preserved_signature_keeps_a_parameter_it_names_and_apply_checks_it_too() -> None:
+    x = (torch.randn(1, 3, 8, 8),)
+    ep = torch.export.export(randomize_bn(GivesWeight()).eval(), x, preserve_module_call_signature=("sub",))
+    outcome = adapters.transform(ep, [fuse_conv_bn()]).unwrap()
+    assert outcome.report.plans == ()
+    assert [(r.node, r.reason.code) for r in outcome.report.rejections] == [("batch_norm", "preserved-signature")]
+    ep.validate()  # type: ignore[no-untyped-call]
+    # plans made apart, then applied: the same check, as a failure (the program is left as it was)
+    two = torch.export.export(
+        randomize_bn(TwoPairs()).eval(), (torch.randn(1, 3, 10, 10),), preserve_module_call_signature=("b2",)
+    )
+    code = two.graph_module.code
+    plans = fxpure.plan(adapters.capture(two), [fuse_conv_bn()]).plans
+    failure = adapters.apply(two, plans).failure()
+    assert failure.code == "preserved-signature" and two.graph_module.code == code
+    two.validate()  # type: ignore[no-untyped-call]
