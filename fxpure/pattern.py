@@ -660,6 +660,7 @@ class Check:
     reads: tuple[str, ...]
     codes: frozenset[str]
     run: Callable[[Match, Values], Reason | None] = field(compare=False)
+    computed: bool = False  # it may read need.compute values (need.check); need.static & co read bindings
 
     def __call__(self, m: Match, values: Values = _NOTHING) -> Reason | None:
         """The reason (located, see ``_locate``) or None; ``values``: what earlier ``need.compute``
@@ -736,7 +737,7 @@ def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
             raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
         return out
 
-    return Check(label=_name(fn), reads=reads, codes=declared, run=run)
+    return Check(label=_name(fn), reads=reads, codes=declared, run=run, computed=True)
 
 
 def _name(fn: Callable[..., object]) -> str:
@@ -1198,6 +1199,7 @@ def rule(
     for op in roots(pattern):
         _lint(op, root=True)
     always, some = _names(pattern)
+    computed: set[str] = set()
     for check in checks:
         if not isinstance(check, Check | Compute):
             raise PatternError(f"{name}: {check!r} is not a Check (wrap functions with need.check)")
@@ -1205,10 +1207,13 @@ def rule(
         for r in check.reads:
             if r not in always | some:
                 raise PatternError(f"{name}: {kind} {check.label} reads {r!r}, which nothing binds before it")
+            if r in computed and isinstance(check, Check) and not check.computed:
+                raise PatternError(f"{name}: check {check.label} reads bindings, and {r!r} is computed: use need.check")
         if isinstance(check, Compute):
             if check.binds in always | some:
                 raise PatternError(f"{name}: compute {check.label} binds {check.binds!r}, which is bound already")
             always = always | {check.binds}  # for the checks after it and the planner
+            computed.add(check.binds)
     params = list(inspect.signature(plan).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise PatternError(f"{name}: the planner takes the Planner as its first parameter")

@@ -373,6 +373,8 @@ def test_computed_names_are_checked_when_the_rule_is_built() -> None:
             return None
 
         rule("bad", SCALED, need.check(uses_kernel, codes=("x",)), compute, plan=_plan_nothing)
+    with pytest.raises(PatternError, match=r"check dtype\(kernel\) reads bindings, and 'kernel' is computed"):
+        rule("bad", SCALED, compute, need.dtype("kernel", {"float32"}), plan=_plan_nothing)
     with pytest.raises(PatternError, match="compute _kernel reads 'w'"):
         rule("bad", Op(RELU, name="r", self=Var("x")), compute, plan=_plan_nothing)
     with pytest.raises(
