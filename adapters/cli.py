@@ -240,10 +240,15 @@ def _random_inputs(program: Any) -> tuple[Any, ...]:
             sizes[str(d)] = min(max(low, 2), high)
         return sizes[str(d)]
 
+    from torch.export.graph_signature import ConstantArgument, InputKind
+
     placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
     out: list[Any] = []
-    for user in program.graph_signature.user_inputs:
-        val = placeholders[user].meta["val"] if isinstance(user, str) else user  # a number export kept as is
+    for spec in program.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        arg = spec.arg  # a value export kept as it was (a number, a string), or a placeholder
+        val = arg.value if isinstance(arg, ConstantArgument) else placeholders[arg.name].meta["val"]
         if not isinstance(val, torch.Tensor):
             out.append(size(val) if isinstance(val, torch.SymInt) else val)
             continue
@@ -261,8 +266,8 @@ def _save(program: Any, path: str) -> None:
     A symlink is written through (the file it names is replaced, with its mode); anything else that
     is not a regular file is refused. A new file takes the mode the umask gives."""
     import os
+    import secrets
     import stat
-    import tempfile
     from pathlib import Path
 
     import torch
@@ -270,17 +275,13 @@ def _save(program: Any, path: str) -> None:
     target = Path(path).resolve()
     if target.exists() and not target.is_file():
         raise BadInput(f"{path}: not a regular file")
-    if target.exists():
-        mode = stat.S_IMODE(target.stat().st_mode)
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies
     try:
         torch.export.save(program, tmp)
-        os.chmod(tmp, mode)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException as e:
         with contextlib.suppress(OSError):

@@ -293,3 +293,15 @@ def test_apply_quantized_conv_writes_the_vulkan_pte(quantized: Path, tmp_path: P
     assert sum(": ok (max rel diff 0)" in c for c in checks) == 1  # the fallback conv: exact
     assert "whole program not compared" in lines[-1]
     assert out.exists() and pte.read_bytes()[4:8] == b"ET12"  # an ExecuTorch program
+
+
+class _Moded(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mode: str, k: int) -> torch.Tensor:
+        return x * k if mode == "x" else x
+
+
+def test_random_inputs_keep_the_values_export_kept() -> None:
+    # a string input that happens to name a placeholder ("x") is the string, not the tensor
+    ep = torch.export.export(_Moded(), (torch.randn(2, 3), "x", 3))
+    x, mode, k = cli._random_inputs(ep)
+    assert isinstance(x, torch.Tensor) and x.shape == (2, 3) and (mode, k) == ("x", 3)
