@@ -699,6 +699,12 @@ def _site(m: Match, name: str) -> Site:
     return m.sites.get(name, Site(m.anchor, name, ""))
 
 
+def _named(m: Match, values: Values, names: Iterable[str]) -> dict[str, object]:
+    """The computed (else bound) value of each of ``names`` that has one, by name."""
+    bound = m.bindings
+    return {n: values[n] if n in values else bound[n] for n in names if n in values or n in bound}
+
+
 def _call(
     fn: Callable[..., object], codes: Iterable[str], kind: str, returns: str, instead: str
 ) -> tuple[Callable[[Match, Values], object], tuple[str, ...], frozenset[str]]:
@@ -718,9 +724,7 @@ def _call(
     wants_match = "match" in sig.parameters
 
     def run(m: Match, values: Values) -> object:
-        kwargs: dict[str, object] = {
-            n: values[n] if n in values else m.bindings[n] for n in reads if n in values or n in m.bindings
-        }
+        kwargs = _named(m, values, reads)
         if wants_match:
             kwargs["match"] = m
         return fn(**kwargs)
@@ -1135,7 +1139,7 @@ class PatternRule:
             reason = check(m, values)
             if reason is not None:
                 return Failure(reason)
-        kwargs = {n: values[n] if n in values else m.bindings[n] for n in self.reads if n in values or n in m.bindings}
+        kwargs = _named(m, values, self.reads)
         out = self.planner(Planner(self.name, m), **kwargs)
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
         return result.alt(partial(_located, m)).bind(_typed)
