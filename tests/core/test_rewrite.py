@@ -283,3 +283,28 @@ def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stag
         Rejection(rule="fixed", node="c", reason=PlanConflict(node="c", detail="a is taken by the plan at a")),
     )
     assert names(report.after) == ["x", "c", "output"]
+
+
+def test_every_rule_in_registry_order_folds_before_it_splits_and_merges_before_it_converts() -> None:
+    # run together in RULES' order, a scale on a grouped conv is folded before the conv is split (split
+    # first, the scale would read a cat and no rule would take it), and three linears on one input are
+    # merged before they become convs (converted first, none would be left to merge)
+    from fxpure.rules import RULES
+
+    g = GraphBuilder()
+    x = g.input("x", (1, 4, 8, 8))
+    conv = g.call("aten.conv2d.default", input=x, weight=g.parameter("w", (8, 2, 3, 3)), groups=2, out=(1, 8, 6, 6))
+    scaled = g.call("aten.mul.Tensor", self=conv, other=2.0, out=(1, 8, 6, 6))
+    t = g.input("t", (2, 5, 8))
+    lins = [
+        g.call("aten.linear.default", name=f"lin{i}", input=t, weight=g.parameter(f"w{i}", (6, 8)), out=(2, 5, 6))
+        for i in range(3)
+    ]
+    g.output(scaled, *lins)
+    report = plan(g.build(), [make() for make in RULES.values()])
+    assert [(p.rule, p.anchor) for p in report.plans] == [
+        ("fold-binary", "mul"),
+        ("split-group-conv", "conv2d_mul"),
+        ("concat-parallel-linears", "t"),
+        ("linear-to-conv2d", "lin0_cat"),
+    ]
