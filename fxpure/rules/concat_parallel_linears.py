@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import final
 
 from returns.result import Failure, Result, Success
@@ -58,11 +58,12 @@ class _Member:
     features: int
 
 
-def _owner(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, Reason | None] | None:
+def _owner(snap: GraphSnapshot, node: NodeSnapshot, joins: Result[Match, Reason]) -> tuple[str, Reason | None] | None:
     """The input the linear at ``node`` (its product) reads, or None if it is no linear; with a
     reason when it cannot join whatever its weights: an edge product reading a flattening of the
-    input whose flat output is read by more than the reshape back (rank > 2)."""
-    found = match(FOUND, snap, node)
+    input whose flat output is read by more than the reshape back (rank > 2). ``joins``: the
+    product matched as a linear that can join (the same input, when it is one)."""
+    found = joins if isinstance(joins, Success) else match(FOUND, snap, node)
     x = found.unwrap().bindings.get("x") if isinstance(found, Success) else None
     if not isinstance(x, NodeRef):
         return None
@@ -92,12 +93,12 @@ def _fit(node: str, w: TensorSpec | None, b: TensorSpec | None, out: TensorSpec 
     return None
 
 
-def _join(snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
-    """The linear at ``node`` as a member of its group, or the typed reason it cannot join."""
-    found = match(JOINS, snap, node)  # not-constant: a weight or bias computed at run time
-    if isinstance(found, Failure):
-        return Failure(found.failure())
-    m = found.unwrap()
+def _join(node: NodeSnapshot, joins: Result[Match, Reason], x: TensorSpec) -> Result[_Member, Reason]:
+    """The linear at ``node`` (matched as ``joins``) as a member of its group, or the typed reason it
+    cannot join."""
+    if isinstance(joins, Failure):
+        return Failure(joins.failure())  # not-constant: a weight or bias computed at run time, say
+    m = joins.unwrap()
     lin, w, b, w_spec = linear_of(m), m.bindings["w"], m.bindings.get("b"), m.spec("w")
     assert isinstance(w, WeightExpr) and (b is None or isinstance(b, WeightExpr))  # Const binds expressions
     out = lin.spec
@@ -122,8 +123,21 @@ def _input_spec(snap: GraphSnapshot, x: str) -> Result[TensorSpec, Reason]:
 _DETACHED = snapshot([], {})
 
 
+def _on(m: Match, snap: GraphSnapshot) -> Match:
+    """``m`` reading ``snap`` (built directly: ``dataclasses.replace`` costs several times more, once
+    per linear)."""
+    return Match(snap=snap, anchor=m.anchor, bindings=m.bindings, sites=m.sites, erase=m.erase, prune=m.prune)
+
+
 def _attach(member: _Member, snap: GraphSnapshot) -> _Member:
-    return replace(member, match=replace(member.match, snap=snap))
+    return _Member(
+        match=_on(member.match, snap),
+        lin=member.lin,
+        w=member.w,
+        b=member.b,
+        spec=member.spec,
+        features=member.features,
+    )
 
 
 @final
@@ -136,13 +150,16 @@ class _Found:
 
     owners: dict[str, tuple[str, Reason | None]]
     groups: dict[str, list[NodeSnapshot]]
+    joins: dict[str, Result[Match, Reason]]  # each product matched as a linear that can join
     members: dict[str, Result[_Member, Reason]]
 
     def _kept(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
         kept = self.members.get(node.name)
         if kept is None:
             own = self.owners[node.name][1]
-            found = Failure(own) if own is not None else _join(snap, node, x)
+            found = (
+                Failure(own) if own is not None else _join(node, self.joins[node.name].map(lambda m: _on(m, snap)), x)
+            )
             kept = self.members[node.name] = found.map(lambda m: _attach(m, _DETACHED))
         return kept
 
@@ -159,12 +176,15 @@ class _Found:
 def _find(snap: GraphSnapshot) -> _Found:
     owners: dict[str, tuple[str, Reason | None]] = {}
     groups: dict[str, list[NodeSnapshot]] = {}
+    joins: dict[str, Result[Match, Reason]] = {}
     for n in snap.calls(PRODUCTS):
-        owner = _owner(snap, n)
+        joined = match(JOINS, snap, n)  # one match per linear: it also says which input it reads
+        owner = _owner(snap, n, joined)
         if owner is not None:
             owners[n.name] = owner
             groups.setdefault(owner[0], []).append(n)
-    return _Found(owners, groups, {})
+            joins[n.name] = joined.map(lambda m: _on(m, _DETACHED))
+    return _Found(owners, groups, joins, {})
 
 
 def _plan_group(
