@@ -15,6 +15,7 @@ several constants is computed once. Nothing here computes data;
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from operator import attrgetter
@@ -27,6 +28,7 @@ from fxpure.snapshot import Dim, TensorSpec
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
+DTYPES = FLOAT_DTYPES | INT_DTYPES | {"bool"}  # what an expression computes in, spelled as torch names them
 INT_RANGES: Mapping[str, tuple[int, int]] = {
     "int8": (-(2**7), 2**7 - 1),
     "uint8": (0, 2**8 - 1),
@@ -170,6 +172,11 @@ class Fill(_Expr):
     value: float
     dtype: str
 
+    def _key(self) -> tuple[object, ...]:
+        # -0.0 == 0.0 in Python, but not as a tensor (1 / x): the sign is part of the value
+        v = self.value
+        return (Fill, self.shape, v, math.copysign(1.0, v) if isinstance(v, float) else 1.0, self.dtype)
+
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -273,11 +280,13 @@ def _permute(e: Permute, s: TensorSpec) -> Inferred:
     return TensorSpec(shape=tuple(s.shape[d] for d in e.dims), dtype=s.dtype)
 
 
+def _sizes(shape: tuple[object, ...]) -> bool:
+    """Every size a whole number, none negative (a symbolic size has no tensor to make)."""
+    return all(type(d) is int and d >= 0 for d in shape)
+
+
 def _reshape(e: Reshape, s: TensorSpec) -> Inferred:
-    n = 1
-    for d in e.shape:
-        n *= d
-    if _static(s) is None or n != s.numel or any(d < 0 for d in e.shape):
+    if _static(s) is None or not _sizes(e.shape) or math.prod(e.shape) != s.numel:
         return _bad(f"cannot reshape {s.shape} to {e.shape}")
     return TensorSpec(shape=e.shape, dtype=s.dtype)
 
@@ -310,6 +319,8 @@ def _sum_over(e: SumOver, s: TensorSpec) -> Inferred:
     dims = {_norm_dim(d, len(s.shape)) for d in e.dims}
     if None in dims or not e.dims or len(dims) != len(e.dims):  # torch sums all of () and refuses a repeat
         return _bad(f"sum over {e.dims} does not fit rank {len(s.shape)}")
+    if e.dtype not in DTYPES:
+        return _bad(f"sum as {e.dtype!r}")
     return TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=e.dtype)
 
 
@@ -326,6 +337,8 @@ def _concat(e: Concat) -> Inferred:
     d = _norm_dim(e.dim, len(first.shape))
     if d is None:
         return _bad(f"concat dim {e.dim} does not fit rank {len(first.shape)}")
+    if any(len(s.shape) != len(first.shape) for s in specs):
+        return _bad(f"concat of ranks {sorted({len(s.shape) for s in specs})}")
     rest = [s.shape[:d] + s.shape[d + 1 :] for s in specs]
     sizes = [s.shape[d] for s in specs]
     if any(r != rest[0] for r in rest) or any(s.dtype != first.dtype for s in specs):
@@ -362,14 +375,16 @@ def _binary(e: Binary) -> Inferred:
         return _bad(f"{e.op} of {sa.dtype} and {sb.dtype} (cast one first)")
     if e.op == "div" and sa.dtype not in FLOAT_DTYPES:  # torch divides integers into floats
         return _bad(f"div of {sa.dtype} (cast to a float first)")
+    if e.op == "sub" and sa.dtype == "bool":  # torch refuses it
+        return _bad("sub of bool")
     if shape is None:
         return _bad(f"{e.op} of shapes {sa.shape} and {sb.shape} that do not broadcast")
     return TensorSpec(shape=shape, dtype=sa.dtype)
 
 
 def _unary(e: Unary, s: TensorSpec) -> Inferred:
-    if e.op != "neg" and s.dtype not in FLOAT_DTYPES:
-        return _bad(f"{e.op} of {s.dtype} (needs a floating dtype)")
+    if (e.op != "neg" or s.dtype == "bool") and s.dtype not in FLOAT_DTYPES:  # torch refuses -bool
+        return _bad(f"{e.op} of {s.dtype} (needs a {'floating' if e.op != 'neg' else 'numeric'} dtype)")
     return s
 
 
@@ -435,7 +450,11 @@ def _infer(expr: WeightExpr) -> Inferred:
         return expr.spec
     if isinstance(expr, Fill):
         v = expr.value
-        if any(d < 0 for d in expr.shape) or (expr.dtype in INT_DTYPES and not _fits(v, v, expr.dtype)):
+        if (
+            not _sizes(expr.shape)
+            or expr.dtype not in DTYPES
+            or (expr.dtype in INT_DTYPES and not _fits(v, v, expr.dtype))
+        ):
             return _bad(f"fill of shape {expr.shape} with {v!r} as {expr.dtype}")
         return TensorSpec(shape=expr.shape, dtype=expr.dtype)
     if isinstance(expr, Concat):
@@ -447,7 +466,9 @@ def _infer(expr: WeightExpr) -> Inferred:
         return s
     match expr:
         case Cast():
-            return TensorSpec(shape=s.shape, dtype=expr.dtype)
+            return (
+                TensorSpec(shape=s.shape, dtype=expr.dtype) if expr.dtype in DTYPES else _bad(f"cast to {expr.dtype!r}")
+            )
         case Permute():
             return _permute(expr, s)
         case Reshape():
