@@ -155,7 +155,7 @@ def _rename(arg: Arg, names: Mapping[str, str]) -> Arg:
     # exact types (cheaper than isinstance): an argument tree holds NodeRef (final) and plain tuples
     if type(arg) is NodeRef:
         return NodeRef(names.get(arg.name, arg.name))
-    if type(arg) is tuple:
+    if type(arg) is tuple or isinstance(arg, list):  # a hand-written plan's list (no Arg) becomes a tuple
         return tuple(_rename(a, names) for a in arg)
     return arg
 
@@ -218,6 +218,11 @@ class _Batch:
         sources = [old for old, _ in p.replace] or [p.anchor]
         if not all(s in snap.index for s in sources + list(p.erase) + list(p.prune)):
             return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
+        for name in (*p.erase, *p.prune):  # the program's signature is no plan's to change
+            op = snap.nodes[snap.index[name]].op
+            if op == "output" or (op == "placeholder" and name not in snap.constants):
+                what = "output" if op == "output" else "input"
+                return PlanConflict(node=p.anchor, detail=f"plan removes {name}, the program's {what}")
         at = min(snap.index[s] for s in sources)
         slot = self.before.setdefault(at, [])
         renamed = {k: v for k, v in local.items() if k != v}  # usually none: plan-local names are unique
@@ -228,11 +233,15 @@ class _Batch:
                     op="call_function",
                     target=n.target,
                     args=(
-                        n.args if not renamed and type(n.args) is tuple else tuple(_rename(a, renamed) for a in n.args)
+                        n.args
+                        if not renamed and type(n.args) is tuple and list not in map(type, n.args)
+                        else tuple(_rename(a, renamed) for a in n.args)
                     ),
                     kwargs=(
                         n.kwargs
-                        if not renamed and isinstance(n.kwargs, PMapType)
+                        if not renamed
+                        and isinstance(n.kwargs, PMapType)
+                        and (not n.kwargs or list not in map(type, n.kwargs.values()))
                         else pmap({k: _rename(v, renamed) for k, v in n.kwargs.items()})
                     ),
                     spec=n.spec,

@@ -308,3 +308,37 @@ def test_every_rule_in_registry_order_folds_before_it_splits_and_merges_before_i
         ("concat-parallel-linears", "t"),
         ("linear-to-conv2d", "lin0_cat"),
     ]
+
+
+def test_a_list_in_a_hand_written_plan_becomes_a_tuple_and_keeps_what_it_reads() -> None:
+    # a list is no Arg (mypy says so), but an untyped rule writes one: its references must count, or the
+    # constant it reads is dropped as unused while the new node still reads it
+    cat = NewNode(
+        name="cat",
+        target="aten.cat.default",
+        args=[NodeRef("c"), 1],  # type: ignore[arg-type]
+        kwargs=pmap({"tensors": [NodeRef("c"), NodeRef("k")]}),  # type: ignore[arg-type]
+        spec=spec(4),
+    )
+    p = RewritePlan(
+        rule="r",
+        anchor="a",
+        constants=(NewConstant(name="k", expr=ONES),),
+        nodes=(cat,),
+        replace=(("a", "cat"),),
+        erase=("a",),
+    )
+    out = after(chain(), [p])
+    assert out.node("cat").kwargs["tensors"] == (NodeRef("c"), NodeRef("k")) and out.node("cat").args[0] == NodeRef("c")
+    assert "k" in out.constants and out.users["k"] == ("cat",)
+
+
+@pytest.mark.parametrize(("erase", "prune", "what"), [(("a", "output"), (), "output"), (("a",), ("x",), "input")])
+def test_a_plan_that_removes_the_programs_output_or_an_input_is_refused(
+    erase: tuple[str, ...], prune: tuple[str, ...], what: str
+) -> None:
+    p = RewritePlan(rule="r", anchor="a", replace=(("a", "c"),), erase=erase, prune=prune)
+    removed = "output" if what == "output" else "x"
+    assert rewrite(chain(), [p]) == Failure(
+        PlanConflict(node="a", detail=f"plan removes {removed}, the program's {what}")
+    )
