@@ -99,7 +99,14 @@ def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(split_group_conv(max_groups=4).codes - GENERIC_CODES)
     ['depthwise-conv', 'groups-out-of-range', 'not-constant', 'symbolic-shape', 'transposed-conv', 'unsupported-rank']
+    >>> split_group_conv(max_groups=1)
+    Traceback (most recent call last):
+    ValueError: groups range must be whole numbers 2 <= min_groups <= max_groups, got 2..1
     """
+    if any(type(g) is not int for g in (min_groups, max_groups)) or not 2 <= min_groups <= max_groups:
+        raise ValueError(
+            f"groups range must be whole numbers 2 <= min_groups <= max_groups, got {min_groups!r}..{max_groups!r}"
+        )
 
     def groups_fit(conv: Bound, match: Match) -> Reason | None:
         cin, cout = _channels(match.spec("x"), 1), _channels(conv.spec, 1)

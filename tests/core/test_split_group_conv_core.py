@@ -146,3 +146,11 @@ def test_edge_dialect_uses_the_copy_slice() -> None:
     edge = replace(g, dialect="edge")
     after = plan(edge, [split_group_conv()]).after
     assert after.node("conv_x0").target == "aten.slice_copy.Tensor"
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 10), (1, 10), (5, 4), (2, "3"), (2.0, 10), (True, 10)])
+def test_a_groups_range_that_is_no_range_of_groups_is_refused_when_the_rule_is_made(low: object, high: object) -> None:
+    # min_groups 0 or 1 (groups=1 is never split), a range upside down, or a string (the rule
+    # compared it with an int on the first grouped conv: a TypeError out of adapters.transform)
+    with pytest.raises(ValueError, match=r"2 <= min_groups <= max_groups, got"):
+        split_group_conv(min_groups=low, max_groups=high)  # type: ignore[arg-type]
