@@ -40,8 +40,40 @@ class _Skip(Exception):
     """This plan cannot be evaluated on the host (the message says why)."""
 
 
+# the size arithmetic a dynamic program computes reshapes with (edge: sym_size, then Python's operators)
+_SIZE_OPS: Mapping[str, Any] = {
+    "aten.sym_size.int": lambda x, dim: x.shape[dim],
+    "_operator.mul": operator.mul,
+    "_operator.add": operator.add,
+    "_operator.sub": operator.sub,
+    "_operator.floordiv": operator.floordiv,
+}
+
+
+def _symbols(program: Program) -> dict[str, int]:
+    """A value for each symbolic size the program declares: its lower bound, at least 2 and within
+    the upper bound (as ``fxpure apply --verify`` feeds the whole program)."""
+    out: dict[str, int] = {}
+    for sym, bounds in (getattr(program, "range_constraints", None) or {}).items():
+        low = int(bounds.lower) if bounds.lower.is_finite else 2
+        high = int(bounds.upper) if bounds.upper.is_finite else max(low, 2)
+        out[str(sym)] = min(max(low, 2), high)
+    return out
+
+
 def _size(d: int | str, symbols: Mapping[str, int]) -> int:
-    return d if isinstance(d, int) else symbols.get(d, 2)
+    """A size; a symbolic one (``s0``, or an expression of sizes such as ``2*s0``) from ``symbols``."""
+    if isinstance(d, int):
+        return d
+    if d in symbols:
+        return symbols[d]
+    import sympy
+
+    try:
+        value = sympy.sympify(d).subs({sympy.Symbol(k): v for k, v in symbols.items()})
+        return int(value)
+    except (sympy.SympifyError, TypeError, ValueError) as e:
+        raise _Skip(f"no value for the size {d}") from e
 
 
 def _random(spec: TensorSpec, symbols: Mapping[str, int], g: torch.Generator) -> torch.Tensor:
@@ -68,7 +100,11 @@ def _value(arg: Arg, env: Mapping[str, Any]) -> Any:
 def _run(node: NodeSnapshot, dialect: str, env: Mapping[str, Any]) -> Any:
     if node.target.startswith("et_vk."):
         raise _Skip("its et_vk kernels run in the Vulkan delegate (the CPU reference kernels do not undo the packing)")
-    fn = operator.getitem if node.target == "getitem" else resolve_target(node.target, dialect)
+    fn = (
+        operator.getitem
+        if node.target == "getitem"
+        else _SIZE_OPS.get(node.target) or resolve_target(node.target, dialect)
+    )
     with torch.no_grad():
         return fn(*(_value(a, env) for a in node.args), **{k: _value(v, env) for k, v in node.kwargs.items()})
 
@@ -92,7 +128,12 @@ class _Region:
         info = self.snap.constants.get(name)
         if info is not None:
             return self.cap.tensors[name] if info.source is None else materialize(info.source, self.cap.tensors)
-        spec = self.snap.node(name).tensor_spec
+        node = self.snap.node(name)
+        if node.target in _SIZE_OPS:  # a size computed from a tensor: the value the inputs here give
+            for r in dict.fromkeys(node_refs(node)):
+                self.get(r)
+            return _SIZE_OPS[node.target](*(_value(a, self.env) for a in node.args))
+        spec = node.tensor_spec
         if spec is None:
             raise _Skip(f"it reads {name}, whose value is not a tensor of known shape")
         return _random(spec, self.symbols, self.g)
@@ -123,7 +164,7 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float,
         NodeSnapshot(name=n.name, op="call_function", target=n.target, args=n.args, kwargs=n.kwargs, spec=n.spec)
         for n in p.nodes
     ]
-    symbols: dict[str, int] = {}
+    symbols = _symbols(cap.program)
     inputs: dict[str, Any] = {}
     try:
         before = _Region(snap, cap, inputs, symbols, torch.Generator().manual_seed(seed))
