@@ -336,6 +336,25 @@ def test_half_precision_folds_in_float32_and_declines_promotion(dtype: torch.dty
     assert run(program, x)[0].dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_on_edge_a_number_copied_to_the_ops_dtype_folds_as_on_aten(dtype: torch.dtype) -> None:
+    # to_edge lifts a Python int (any number, in a half model) as a tensor and copies it to the op's
+    # dtype (_to_dim_order_copy): the fold was declined not-constant on edge only. It folds the value
+    # the edge program reads (the copy: 0.1 rounded to float16 in a float16 model)
+    x = (torch.randn(2, 3, 8, 8).to(dtype),)
+    model = Half(lambda m, y: y * 3 + 0.1).eval().to(dtype)
+    edge = to_edge(torch.export.export(model, x))
+    program = edge.exported_program()
+    assert count(program, "_to_dim_order_copy") == (1 if dtype == torch.float32 else 2)
+    want = run(copy.deepcopy(program), x)
+    outcome = adapters.transform(program, [fold_binary(), fold_binary()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["aten_mul_tensor", "aten_add_tensor"]
+    assert not outcome.report.rejections
+    assert binary_ops(program) == 0 and count(program, "_to_dim_order_copy") == 0
+    assert_close(run(program, x), want, rel=1e-6 if dtype == torch.float32 else 1e-2)
+    assert_close(run_pte(edge.to_executorch().buffer, x), want, rel=1e-6 if dtype == torch.float32 else 1e-2)
+
+
 class Head(nn.Module):
     """A classifier head: linear-BN-ReLU, then linear-BN and a temperature."""
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Literal, TypeAlias
 
-from fxpure.families import ADD, ADDMM, CONV, DIV, LINEAR, MM, MUL, RSUB, SUB, VIEW
+from fxpure.families import ADD, ADDMM, CONV, DIV, LINEAR, MM, MUL, RSUB, SUB, VIEW, family
 from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
@@ -58,7 +58,19 @@ PRODUCER = OneOf(
     ),
     linear("lin", code=NOT_PRODUCER, shared=LINEAR_SHARED),
 )
-OPERAND = OneOf(Const("c"), Scalar("c"))
+# a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
+# as an int64 or float32 tensor and copies it to the op's dtype
+TO_COPY = family(
+    "to-copy",
+    "a dtype copy",
+    [
+        "dim_order_ops._to_dim_order_copy.default(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, "
+        "Device? device=None, bool? pin_memory=None, bool non_blocking=False, int[]? dim_order=None) -> Tensor",
+        "aten._to_copy.default(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
+        "bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor",
+    ],
+)
+OPERAND = OneOf(Const("c"), Scalar("c"), Op(TO_COPY, name="copy", self=Const("c")))
 ALPHA = Scalar("alpha")
 
 # y = conv(x, w, b?) | linear(x, w, b?); c a constant (tensor or number); torch spells ``c - y``
@@ -255,9 +267,12 @@ def _plan(
     conv: Bound | None = None,
     b: WeightExpr | None = None,
     alpha: float = 1,
+    copy: Bound | None = None,
 ) -> RewritePlan:
     # y' = conv(x, a * W, a * b + k) | linear(x, a * W, a * b + k)
     kind, first = _key(bin, p.match)
+    if copy is not None and isinstance(c, WeightExpr) and copy.spec is not None:  # the value the op reads
+        c = Cast(x=c, dtype=copy.spec.dtype)
     work = work_dtype(infer_spec(w).unwrap().dtype)
     affine = AFFINE[(kind, first)](_vector(c, work), float(alpha), work)
     if conv is not None:
@@ -289,7 +304,7 @@ def fold_binary() -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(fold_binary().codes - GENERIC_CODES)
     ['arg-mismatch', 'conv-output-shared', 'dtype-promotion', 'linear-output-shared', 'not-constant', \
-'not-per-channel', 'not-scalar', 'output-is-divisor', 'producer-not-conv-or-linear', \
-'symbolic-shape', 'unsupported-dtype']
+'not-per-channel', 'not-scalar', 'output-is-divisor', 'output-shared', 'producer-not-conv-or-linear', \
+'symbolic-shape', 'unsupported-dtype', 'wrong-op']
     """
     return FOLD_BINARY

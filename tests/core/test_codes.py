@@ -32,7 +32,7 @@ from fxpure.families import CONV, SCHEMAS
 from fxpure.plan import Rule
 from fxpure.reasons import Declined
 from fxpure.rules import RULES, concat_parallel_linears, quantized_conv
-from fxpure.snapshot import Arg
+from fxpure.snapshot import Arg, DTypeArg
 from fxpure.testing import spec
 from tests.core.test_fuzz import (
     SIZE,
@@ -331,6 +331,24 @@ def _odd_operand(gen: _Gen) -> None:
             gen.result(gen.call("aten.mul.Tensor", wide, self=y, other=gen.constant((c, 1, 1), "float32")), wide)
 
 
+def _copied_operand(gen: _Gen) -> None:
+    """A conv's output times a number as ``to_edge`` spells it: lifted (int64 or float32) and copied to
+    the op's dtype (``_to_dim_order_copy``); sometimes the copy is read again (a graph output)."""
+    c, dtype = gen.pick((2, 4)), gen.pick(("float16", "float32"))
+    out = spec(gen.batch, c, SIZE, SIZE, dtype=dtype)
+    x = gen.input((gen.batch, c, SIZE, SIZE), dtype)
+    y = gen.call("aten.conv2d.default", out, input=x, weight=gen.constant((c, c, 1, 1), dtype))
+    number = gen.constant((), gen.pick(("int64", "float32")))
+    name = gen.name("copy")
+    kwargs: dict[str, Arg] = {"dtype": DTypeArg(dtype), "dim_order": ()}
+    k = gen.g.node("dim_order_ops._to_dim_order_copy.default", (number,), kwargs, name=name, out=spec(dtype=dtype))
+    gen.read.add(number.name)
+    gen.computed.append(k)
+    gen.result(gen.call("aten.mul.Tensor", out, self=y, other=k), out)
+    if gen.flip():
+        gen.extra.append(k)
+
+
 RARE: tuple[Callable[[_Gen], None], ...] = (
     _grouped,
     _grouped,
@@ -346,12 +364,13 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _then(_sequence, _linear, _swap, _batch_norm),
     _odd_conv1d,
     _odd_operand,
+    _copied_operand,
 )
 
 
 def rare_graph(choose: Callable[[int], int]) -> GraphSnapshot:
     """A random graph whose steps are the fuzzer's and the rare ones (half of them rare)."""
-    return build_graph(choose, steps=STEPS + RARE * (len(STEPS) // len(RARE)))
+    return build_graph(choose, steps=STEPS + RARE * max(1, round(len(STEPS) / len(RARE))))
 
 
 Source: TypeAlias = Callable[[int], GraphSnapshot]
@@ -390,6 +409,11 @@ UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: {**ADAPTER, "plan-conflict
         "plan-conflict": NO_OVERLAP,
         "bad-weight-expr": "the layouts are built from a geometry _shapes checked, the vectors _vectors checked;"
         " where the fallback's plan fails, the reason it stood in for is reported",
+    },
+    "fold-binary": {
+        **ADAPTER,
+        "plan-conflict": NO_OVERLAP,
+        "wrong-op": "an operand computed by another op fails the Const alternative as deep (not-constant), which wins",
     },
     "conv1d-to-conv2d": {
         **ADAPTER,

@@ -17,7 +17,7 @@ from fxpure import NodeRef, plan, verify
 from fxpure.reasons import GENERIC_CODES
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, GraphSnapshot, TensorSpec
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, TensorSpec
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Binary, Cast, Fill, Reshape, Source, Unary, WeightExpr, infer_spec, subexpressions
 
@@ -498,9 +498,11 @@ def test_every_code_is_stable() -> None:
         "not-per-channel",
         "not-scalar",
         "output-is-divisor",
+        "output-shared",
         "producer-not-conv-or-linear",
         "symbolic-shape",
         "unsupported-dtype",
+        "wrong-op",
     ]
 
 
@@ -533,3 +535,23 @@ def test_an_op_or_producer_without_a_spec_is_malformed(unknown: str, detail: str
     nodes = [replace(n, spec=None) if n.name == unknown else n for n in g.nodes]
     reason = only_rejection(fxpure.snapshot(nodes, g.constants))
     assert (reason.code, reason.node, reason.path, reason.message) == ("malformed-node", "bin", "bin", f"bin: {detail}")
+
+
+def test_a_constant_copied_to_the_ops_dtype_is_folded_as_the_copy() -> None:
+    # to_edge's spelling of y + 0.1 in a float16 model: 0.1 lifted as a float32 tensor, copied to
+    # float16 (_to_dim_order_copy); the fold adds the float16 value the op reads, and the copy goes
+    g = GraphBuilder(dialect="edge")
+    x, w = g.input("x", (B, IC, 5, 5), dtype="float16"), g.parameter("w", (OC, IC, 1, 1), dtype="float16")
+    conv = g.call("aten.convolution.default", name="conv", input=x, weight=w, bias=None, stride=(1, 1),
+                  padding=(0, 0), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1,
+                  out=spec(B, OC, 5, 5, dtype="float16"))  # fmt: skip
+    c = g.constant("c", (), dtype="float32")
+    copied = g.node("dim_order_ops._to_dim_order_copy.default", (c,), {"dtype": DTypeArg("float16"), "dim_order": ()},
+                    name="copy", out=spec(dtype="float16"))  # fmt: skip
+    g.output(g.call("aten.add.Tensor", name="bin", self=conv, other=copied, out=spec(B, OC, 5, 5, dtype="float16")))
+    report = plan(g.build(), [RULE])
+    (p,) = report.plans
+    assert set(p.erase) == {"bin", "conv", "copy"}
+    (bias,) = [c.expr for c in p.constants if c.name.endswith("_bias")]
+    assert Cast(x=Source(key="c", spec=spec(dtype="float32")), dtype="float16") in subexpressions(bias)
+    assert "copy" not in verify(report.after).unwrap().index
