@@ -189,43 +189,66 @@ def _check_path(path: str) -> None:
     from pathlib import Path
 
     p = Path(path)
-    if p.is_dir():
-        raise BadInput(f"{path}: is a directory, not a .pt2 file")
-    if not p.is_file():
-        raise BadInput(f"{path}: no such file")
-    if p.suffix != ".pt2":
-        raise BadInput(f"{path}: not a .pt2 file (expected a program saved with torch.export.save)")
-    if not zipfile.is_zipfile(p):
-        raise BadInput(f"{path}: not a valid .pt2 archive (corrupt or truncated)")
+    try:
+        if p.is_dir():
+            raise BadInput(f"{path}: is a directory, not a .pt2 file")
+        if not p.is_file():
+            raise BadInput(f"{path}: no such file")
+        if p.suffix != ".pt2":
+            raise BadInput(f"{path}: not a .pt2 file (expected a program saved with torch.export.save)")
+        if not zipfile.is_zipfile(p):
+            raise BadInput(f"{path}: not a valid .pt2 archive (corrupt or truncated)")
+    except OSError as e:  # a name too long for the file system, say
+        raise BadInput(f"{path}: cannot read ({e.strerror or e})") from e
 
 
-def _check_writable(*paths: str | None) -> None:
-    """Every output goes into an existing, writable directory."""
+def _check_writable(model: str, output: str, pte: str | None) -> None:
+    """Every output goes into an existing, writable directory, and the .pte is neither the input
+    nor the .pt2 written (one would overwrite the other)."""
     import os
     from pathlib import Path
 
-    for path in paths:
+    for path in (output, pte):
         if path is None:
             continue
-        parent = Path(path).resolve().parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
+        try:
+            target = Path(path).resolve()
+            parent = target.parent
+            writable = parent.is_dir() and os.access(parent, os.W_OK)
+            if writable and target.is_dir():
+                raise BadInput(f"{path}: cannot write (is a directory)")
+        except OSError as e:  # a name too long for the file system, say
+            raise BadInput(f"{path}: cannot write ({e.strerror or e})") from e
+        if not writable:
             raise BadInput(f"{path}: cannot write (no writable directory {parent})")
+    if pte is not None and Path(pte).resolve() in (Path(model).resolve(), Path(output).resolve()):
+        raise BadInput(
+            f"--pte {pte}: names the {'input' if Path(pte).resolve() == Path(model).resolve() else 'output'} .pt2"
+        )
 
 
 def _load(path: str) -> Any:
     """A program saved with ``torch.export.save`` (``main`` ran ``_check_path`` on it already);
     only ``torch.export.load`` reads it."""
+    import importlib
+
     import torch
 
-    try:
+    from adapters.torchnames import OP_LIBRARIES
+
+    with contextlib.suppress(Exception):
+        return torch.export.load(path)
+    try:  # a program quantized-conv packed calls the et_vk ops, which this import registers
+        importlib.import_module(OP_LIBRARIES["et_vk"])
         return torch.export.load(path)
     except Exception as e:  # any failure inside the loader means the archive is unusable
         raise BadInput(f"{path}: cannot load the program (corrupt, or not saved by torch.export.save)") from e
 
 
 def _random_inputs(program: Any) -> tuple[Any, ...]:
-    """Random tensors of the shapes and dtypes the program's user inputs were exported with; a
-    symbolic size takes one value for all inputs, within the range the program declares for it."""
+    """Random tensors of the shapes and dtypes the program's user inputs were exported with, in
+    input order; a symbolic size takes one value for all inputs, within the range the program
+    declares for it."""
     import torch
 
     sizes: dict[str, int] = {}
@@ -260,34 +283,39 @@ def _random_inputs(program: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _save(program: Any, path: str) -> None:
-    """Save atomically: a temporary file in the same directory, renamed over ``path`` only once it
-    is complete (so ``-o`` may name the input itself; a failed save leaves every file as it was).
-    A symlink is written through (the file it names is replaced, with its mode); anything else that
-    is not a regular file is refused. A new file takes the mode the umask gives."""
+def _save(writes: Sequence[tuple[str, Callable[[str], object]]]) -> None:
+    """Write every file, all or none: each ``write`` fills a temporary file in its path's directory,
+    and each is renamed over its path only once all are complete (so ``-o`` may name the input itself;
+    a failed write leaves every file as it was). A symlink is written through (the file it names is
+    replaced, with its mode); anything else that is not a regular file is refused. A new file takes
+    the mode the umask gives."""
     import os
     import secrets
     import stat
     from pathlib import Path
 
-    import torch
-
-    target = Path(path).resolve()
-    if target.exists() and not target.is_file():
-        raise BadInput(f"{path}: not a regular file")
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-    tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp")
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies
+    made: list[tuple[str, Path]] = []
+    path = ""
     try:
-        torch.export.save(program, tmp)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        for path, write in writes:
+            target = Path(path).resolve()
+            if target.exists() and not target.is_file():
+                raise BadInput(f"{path}: not a regular file")
+            mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+            tmp = str(target.parent / f".fxpure-{secrets.token_hex(6)}.tmp")  # short: any valid name fits
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies
+            made.append((tmp, target))
+            write(tmp)
+            if mode is not None:
+                os.chmod(tmp, mode)
+        for tmp, target in made:
+            os.replace(tmp, target)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        for tmp, _ in made:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         if isinstance(e, (OSError, RuntimeError)):
-            raise BadInput(f"{path}: cannot write ({e})") from e
+            raise BadInput(f"{path}: cannot write ({getattr(e, 'strerror', None) or e})") from e
         raise
 
 
@@ -302,21 +330,65 @@ def _default_tolerance(program: Any) -> float:
     return max([1e-4, *(8 * e for e in steps)])
 
 
+def _outputs(program: Any, flat: tuple[Any, ...]) -> list[Any]:
+    """Every value a run of ``program`` returns (through dicts and nested tuples), on ``flat`` (user
+    inputs in order) put back in the call's own structure (keywords, lists, dicts). The run is of a
+    copy: a program may update its buffers in place, and ``program`` itself is saved after."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_unflatten
+
+    args, kwargs = tree_unflatten(list(copy.deepcopy(flat)), program.call_spec.in_spec)
+    with torch.no_grad():
+        return list(tree_leaves(copy.deepcopy(program).module()(*args, **kwargs)))
+
+
+def _diff(got: Any, want: Any) -> float:
+    """The largest difference of two outputs: 0 where both hold the same value (inf, or NaN in both),
+    inf where they differ in shape, in kind, or in where a NaN is."""
+    import torch
+
+    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+        return 0.0 if type(got) is type(want) and got == want else float("inf")
+    if got.shape != want.shape:
+        return float("inf")
+    g, w = got.double(), want.double()
+    d = torch.where((g == w) | (g.isnan() & w.isnan()), 0.0, (g - w).abs())
+    return d.nan_to_num(nan=float("inf")).max().item() if d.numel() else 0.0
+
+
 def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     """Both programs on the same random inputs: max abs / rel difference, or the error that stopped it."""
     import torch
 
     try:
         x = _random_inputs(program)
-        with torch.no_grad():
-            want, got = _flat(original.module()(*x)), _flat(program.module()(*x))
+        want, got = _outputs(original, x), _outputs(program, x)
     except Exception as e:  # a program that cannot run on these inputs: one line, exit 1
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return {"ok": False, "error": f"{type(e).__name__}: {first}"}
-    pairs = [(g, w) for g, w in zip(got, want, strict=True) if isinstance(w, torch.Tensor)]
-    abs_err = max(((g.double() - w.double()).abs().max().item() for g, w in pairs), default=0.0)
-    scale = max((w.double().abs().max().item() for _, w in pairs), default=1.0) or 1.0
+    if len(got) != len(want):
+        return {"ok": False, "error": f"the programs return {len(want)} and {len(got)} values"}
+    abs_err = max((_diff(g, w) for g, w in zip(got, want, strict=True)), default=0.0)
+    finite = [w.double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0) for w in want if isinstance(w, torch.Tensor)]
+    scale = max((w.abs().max().item() for w in finite if w.numel()), default=1.0) or 1.0
     return {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= tolerance}
+
+
+def _json(doc: Any) -> str:
+    """``doc`` as strict JSON: a difference that is not finite is written as a string ("inf")."""
+    import json
+    import math
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return v
+
+    return json.dumps(plain(doc), indent=2, allow_nan=False)
 
 
 def _flat(out: Any) -> list[Any]:
@@ -325,8 +397,6 @@ def _flat(out: Any) -> list[Any]:
 
 def explain(args: argparse.Namespace) -> int:
     """Plan the chosen rules on a saved program and report every candidate; changes nothing."""
-    import json
-
     from executorch.exir import to_edge
     from returns.result import Failure
 
@@ -354,11 +424,10 @@ def explain(args: argparse.Namespace) -> int:
         return _explain_node(report, [RULES[n]() for n in names], args.node, args.json)
     if args.json:
         print(
-            json.dumps(
+            _json(
                 to_json(
                     report, node_meta(program.graph_module), names, program=args.model, dialect=report.before.dialect
-                ),
-                indent=2,
+                )
             )
         )
         return EXIT_OK
@@ -371,7 +440,6 @@ def explain(args: argparse.Namespace) -> int:
 def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> int:
     """How far each rule got at one node: its reason (code, pattern path, message), the bindings
     it had made, and how many pattern primitives matched."""
-    import json
 
     from fxpure.pattern import attempts
     from fxpure.serial import to_data
@@ -380,7 +448,7 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     if node not in report.before.index and not found:
         raise BadInput(f"no node {node!r} in the program")
     if as_json:
-        print(json.dumps({"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}, indent=2))
+        print(_json({"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}))
         return EXIT_OK
     if not found:
         target = report.before.node(node).target
@@ -404,7 +472,7 @@ def _shown(value: Any) -> str:
 
 def apply_cmd(args: argparse.Namespace) -> int:
     """Apply the chosen rules to a saved program, optionally verify and lower it, then save it."""
-    import json
+    from pathlib import Path
 
     from returns.result import Failure
 
@@ -445,8 +513,9 @@ def apply_cmd(args: argparse.Namespace) -> int:
             doc["verify"] = _verify(original, program, args.tolerance)
         failed = not doc["verify"]["ok"] or any(c.ok is False for c in checks)
         code = EXIT_VERIFY_FAILED if failed else EXIT_OK
+    written = code == EXIT_OK  # a program that failed its check is not written (-o may name the input)
     buffer = None
-    if args.pte:  # lowered before anything is written: a failure writes nothing
+    if args.pte and written:  # lowered before anything is written: a failure writes nothing
         progress(f"lowering to {args.pte}")
         try:
             buffer = _lower(program, names)
@@ -457,22 +526,34 @@ def apply_cmd(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_REWRITE_FAILED
-    progress(f"saving {args.output}")
-    _save(program, args.output)
-    if buffer is not None:
-        _write_bytes(args.pte, buffer)
-        doc["pte"] = args.pte
+    if written:
+        import torch
+
+        progress(f"saving {args.output}")
+        pte = buffer
+        _save(
+            [(args.output, lambda tmp: torch.export.save(program, tmp))]
+            + ([(args.pte, lambda tmp: Path(tmp).write_bytes(pte))] if pte is not None else [])
+        )
+        if pte is not None:
+            doc["pte"] = args.pte
+    doc["written"] = written
     if args.json:
-        print(json.dumps(to_json(outcome.report, metas, names, **doc), indent=2))
+        print(_json(to_json(outcome.report, metas, names, **doc)))
         return code
     plans = outcome.report.plans
     fallbacks = sum(1 for p in plans if p.instead_of is not None)
     by_fallback = f" ({fallbacks} by fallback)" if fallbacks else ""
+    wrote = (
+        (f"wrote {args.output}" + (" unchanged" if not plans else "") + (f" and {args.pte}" if buffer else ""))
+        if written
+        else "verification failed: nothing written"
+    )
+    declined = f"{len(outcome.report.rejections)} candidates declined"
     print(
-        f"{len(plans)} rewrites applied{by_fallback}, {len(outcome.report.rejections)} candidates declined;"
-        f" wrote {args.output}" + (f" and {args.pte}" if buffer is not None else "")
+        f"{len(plans)} rewrites applied{by_fallback}, {declined}; {wrote}"
         if plans
-        else f"nothing to rewrite; wrote {args.output} unchanged" + (f" and {args.pte}" if buffer is not None else "")
+        else f"nothing to rewrite ({declined}); {wrote}"
     )
     for c in doc.get("plan_checks", []):
         state = {True: "ok", False: "FAILED", None: "skipped"}[c["ok"]]
@@ -512,14 +593,6 @@ def _lower(program: Any, names: list[str]) -> bytes:
     return buffer
 
 
-def _write_bytes(path: str, data: bytes) -> None:
-    try:
-        with open(path, "wb") as f:
-            f.write(data)
-    except OSError as e:
-        raise BadInput(f"{path}: cannot write ({e.strerror or e})") from e
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fxpure`` console script; see README for exit codes."""
     parser = argparse.ArgumentParser(prog="fxpure", description="pure-functional graph rewrites for torch.fx")
@@ -553,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _rules(args.rules)
             _check_path(args.model)
             if args.command == "apply":
-                _check_writable(args.output, args.pte)
+                _check_writable(args.model, args.output, args.pte)
                 if args.tolerance is not None and not 0 < args.tolerance < float("inf"):
                     raise BadInput(f"--tolerance {args.tolerance:g}: not a positive number")
         _quiet_libraries()
@@ -563,6 +636,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as e:
         print(f"fxpure: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader of the output closed it (``| head``): nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,0 +1,263 @@
+"""The command line under what users do after a transform: buffers the program updates, dict and
+NaN outputs, keyword inputs, long names, unwritable or clashing outputs, a packed program read back,
+a failed check, a closed pipe. Each docstring says what went wrong before the fix the test holds
+(found by an adversarial run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from adapters import cli
+
+
+def _main(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> int:
+    """``fxpure *args`` in this process, its library set-up skipped (as tests/test_cli.py does)."""
+    monkeypatch.setattr(cli, "_quiet_libraries", lambda: None)
+    return cli.main([str(a) for a in args])
+
+
+def _bn(bn: nn.BatchNorm2d) -> None:
+    assert bn.running_mean is not None and bn.running_var is not None
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 2)
+        bn.bias.uniform_(-1, 1)
+
+
+class _ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        _bn(self.bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.c(x))  # type: ignore[no-any-return]
+
+
+def _save(model: nn.Module, path: Path, *args: object, **kwargs: object) -> Path:
+    torch.export.save(torch.export.export(model.eval(), tuple(args), kwargs or None), path)
+    return path
+
+
+X = torch.randn(1, 3, 6, 6)
+
+
+# --- wrong numbers -------------------------------------------------------------------------------
+
+
+class _Counter(_ConvBN):
+    """A buffer the program updates in place (a step counter; a training-mode BN's running stats
+    behave the same way)."""
+
+    n: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n.add_(1)
+        return self.bn(self.c(x)) * self.n  # type: ignore[no-any-return]
+
+
+def test_verify_runs_copies_so_a_buffer_the_program_updates_is_saved_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fxpure apply --verify` runs the rewritten program on random inputs and then saves it: a
+    buffer the program mutates (counter, BN running stats) is saved with the verification run's
+    update in it, so the written program computes different numbers from the original."""
+    torch.manual_seed(0)
+    model = _Counter().eval()
+    src, out = _save(model, tmp_path / "counter.pt2", X), tmp_path / "out.pt2"
+    assert _main(monkeypatch, "apply", src, "-o", out, "--verify") == 0
+    with torch.no_grad():
+        want = _Counter.forward(model, X)  # first call on the original: n == 1
+    saved = torch.export.load(out)
+    assert saved.state_dict["n"].item() == 0, "the saved counter was advanced by --verify"
+    with torch.no_grad():
+        got = saved.module()(X)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# --- verification that does not verify -----------------------------------------------------------
+
+
+class _DictOut(_ConvBN):
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"y": self.bn(self.c(x))}
+
+
+def test_verify_compares_every_output_of_a_dict() -> None:
+    """`--verify`'s whole-program comparison flattens one level only: a dict (or nested tuple)
+    output is skipped, so two programs with different outputs are reported 'max abs diff 0, ok'."""
+    torch.manual_seed(0)
+    a = torch.export.export(_DictOut().eval(), (X,))
+    torch.manual_seed(1)
+    b = torch.export.export(_DictOut().eval(), (X,))  # other weights: other outputs
+    with torch.no_grad():
+        assert not torch.allclose(a.module()(X)["y"], b.module()(X)["y"])
+    result = cli._verify(a, b, 1e-4)
+    assert result["ok"] is False, result  # got {'max_abs': 0.0, 'max_rel': 0.0, 'ok': True}
+
+
+class _Log(_ConvBN):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(self.bn(self.c(x)))  # NaN wherever the BN output is negative
+
+
+def test_verify_takes_nan_in_the_same_places_as_equal_and_writes_strict_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An output with NaN at the same places before and after (log of a negative) makes
+    `--verify` report 'max abs diff nan ... FAILED' (exit 1), and `--json` then prints `NaN`,
+    which is not JSON."""
+    torch.manual_seed(0)
+    src, out = _save(_Log(), tmp_path / "log.pt2", X), tmp_path / "out.pt2"
+    code = _main(monkeypatch, "apply", src, "-o", out, "--verify", "--json")
+    text = capsys.readouterr().out
+
+    def strict(c: str) -> float:
+        raise ValueError(f"not JSON: {c}")
+
+    doc = json.loads(text, parse_constant=strict)
+    assert code == 0 and doc["verify"]["ok"] is True, doc["verify"]
+
+
+class _KwOnly(_ConvBN):
+    def forward(self, x: torch.Tensor, *, bias: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.bn(self.c(x)) + bias  # type: ignore[no-any-return]
+
+
+def test_verify_calls_a_program_with_its_keyword_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`_random_inputs` passes every user input positionally: a program exported with a keyword
+    input (or a list/dict input) cannot be called, so `--verify` always ends 'FAILED, the programs
+    could not be compared' (exit 1) although the rewrite is correct."""
+    torch.manual_seed(0)
+    src = _save(_KwOnly(), tmp_path / "kw.pt2", X, bias=torch.randn(4, 1, 1))
+    code = _main(monkeypatch, "apply", src, "-o", tmp_path / "out.pt2", "--verify")
+    assert code == 0, capsys.readouterr().out
+
+
+# --- tracebacks instead of one clean line -------------------------------------------------------
+
+
+def test_apply_writes_to_a_long_valid_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-o` with a legal 250-character file name: `_save` names its temporary file
+    '.<name>.<12 hex>.tmp' (over NAME_MAX) before its try block, so the run ends in a raw
+    OSError traceback (exit 1, 'verification failed') after all the work, and nothing is written."""
+    torch.manual_seed(0)
+    src = _save(_ConvBN(), tmp_path / "m.pt2", X)
+    out = tmp_path / ("a" * 250 + ".pt2")  # 254 bytes: a valid name
+    out.write_bytes(b"")  # the name is legal on this file system
+    out.unlink()
+    assert _main(monkeypatch, "apply", src, "-o", out) == 0
+    assert out.read_bytes()[:2] == b"PK"
+
+
+def test_an_overlong_path_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model path whose name exceeds NAME_MAX: `Path.is_dir()` raises ENAMETOOLONG inside
+    `_check_path`, so the user gets a traceback (exit 1) instead of 'fxpure: error: ...' (exit 2)."""
+    assert _main(monkeypatch, "explain", "/tmp/" + "b" * 300 + ".pt2") == 2
+
+
+# --- outputs half-written, input overwritten ----------------------------------------------------
+
+
+def test_a_pte_that_cannot_be_written_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--pte` naming a directory (or /dev/full, ...): the .pt2 is saved first, then writing the
+    .pte fails with 'cannot write (Is a directory)', exit 2: one output written, the other not."""
+    torch.manual_seed(0)
+    src, out, pte = _save(_ConvBN(), tmp_path / "m.pt2", X), tmp_path / "out.pt2", tmp_path / "pte_dir"
+    pte.mkdir()
+    code = _main(monkeypatch, "apply", src, "-o", out, "--pte", pte)
+    assert code != 0, capsys.readouterr()
+    assert not out.exists(), "the .pt2 was written although the run failed"
+
+
+def test_a_pte_naming_the_input_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--pte` equal to the model (or to `-o`) is not refused: the input .pt2 is silently replaced
+    by the .pte bytes (exit 0, 'wrote out.pt2 and m.pt2'); fxpure can no longer read it."""
+    torch.manual_seed(0)
+    src = _save(_ConvBN(), tmp_path / "m.pt2", X)
+    before = src.read_bytes()
+    code = _main(monkeypatch, "apply", src, "-o", tmp_path / "out.pt2", "--pte", src)
+    assert src.read_bytes() == before, f"input overwritten (exit {code})"
+
+
+# --- the CLI cannot read what it wrote ----------------------------------------------------------
+
+
+def test_the_cli_reads_a_program_it_packed_with_quantized_conv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fxpure apply q.pt2 --rules quantized-conv -o packed.pt2` writes a program with et_vk ops;
+    `fxpure explain/apply packed.pt2` then says 'cannot load the program (corrupt, or not saved by
+    torch.export.save)', exit 2: `_load` never registers the et_vk ops (importing
+    executorch.backends.vulkan.custom_ops_lib makes torch.export.load read it)."""
+    import subprocess
+    import sys
+
+    from tests.quantized import pt2e
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))  # type: ignore[no-any-return]
+
+    src, packed = tmp_path / "q.pt2", tmp_path / "packed.pt2"
+    torch.export.save(pt2e(Two(), (torch.randn(1, 4, 8, 8),)), src)
+    assert _main(monkeypatch, "apply", src, "--rules", "quantized-conv", "-o", packed) == 0
+    assert "et_vk" in str(torch.export.load(packed).graph)  # this process has the et_vk ops registered
+    fxpure = str(Path(sys.executable).with_name("fxpure"))  # a fresh process, as a user runs it
+    r = subprocess.run(
+        [fxpure, "explain", str(packed), "--rules", "quantized-conv"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_program_that_fails_verify_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--verify` does not gate the write: a run that ends 'verify: ... FAILED' (exit 1) has already
+    saved the rewritten program, so `fxpure apply m.pt2 -o m.pt2 --verify` replaces the input with
+    a program that failed its check."""
+    torch.manual_seed(0)
+    src = _save(_ConvBN(), tmp_path / "m.pt2", X)
+    before = src.read_bytes()
+    code = _main(monkeypatch, "apply", src, "-o", src, "--verify", "--tolerance", "1e-12")
+    assert code == 1, capsys.readouterr().out  # verification failed (float rounding of the fold)
+    assert src.read_bytes() == before, "a program that failed --verify replaced the input"
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
+    """`fxpure explain m.pt2 | head -1` (a reader that stops early): the print raises
+    BrokenPipeError and the user gets a Python traceback on stderr, exit 1."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    src = _save(_ConvBN(), tmp_path / "m.pt2", X)
+    fxpure = str(Path(sys.executable).with_name("fxpure"))
+    p = subprocess.Popen([fxpure, "explain", str(src)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # the reader has gone before anything is printed (as `| true`, or `| head` on long output)
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Traceback" not in err, err
