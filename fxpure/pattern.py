@@ -63,7 +63,7 @@ from fxpure.reasons import (
     UnsupportedRank,
     WrongOp,
 )
-from fxpure.schema import TENSOR_KINDS, arguments, respell
+from fxpure.schema import TENSOR_KINDS, Schema, arguments, respell
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec
 from fxpure.weights import EXPR_NODE, WeightExpr, infer_spec, out_channels
 
@@ -885,6 +885,10 @@ class Planner:
         self.anchor = anchor or m.anchor
         self._constants: list[NewConstant] = []
         self._nodes: list[NewNode] = []
+        self.refused: Reason | None = None
+        """Why the plan cannot be written for this match (a number bound where the op needs a
+        node, say): a rule declines with it (``malformed-node`` at path ``plan``); whoever makes
+        a Planner of their own reads it before using the plan."""
 
     @property
     def dialect(self) -> str:
@@ -936,6 +940,7 @@ class Planner:
         schema = SCHEMAS.get(target)
         if schema is None:
             raise PatternError(f"no schema for {target}: use Planner.node with positional arguments")
+        self._fit(f"call {name}", name, schema, values, complete=True)
         args, kwargs = arguments(schema, values)
         return self.node(target, args, kwargs, name=name, spec=spec, provenance=provenance, source_fn=source_fn)
 
@@ -951,6 +956,7 @@ class Planner:
     ) -> NodeRef:
         """A copy of a matched node with some arguments replaced by name, in the node's own spelling."""
         schema = op.family.schemas[op.node.target]
+        self._fit(f"respell of {op.name}", name or op.name, schema, updates, complete=False)
         args, kwargs = respell(op.node, schema, updates)
         return self.node(
             op.node.target,
@@ -961,6 +967,34 @@ class Planner:
             provenance=op.name,
             source_fn=source_fn,
         )
+
+    def _fit(self, what: str, name: str, schema: Schema, values: Mapping[str, Arg], *, complete: bool) -> None:
+        """Raise TypeError for what is wrong whatever the graph (an argument the schema has not,
+        a required one left out of a new call, an op or expression given for a tensor); note in
+        ``refused`` a value a tensor argument cannot take (a number, None), which depends on the
+        match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so)."""
+        params = {schema.rename.get(q.name, q.name): q for q in schema.params}
+        has = f"it has: {', '.join(sorted(params))}"
+        for arg in values:
+            if arg not in params:
+                raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({has})")
+        missing = [a for a, q in params.items() if complete and not q.has_default and a not in values]
+        if missing:
+            raise TypeError(f"{what}: {schema.target} needs {', '.join(map(repr, missing))} ({has})")
+        for arg, value in values.items():
+            q = params[arg]
+            if q.kind != "tensor" or isinstance(value, NodeRef) or (value is None and q.optional):
+                continue
+            if isinstance(value, Bound | WeightExpr):
+                kind = type(value).__name__
+                raise TypeError(f"{what}: {arg} is a {kind}, not a node: pass NodeRef(op.name), or p.const(expr, name)")
+            if q.name == "other" and isinstance(value, int | float) and not isinstance(value, bool):
+                continue
+            self._refuse(f"the plan passes {value!r} as {arg} of {name} ({schema.target}), a tensor")
+
+    def _refuse(self, detail: str) -> None:
+        if self.refused is None:
+            self.refused = Malformed(node=self.anchor, detail=detail, path="plan")
 
     def replace(self, op: Bound, new: NodeRef, *, prune: Sequence[str] = ()) -> RewritePlan:
         """The plan: ``op``'s uses move to ``new``; the matched nodes are erased (shared ones
@@ -975,6 +1009,14 @@ class Planner:
         stays, and its shared nodes are dropped only if nothing reads them any more). ``prune``:
         more nodes, by name, dropped too once nothing reads them (what computed an erased node's
         arguments but is no part of the pattern, such as the sizes of a reshape)."""
+        for op, new in moves:
+            if isinstance(new, NodeRef):
+                continue
+            if isinstance(new, Bound | WeightExpr):
+                kind = type(new).__name__
+                raise TypeError(f"replace({op.name}, ...): the new value is a {kind}, not a node: pass NodeRef(...)")
+            self._refuse(f"the plan moves the uses of {op.name} to {new!r}, not a node")
+        moves = [(op, new) for op, new in moves if isinstance(new, NodeRef)]
         matches = (self.match, *self.also)
         matched = tuple(dict.fromkeys(n for m in matches for n in m.erase))
         gone = matched if erase is None else tuple(dict.fromkeys(u for op in erase for u in (op.name, *op.uses)))
@@ -1140,7 +1182,15 @@ class PatternRule:
             if reason is not None:
                 return Failure(reason)
         kwargs = _named(m, values, self.reads)
-        out = self.planner(Planner(self.name, m), **kwargs)
+        planner = Planner(self.name, m)
+        out = self.planner(planner, **kwargs)
+        if not _is_plan(out):
+            raise TypeError(
+                f"planner {_name(self.planner)} of rule {self.name} returned {out!r},"
+                " not a RewritePlan, Success(RewritePlan) or Failure(Reason)"
+            )
+        if planner.refused is not None:
+            return Failure(planner.refused)
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
         return result.alt(partial(_located, m)).bind(_typed)
 
@@ -1163,6 +1213,13 @@ def _is_candidate(
     if isinstance(args, Failure):
         return True
     return keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)), snap)
+
+
+def _is_plan(out: object) -> bool:
+    """``out`` is what a planner returns: a plan, ``Success(plan)`` or ``Failure(reason)``."""
+    if isinstance(out, Success):
+        return isinstance(out.unwrap(), RewritePlan)
+    return isinstance(out, RewritePlan) or (isinstance(out, Failure) and isinstance(out.failure(), Reason))
 
 
 def _located(m: Match, reason: Reason) -> Reason:

@@ -4,7 +4,9 @@ rules refused when they are built; near misses; planning helpers."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from returns.result import Failure, Result, Success
@@ -30,9 +32,11 @@ from fxpure.pattern import (
 from fxpure.plan import RewritePlan, Rule
 from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, GraphSnapshot
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Permute, WeightExpr, infer_spec
+from fxpure.weights import Binary, Permute, Unary, WeightExpr, infer_spec
+
+GUIDE = Path(__file__).parent.parent.parent / "docs" / "writing-rules.md"
 
 CONV_ARGS: dict[str, Arg] = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}
 
@@ -51,6 +55,16 @@ SCALED = Op(
     ),
     other=OneOf(Const("s"), Scalar("s")),
 )
+
+
+def _relu_graph() -> GraphSnapshot:
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    g.output(g.call("aten.relu.default", name="r", self=x, out=(2, 3)))
+    return g.build()
+
+
+RELU_X = Op(RELU, name="r", self=Var("x"))
 
 
 def _scale(p: Planner, mul: Bound, conv: Bound, w: WeightExpr, s: WeightExpr | float) -> RewritePlan:
@@ -480,3 +494,93 @@ def test_lit_is_strict_about_types() -> None:
     assert reason.message == "alpha of add is 1.0, expected 1"
     loose = rule("l", Op(ADD, name="add", self=Var("x"), alpha=Lit(1, 1.0)), plan=lambda p, add, x: p.replace(add, x))
     assert len(plan(graph(), [loose]).plans) == 1
+
+
+# --- what a planner writes must be a program: author mistakes raise, data-dependent ones decline ---
+
+
+def _conv_graph() -> GraphSnapshot:
+    g = GraphBuilder()
+    x, w = g.input("x", (1, 3, 8, 8)), g.parameter("w", (4, 3, 3, 3))
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 4, 6, 6)))
+    return g.build()
+
+
+CONV_XW = Op(CONV, name="conv", input=Var("x"), weight=Const("w"))
+
+
+def test_the_guide_rule_declines_to_feed_a_number_to_a_conv_input() -> None:
+    # fold_input_scale on conv(mul(s, 2.0)): commute binds x = 2.0; conv2d(2.0, W * s) would
+    # verify but no torch runs it: the candidate is declined, at the plan, and the graph is kept
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    scope: dict[str, object] = {}
+    exec(compile(blocks[0], "writing-rules.md#rule", "exec"), scope)
+    g = GraphBuilder()
+    s, w = g.buffer("s", (1, 3, 1, 1)), g.parameter("w", (4, 3, 1, 1))
+    y = g.call("aten.mul.Tensor", name="mul", self=s, other=2.0, out=(1, 3, 1, 1))
+    g.output(g.call("aten.conv2d.default", name="conv2d", input=y, weight=w, out=(1, 4, 1, 1)))
+    reason = only_rejection(g.build(), scope["fold_input_scale"])  # type: ignore[arg-type]
+    assert (reason.code, reason.node, reason.path) == ("malformed-node", "conv2d", "plan")
+    assert reason.message == "conv2d: the plan passes 2.0 as input of conv2d (aten.conv2d.default), a tensor"
+
+
+def test_a_number_may_be_the_other_operand_of_a_binary_op() -> None:
+    # export writes x * 2.0 as mul.Tensor(x, 2.0): a planner may too; self must still be a node
+    def halve(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten.mul.Tensor", name="half", spec=r.spec, self=x, other=0.5))
+
+    def backwards(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten.mul.Tensor", name="half", spec=r.spec, self=0.5, other=x))
+
+    (p,) = plan(_relu_graph(), [rule("halve", RELU_X, plan=halve)]).plans
+    assert p.nodes[0].args == (NodeRef("x"), 0.5)
+    reason = only_rejection(_relu_graph(), rule("backwards", RELU_X, plan=backwards))
+    assert (reason.code, reason.path) == ("malformed-node", "plan")
+    assert reason.message == "r: the plan passes 0.5 as self of half (aten.mul.Tensor), a tensor"
+
+
+def test_respell_and_call_refuse_arguments_the_schema_does_not_have() -> None:
+    def typo(p: Planner, conv: Bound, w: WeightExpr) -> RewritePlan:
+        return p.replace(conv, p.respell(conv, wieght=p.const(Unary(op="neg", x=w), "w2")))
+
+    def fixed(p: Planner, conv: Bound) -> RewritePlan:
+        return p.replace(conv, p.respell(conv, transposed=True))
+
+    def missing(p: Planner, conv: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(conv, p.call("aten.conv2d.default", name="c", spec=conv.spec, input=x))
+
+    def node_not_ref(p: Planner, conv: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(conv, p.respell(conv, input=conv))  # type: ignore[arg-type]
+
+    has = "it has: bias, dilation, groups, input, padding, stride, weight"
+    for planner, message in (
+        (typo, f"respell of conv: aten.conv2d.default has no argument 'wieght' ({has})"),
+        (fixed, f"respell of conv: aten.conv2d.default has no argument 'transposed' ({has})"),
+        (missing, f"call c: aten.conv2d.default needs 'weight' ({has})"),
+        (node_not_ref, "respell of conv: input is a Bound, not a node: pass NodeRef"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            plan(_conv_graph(), [rule("t", CONV_XW, plan=planner)])
+
+
+def test_replace_with_a_number_declines_and_with_a_bound_op_raises() -> None:
+    # add(z, 2.0), z a constant: commute binds x = 2.0, and add's uses cannot move to a number
+    g = GraphBuilder()
+    z = g.buffer("z", (2,))
+    g.output(g.call("aten.add.Tensor", name="a", self=z, other=2.0, out=(2,)))
+    pattern = Op(ADD, name="a", commute=True, self=Var("x"), other=Const("c"))
+    reason = only_rejection(g.build(), rule("drop-add", pattern, plan=lambda p, a, x: p.replace(a, x)))
+    assert (reason.code, reason.node, reason.path) == ("malformed-node", "a", "plan")
+    assert reason.message == "a: the plan moves the uses of a to 2.0, not a node"
+    with pytest.raises(TypeError, match=r"replace\(a, \.\.\.\): the new value is a Bound, not a node"):
+        plan(g.build(), [rule("to-op", pattern, plan=lambda p, a: p.replace(a, a))])
+
+
+@pytest.mark.parametrize("out", [None, Failure("no"), Success("plan")])
+def test_a_planner_that_returns_no_plan_is_a_bug_in_the_rule(out: object) -> None:
+    def forgot(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        p.replace(r, x)
+        return out  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match=re.escape(f"planner forgot of rule forgot returned {out!r}, not")):
+        plan(_relu_graph(), [rule("forgot", RELU_X, plan=forgot)])
