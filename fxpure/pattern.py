@@ -415,12 +415,23 @@ class _State:
             return None
         if name in self.bindings:
             first = self.bindings[name]
-            if first != value:
+            if first != value and not self._same_node(first, value):
                 return BindingConflict(node=node, name=name, first=_show(first), second=_show(value), path=path)
             return None
         self.bindings[name] = value
         self.sites[name] = Site(node, role, path)
         return None
+
+    def _same_node(self, a: Binding, b: Binding) -> bool:
+        """An op (or a constant) and a node reference that name one node: an ``Op`` and a ``Var``
+        (or a ``Const`` and a ``Var``) of one name bound at one node."""
+        if isinstance(b, NodeRef):
+            a, b = b, a
+        if not isinstance(a, NodeRef):
+            return False
+        if isinstance(b, Bound):
+            return a.name == b.name or a.name in b.uses
+        return constant_expr(self.snap, a.name) == b if isinstance(b, WeightExpr) else False
 
 
 def _show(value: Binding) -> str:
@@ -695,6 +706,11 @@ def _locate(reason: Reason, m: Match, reads: tuple[str, ...], label: str) -> Rea
     return replace(reason, path=site.path if site is not None else f"need.{label}")
 
 
+def _absent(m: Match, name: str) -> bool:
+    """``name`` is an absent optional operand (bound to None): nothing to check."""
+    return name in m.bindings and m.bindings[name] is None
+
+
 def _site(m: Match, name: str) -> Site:
     return m.sites.get(name, Site(m.anchor, name, ""))
 
@@ -778,11 +794,14 @@ class _Need:
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
-            if spec is None or spec.dtype in ok:
+            if spec is None:
+                return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known dtype")
+            if spec.dtype in ok:
                 return None
             return UnsupportedDtype(node=site.node, role=site.role, dtype=spec.dtype)
 
-        return Check(label=f"dtype({name})", reads=(name,), codes=frozenset({"unsupported-dtype"}), run=run)
+        codes = frozenset({"unsupported-dtype"})  # and malformed-node, which every rule may end with
+        return Check(label=f"dtype({name})", reads=(name,), codes=codes, run=run)
 
     @staticmethod
     def rank(name: str, allowed: Iterable[int]) -> Check:
@@ -791,11 +810,14 @@ class _Need:
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
-            if spec is None or len(spec.shape) in ok:
+            if spec is None:
+                return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
+            if len(spec.shape) in ok:
                 return None
             return UnsupportedRank(node=site.node, rank=len(spec.shape), allowed=ok, of="dims")
 
-        return Check(label=f"rank({name})", reads=(name,), codes=frozenset({"unsupported-rank"}), run=run)
+        codes = frozenset({"unsupported-rank"})  # and malformed-node, which every rule may end with
+        return Check(label=f"rank({name})", reads=(name,), codes=codes, run=run)
 
     @staticmethod
     def spatial_rank(conv: str, allowed: Iterable[int]) -> Check:
@@ -1199,6 +1221,8 @@ class PatternRule:
         m, err, st = _matched(self.pattern, snap, node)
         if m is not None:
             err = self._finish(m).swap().value_or(None)
+        if err is not None and self.fallback is not None and isinstance(self.fallback.plan_at(snap, node), Success):
+            err = None  # the fallback rewrites it (plan_at reports its plan as this rule's)
         return Attempt(
             rule=self.name, anchor=node.name, reason=err, bindings=MappingProxyType(dict(st.bindings)), depth=st.depth
         )

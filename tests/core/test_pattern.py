@@ -233,6 +233,31 @@ def test_repeated_variable_must_bind_the_same_node() -> None:
     assert len(plan(g2.build(), [same]).plans) == 1
 
 
+def test_an_op_or_a_constant_and_a_var_with_one_name_agree_on_one_node() -> None:
+    # mul(r, relu(r)), r = relu(x): Op "r" binds the op, Var "r" the node it is; and conv(w, w)
+    # with w a parameter: Const "w" binds its expression, Var "w" the node
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    r = g.call("aten.relu.default", name="r", self=x, out=(2,))
+    r2 = g.call("aten.relu.default", name="r2", self=r, out=(2,))
+    g.output(g.call("aten.mul.Tensor", name="m", self=r, other=r2, out=(2,)))
+    pattern = Op(MUL, name="m", self=Op(RELU, name="r", users=ANY, self=Var("x")), other=Op(RELU, self=Var("r")))
+    report = plan(g.build(), [rule("same", pattern, plan=lambda p, m, r, x: p.replace(m, x))])
+    assert report.rejections == () and len(report.plans) == 1
+    h = GraphBuilder()
+    y, w = h.input("y", (1, 3, 3, 3)), h.parameter("w", (3, 3, 3, 3))
+    c = h.call("aten.conv2d.default", name="conv", input=w, weight=w, out=(3, 3, 1, 1))
+    h.output(c, h.call("aten.conv2d.default", name="conv_y", input=y, weight=w, out=(1, 3, 1, 1)))
+    both = rule(
+        "w-w", Op(CONV, name="conv", input=Var("w"), weight=Const("w")), plan=lambda p, conv, w: p.replace(conv, w)
+    )
+    report = plan(h.build(), [both])
+    assert [p.anchor for p in report.plans] == ["conv"]
+    assert [(j.node, j.reason.code, j.reason.path) for j in report.rejections] == [
+        ("conv_y", "binding-conflict", "conv.weight")
+    ]
+
+
 def user_graph(*, users: int, consumer: str) -> GraphSnapshot:
     g = GraphBuilder()
     x = g.input("x", (2,))
@@ -432,6 +457,32 @@ def test_rank_and_channel_checks() -> None:
     channels = rule("c", SCALED, need.channels("s", of="w"), plan=_scale)
     mismatch = only_rejection(scaled(other="const"), channels)
     assert (mismatch.code, mismatch.path) == ("channel-mismatch", "mul.other")
+
+
+def test_dtype_and_rank_checks_decline_a_value_nobody_knows() -> None:
+    # as need.static does: a float16-only rule does not rewrite a node of unknown dtype
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    y = g.node("t", (x,), name="y", out=None)
+    g.output(g.call("aten.relu.default", name="r", self=y, out=None))
+    for check, role in ((need.dtype("x", {"float16"}), "dtype"), (need.rank("x", (1,)), "shape")):
+        reason = only_rejection(g.build(), rule("f16", RELU_X, check, plan=lambda p, r, x: p.replace(r, x)))
+        assert (reason.code, reason.path, reason.message) == (
+            "malformed-node",
+            "r.self",
+            f"r: self has no known {role}",
+        )
+
+
+def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:
+    fallback = rule("fb", RELU_X, plan=lambda p, r, x: p.replace(r, x))
+    main = rule("main", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing, fallback=fallback)
+    snap = _relu_graph()
+    assert [p.anchor for p in plan(snap, [main]).plans] == ["r"]
+    attempt = explain(snap, main, snap.node("r"))
+    assert attempt.reason is None and attempt.rule == "main"
+    bare = rule("bare", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing)
+    assert explain(snap, bare, snap.node("r")).reason == only_rejection(snap, bare)
 
 
 def _plan_nothing(p: Planner) -> RewritePlan:
