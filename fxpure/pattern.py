@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -672,12 +673,16 @@ class Check:
     codes: frozenset[str]
     run: Callable[[Match, Values], Reason | None] = field(compare=False)
     computed: bool = False  # it may read need.compute values (need.check); need.static & co read bindings
+    needs: frozenset[str] = frozenset()  # parameters of need.check's function without a default
+    ops: tuple[str, ...] = ()  # what it reads as a matched op (need.spatial_rank, need.channels' conv)
 
     def __call__(self, m: Match, values: Values = _NOTHING) -> Reason | None:
         """The reason (located, see ``_locate``) or None; ``values``: what earlier ``need.compute``
-        steps computed, by name."""
+        steps computed, by name. A reason with a code it does not declare is a TypeError."""
         reason = self.run(m, values)
-        return None if reason is None else _locate(reason, m, self.reads, self.label)
+        if reason is None:
+            return None
+        return _locate(_declared(reason, self.codes, "check", self.label), m, self.reads, self.label)
 
 
 @final
@@ -691,11 +696,24 @@ class Compute:
     reads: tuple[str, ...]
     codes: frozenset[str]
     run: Callable[[Match, Values], Result[object, Reason]] = field(compare=False)
+    needs: frozenset[str] = frozenset()  # parameters of its function without a default
 
     def __call__(self, m: Match, values: Values = _NOTHING) -> Result[object, Reason]:
         """The value, or the reason (located as a check's) there is none."""
         out = self.run(m, values)
-        return out if isinstance(out, Success) else Failure(_locate(out.failure(), m, self.reads, self.label))
+        if isinstance(out, Success):
+            return out
+        reason = _declared(out.failure(), self.codes, "compute", self.label)
+        return Failure(_locate(reason, m, self.reads, self.label))
+
+
+def _declared(reason: Reason, codes: frozenset[str], kind: str, label: str) -> Reason:
+    """``reason``, if its code is one the check declares (or one every rule may end with); else
+    the check is wrong, whatever the graph: a TypeError (``rule.codes`` lists every code)."""
+    if reason.code in codes or reason.code in GENERIC_CODES:
+        return reason
+    listed = ", ".join(sorted(codes))
+    raise TypeError(f"{kind} {label} declined with {reason.code!r}, which it does not declare (codes: {listed})")
 
 
 def _locate(reason: Reason, m: Match, reads: tuple[str, ...], label: str) -> Reason:
@@ -721,22 +739,45 @@ def _named(m: Match, values: Values, names: Iterable[str]) -> dict[str, object]:
     return {n: values[n] if n in values else bound[n] for n in names if n in values or n in bound}
 
 
-def _call(
-    fn: Callable[..., object], codes: Iterable[str], kind: str, returns: str, instead: str
-) -> tuple[Callable[[Match, Values], object], tuple[str, ...], frozenset[str]]:
+@final
+@dataclass(frozen=True, slots=True)
+class _Fn:
+    """A rule's own function, as a check or compute calls it."""
+
+    run: Callable[[Match, Values], object]
+    reads: tuple[str, ...]
+    codes: frozenset[str]
+    needs: frozenset[str]
+
+
+def _keywords(what: str, params: Iterable[inspect.Parameter]) -> None:
+    """Bound values are given by keyword: refuse a parameter that cannot take one."""
+    for q in params:
+        if q.kind not in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY):
+            shown = ("*" if q.kind == q.VAR_POSITIONAL else "**" if q.kind == q.VAR_KEYWORD else "") + q.name
+            raise PatternError(f"{what} takes {shown!r} by position: it is given by keyword")
+
+
+def _call(fn: Callable[..., object], codes: Iterable[str], kind: str, returns: str, instead: str) -> _Fn:
     """``fn`` as a function of the match (bound and computed values by parameter name, ``match``
-    for the whole match), the names it reads and the codes it declares; refused here if it
-    declares no codes or no return type, or a bare bool."""
+    for the whole match), the names it reads (those with a default may be unbound) and the codes
+    it declares; refused here if it declares no codes or no return type, or a bare bool (a check:
+    any bool), or takes a parameter by position only."""
     sig = inspect.signature(fn)
     ret = sig.return_annotation
     if ret is inspect.Signature.empty:
         raise PatternError(f"{kind} {_name(fn)} must declare its return type ({returns})")
     if ret is bool or ret == "bool":
         raise PatternError(f"{kind} {_name(fn)} returns a bare bool: return {instead}")
+    text = ret if isinstance(ret, str) else str(ret)
+    if kind == "check" and "bool" in re.findall(r"\w+", text):
+        raise PatternError(f"{kind} {_name(fn)} may return a bool ({text}): return {instead}")
     declared = frozenset(codes)
     if not declared:
         raise PatternError(f"{kind} {_name(fn)} must list the reason codes it may return")
+    _keywords(f"{kind} {_name(fn)}", sig.parameters.values())
     reads = tuple(n for n in sig.parameters if n != "match")
+    needs = frozenset(n for n, q in sig.parameters.items() if q.default is q.empty and n != "match")
     wants_match = "match" in sig.parameters
 
     def run(m: Match, values: Values) -> object:
@@ -745,19 +786,19 @@ def _call(
             kwargs["match"] = m
         return fn(**kwargs)
 
-    return run, reads, declared
+    return _Fn(run, reads, declared, needs)
 
 
 def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
-    call, reads, declared = _call(fn, codes, "check", "a Reason or None", "a Reason (with a code) or None")
+    call = _call(fn, codes, "check", "a Reason or None", "a Reason (with a code) or None")
 
     def run(m: Match, values: Values) -> Reason | None:
-        out = call(m, values)
+        out = call.run(m, values)
         if out is not None and not isinstance(out, Reason):
             raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
         return out
 
-    return Check(label=_name(fn), reads=reads, codes=declared, run=run, computed=True)
+    return Check(label=_name(fn), reads=call.reads, codes=call.codes, run=run, computed=True, needs=call.needs)
 
 
 def _name(fn: Callable[..., object]) -> str:
@@ -831,7 +872,8 @@ class _Need:
                 return None
             return UnsupportedRank(node=_site(m, conv).node, rank=rank, allowed=ok)
 
-        return Check(label=f"spatial_rank({conv})", reads=(conv,), codes=frozenset({"unsupported-rank"}), run=run)
+        codes = frozenset({"unsupported-rank"})
+        return Check(label=f"spatial_rank({conv})", reads=(conv,), codes=codes, run=run, ops=(conv,))
 
     @staticmethod
     def channels(name: str, *, of: str, conv: str | None = None) -> Check:
@@ -852,7 +894,9 @@ class _Need:
             return ChannelMismatch(node=site.node, expected=oc if isinstance(oc, int) else -1, found=vec.numel)
 
         reads = (name, of) if conv is None else (name, of, conv)
-        return Check(label=f"channels({name})", reads=reads, codes=frozenset({"channel-mismatch"}), run=run)
+        codes = frozenset({"channel-mismatch"})
+        ops = () if conv is None else (conv,)
+        return Check(label=f"channels({name})", reads=reads, codes=codes, run=run, ops=ops)
 
     @staticmethod
     def check(fn: Callable[..., Reason | None], *, codes: Iterable[str], at: str | None = None) -> Check:
@@ -871,17 +915,17 @@ class _Need:
         ``fn`` takes bound (and earlier computed) values by name, and ``match`` for the whole
         match, and returns ``Success(value)``, or ``Failure(reason)`` with one of ``codes`` to
         decline (located like a check's)."""
-        call, reads, declared = _call(fn, codes, "compute", "a Result", "Success(value) or Failure(Reason)")
+        call = _call(fn, codes, "compute", "a Result", "Success(value) or Failure(Reason)")
 
         def run(m: Match, values: Values) -> Result[object, Reason]:
-            out = call(m, values)
+            out = call.run(m, values)
             if not isinstance(out, Success | Failure) or (
                 isinstance(out, Failure) and not isinstance(out.failure(), Reason)
             ):
                 raise TypeError(f"compute {_name(fn)} returned {out!r}, not Success(value) or Failure(Reason)")
             return out
 
-        return Compute(label=_name(fn), binds=name, reads=reads, codes=declared, run=run)
+        return Compute(label=_name(fn), binds=name, reads=call.reads, codes=call.codes, run=run, needs=call.needs)
 
 
 need = _Need()
@@ -1074,8 +1118,11 @@ def _names(p: Pattern | None) -> tuple[frozenset[str], frozenset[str]]:
         return own, frozenset()
     always: set[str] = set(own)
     some: set[str] = set()
-    for sub in [s for _, s in p.args] + ([p.user] if p.user is not None else []):
+    everywhere = frozenset.intersection(*(s.names for s in p.family.schemas.values()))
+    for arg, sub in [*p.args, ("", p.user)]:
         a, s = _names(sub)
+        if arg and arg not in everywhere:  # a spelling without the argument binds nothing under it
+            a, s = frozenset(), a | s
         always |= a
         some |= s
     return frozenset(always), frozenset(some - always)
@@ -1092,8 +1139,15 @@ def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
     if not isinstance(p, Op):
         return
     fam = p.family
+    if p.users not in (ONE, ANY):
+        raise PatternError(f"{p.label}: users={p.users!r}, expected {ONE!r} or {ANY!r}")
     if p.out is not None and not (root or consumer):
         raise PatternError(f"{p.label}: out= reads a tuple through getitem; use it on the root or a user= op")
+    outputs = max(s.outputs for s in fam.schemas.values())
+    if p.out is not None and outputs == 1:
+        raise PatternError(f"{p.label}: out= projects a tuple, and {fam.name} returns one tensor")
+    if p.out is not None and not 0 <= p.out < outputs:
+        raise PatternError(f"{p.label}: out={p.out}, and {fam.name} returns at most {outputs} tensors")
     if p.commute and fam.commutes is None:
         raise PatternError(f"{p.label}: {fam.name} does not commute")
     for arg, sub in p.args:
@@ -1102,9 +1156,33 @@ def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
         kinds = fam.kinds(arg)
         if isinstance(sub, Op | Const) and kinds and not kinds & TENSOR_KINDS:
             raise PatternError(f"{p.label}.{arg} is not a tensor argument: {type(sub).__name__} cannot match it")
+        if isinstance(sub, Lit):
+            _lint_values(f"{p.label}.{arg}", sub.values, fam, arg)
         _lint(sub)
     if p.user is not None:
         _lint(p.user, consumer=True)
+
+
+def _lint_values(where: str, values: Iterable[Arg], fam: Family, arg: str) -> None:
+    """Refuse a literal that can never be the argument's value: a pattern or family inside a plain
+    value (a tuple of patterns: a list argument is matched whole), a lone int where the family's
+    normal form holds an int list as a tuple (``stride=1`` of a conv is ``(1, 1)``)."""
+    for v in values:
+        if isinstance(v, tuple):
+            _lint_values(where, v, fam, "")
+        elif isinstance(v, Op | Const | Scalar | Lit | Var | OneOf | Family):
+            hint = f": write Op({v.name})" if isinstance(v, Family) else ""
+            raise PatternError(f"{where}: a {type(v).__name__} inside a plain value cannot match{hint}")
+        elif (
+            arg
+            and fam.normalize is not None
+            and "ints" in fam.kinds(arg)
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+        ):
+            raise PatternError(
+                f"{where}: {v!r} is never its value: {fam.name} holds {arg} as a tuple ({arg}=(1, 1), say)"
+            )
 
 
 def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str]:
@@ -1135,8 +1213,39 @@ def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str
     return out
 
 
-def _alternatives(p: Pattern) -> tuple[Pattern, ...]:
-    return p.alternatives if isinstance(p, OneOf) else ()
+def _rooted(p: Pattern) -> bool:
+    """An Op, or alternatives (however nested) that are all Ops."""
+    return isinstance(p, Op) or (isinstance(p, OneOf) and all(_rooted(a) for a in p.alternatives))
+
+
+# primitives whose bindings can never be equal: a matched op, a constant's expression, a number
+_NEVER_EQUAL = frozenset({frozenset({"Op", "Const"}), frozenset({"Op", "Scalar"}), frozenset({"Const", "Scalar"})})
+
+
+_ARTICLE = {"Op": "an "}
+
+
+def _kinds(p: Pattern | None) -> dict[str, frozenset[str]]:
+    """The primitives that may bind each name (``"Op"``, ``"Const"``, ...); refuse a name two parts
+    of one match bind with primitives whose values can never be equal (every match would fail)."""
+    if p is None:
+        return {}
+    if isinstance(p, OneOf):
+        out: dict[str, frozenset[str]] = {}
+        for alt in p.alternatives:
+            for k, v in _kinds(alt).items():
+                out[k] = out.get(k, frozenset()) | v
+        return out
+    name = getattr(p, "name", None)
+    out = {name: frozenset({type(p).__name__})} if name else {}
+    for sub in [*(s for _, s in p.args), p.user] if isinstance(p, Op) else []:
+        for k, v in _kinds(sub).items():
+            have = out.get(k, frozenset())
+            if have and all(frozenset({a, b}) in _NEVER_EQUAL for a in have for b in v):
+                a, b = (_ARTICLE.get(x, "a ") + x for x in (sorted(have)[0], sorted(v)[0]))
+                raise PatternError(f"{k!r} is bound by {a} and by {b}, which are never one value: rename one")
+            out[k] = have | v
+    return out
 
 
 def _bound_twice(p: Pattern | None) -> dict[str, int]:
@@ -1279,11 +1388,48 @@ def rule(
     kernel takes is dequantized to run in float, say). Everything is checked here, when the rule
     is built.
     """
-    if not isinstance(pattern, Op | OneOf) or any(not isinstance(a, Op | OneOf) for a in _alternatives(pattern)):
+    if not _rooted(pattern):
         raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {pattern!r}")
     for op in roots(pattern):
         _lint(op, root=True)
-    always, some = _names(pattern)
+    kinds = _kinds(pattern)
+    if "match" in kinds:
+        raise PatternError(f"{name}: {_MATCH}")
+    always, some = _steps(name, checks, *_names(pattern), kinds)
+    params = list(inspect.signature(plan).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise PatternError(f"{name}: the planner takes the Planner as its first parameter")
+    _keywords(f"{name}: the planner", params[1:])
+    reads = []
+    for param in params[1:]:
+        if param.name not in always | some:
+            raise PatternError(f"{name}: the planner reads {param.name!r}, which the pattern never binds")
+        if param.name in some and param.default is param.empty:
+            raise PatternError(f"{name}: the planner reads {param.name!r}, which {_SOME}")
+        reads.append(param.name)
+    codes = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)))
+    for check in checks:
+        codes |= check.codes
+    if any(v > 1 for v in _bound_twice(pattern).values()):
+        codes.add("binding-conflict")
+    return PatternRule(name, pattern, tuple(checks), plan, tuple(reads), frozenset(codes), candidate, fallback)
+
+
+_MATCH = "'match' names the whole match in checks: bind another name"
+_SOME = (
+    "is bound on some matches only (in some alternatives, or under an argument some spellings lack): give it a default"
+)
+
+
+def _steps(
+    name: str,
+    checks: Sequence[object],
+    always: frozenset[str],
+    some: frozenset[str],
+    kinds: Mapping[str, frozenset[str]],
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Refuse checks and computes that read what is not bound before them (or may not be, for a
+    function without a default), or a matched op that is none; the names bound after them."""
     computed: set[str] = set()
     for check in checks:
         if not isinstance(check, Check | Compute):
@@ -1292,29 +1438,24 @@ def rule(
         for r in check.reads:
             if r not in always | some:
                 raise PatternError(f"{name}: {kind} {check.label} reads {r!r}, which nothing binds before it")
+            if r in some and r in check.needs:  # (a function of the author's, called with keywords)
+                raise PatternError(f"{name}: {kind} {check.label} reads {r!r}, which {_SOME}")
             if r in computed and isinstance(check, Check) and not check.computed:
                 raise PatternError(f"{name}: check {check.label} reads bindings, and {r!r} is computed: use need.check")
+        for r in check.ops if isinstance(check, Check) else ():
+            if not kinds.get(r, frozenset({"Op"})) & {"Op", "Var"}:  # (a computed value: reads said so already)
+                by = ", ".join(sorted(kinds[r]))
+                raise PatternError(
+                    f"{name}: check {check.label} reads {r!r} as an op, and the pattern binds it by {by}, not Op"
+                )
         if isinstance(check, Compute):
+            if check.binds == "match":
+                raise PatternError(f"{name}: compute {check.label}: {_MATCH}")
             if check.binds in always | some:
                 raise PatternError(f"{name}: compute {check.label} binds {check.binds!r}, which is bound already")
             always = always | {check.binds}  # for the checks after it and the planner
             computed.add(check.binds)
-    params = list(inspect.signature(plan).parameters.values())
-    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        raise PatternError(f"{name}: the planner takes the Planner as its first parameter")
-    reads = []
-    for param in params[1:]:
-        if param.name not in always | some:
-            raise PatternError(f"{name}: the planner reads {param.name!r}, which the pattern never binds")
-        if param.name in some and param.default is param.empty:
-            raise PatternError(f"{name}: {param.name!r} is bound in some alternatives only: give it a default")
-        reads.append(param.name)
-    codes = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)))
-    for check in checks:
-        codes |= check.codes
-    if any(v > 1 for v in _bound_twice(pattern).values()):
-        codes.add("binding-conflict")
-    return PatternRule(name, pattern, tuple(checks), plan, tuple(reads), frozenset(codes), candidate, fallback)
+    return always, some
 
 
 def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot) -> Attempt:

@@ -7,12 +7,13 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, verify
-from fxpure.families import ADD, BATCH_NORM, CONV, MUL, RELU, SUB, TRANSPOSE
+from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -497,9 +498,27 @@ def _plan_nothing(p: Planner) -> RewritePlan:
         (lambda: Op(BATCH_NORM, input=Op(CONV, out=0)), "out= reads a tuple"),
         (lambda: Op(SUB, commute=True), "sub does not commute"),
         (lambda: Op(CONV, user=Const("w")), "user= takes an Op"),
+        # a lone int where the family's normal form holds a tuple: it never matches any conv
+        (lambda: Op(CONV, stride=1), r"conv.stride: 1 is never its value: conv holds stride as a tuple"),
+        # patterns inside a plain value (cat's list of tensors), a family where an Op was meant
+        (lambda: Op(CAT, tensors=(Var("a"), Var("b"))), r"cat.tensors: a Var inside a plain value cannot match"),  # type: ignore[arg-type]
+        (lambda: Op(RELU, self=CONV), r"relu.self: a Family inside a plain value cannot match: write Op\(conv\)"),  # type: ignore[arg-type]
+        # an Op and a Const (or a Scalar) of one name can never be the same value
+        (lambda: Op(CONV, name="w", weight=Const("w")), "'w' is bound by an Op and by a Const"),
+        (lambda: Op(MUL, self=Const("k"), other=OneOf(Scalar("k"), Op(RELU, name="k"))), "'k' is bound by a Const"),
+        # out= past the family's outputs, out= on a one-output family, users= neither one nor any
+        (lambda: Op(BATCH_NORM, out=7), "batch_norm: out=7, and batch_norm returns at most 5 tensors"),
+        (lambda: Op(RELU, out=0), "relu: out= projects a tuple, and relu returns one tensor"),
+        (lambda: Op(RELU, users="many"), "relu: users='many', expected 'one' or 'any'"),  # type: ignore[arg-type]
+        # a root alternative that is not an Op, however deep
+        (lambda: OneOf(Op(RELU), OneOf(Op(ADD), Var("v"))), "a rule's pattern is rooted at an Op"),
+        # a binding named match: checks get the whole Match by that name
+        (lambda: Op(RELU, name="match"), "'match' names the whole match in checks: bind another name"),
     ],
 )
-def test_patterns_that_cannot_work_are_refused_when_the_rule_is_built(build: Callable[[], Op], message: str) -> None:
+def test_patterns_that_cannot_work_are_refused_when_the_rule_is_built(
+    build: Callable[[], Op | OneOf], message: str
+) -> None:
     with pytest.raises(PatternError, match=message):
         rule("bad", build(), plan=_plan_nothing)
 
@@ -510,9 +529,83 @@ def test_planners_and_checks_that_read_unbound_names_are_refused() -> None:
     with pytest.raises(PatternError, match="check static\\(bias\\) reads 'bias'"):
         rule("bad", SCALED, need.static("bias"), plan=_plan_nothing)
     alt = Op(MUL, name="m", self=OneOf(Const("a"), Scalar("k")), other=Var("y"))
-    with pytest.raises(PatternError, match="'a' is bound in some alternatives only"):
+    with pytest.raises(PatternError, match="'a', which is bound on some matches only \\(in some alternatives"):
         rule("bad", alt, plan=lambda p, a: p.finish([]))
     assert rule("ok", alt, plan=lambda p, a=None: p.finish([])).reads == ("a",)
+
+
+def test_names_bound_on_some_matches_only_need_a_default_in_checks_too() -> None:
+    alt = Op(MUL, name="m", self=OneOf(Const("a"), Scalar("k")), other=Var("y"))
+
+    def uses_a(a: WeightExpr) -> Reason | None:
+        return None
+
+    def may_use_a(a: WeightExpr | None = None) -> Reason | None:
+        return None
+
+    def computes_from_a(a: WeightExpr) -> Result[int, Reason]:
+        return Success(1)
+
+    message = "check uses_a reads 'a', which is bound on some matches only .*: give it a default"
+    with pytest.raises(PatternError, match=message):
+        rule("bad", alt, need.check(uses_a, codes=("x",)), plan=_plan_nothing)
+    with pytest.raises(PatternError, match="compute computes_from_a reads 'a', which is bound on some"):
+        rule("bad", alt, need.compute("n", computes_from_a, codes=("x",)), plan=_plan_nothing)
+    assert rule("ok", alt, need.check(may_use_a, codes=("x",)), plan=_plan_nothing).checks[0].reads == ("a",)
+    # cudnn_enabled is an argument of batch_norm.default only: on the other spellings nothing binds it
+    bn = Op(BATCH_NORM, name="bn", input=Var("x"), cudnn_enabled=Var("cudnn"))
+    with pytest.raises(PatternError, match="the planner reads 'cudnn', which is bound on some matches only"):
+        rule("bad", bn, plan=lambda p, bn, x, cudnn: p.replace(bn, x))
+    assert rule("ok", bn, plan=lambda p, bn, x, cudnn=None: p.replace(bn, x)).reads == ("bn", "x", "cudnn")
+
+
+def test_checks_and_planners_take_bound_values_by_keyword() -> None:
+    def positional(x: NodeRef, /) -> Reason | None:
+        return None
+
+    def k(x: NodeRef) -> Result[int, Reason]:
+        return Success(42)
+
+    with pytest.raises(PatternError, match="compute k: 'match' names the whole match in checks"):
+        rule("m", RELU_X, need.compute("match", k, codes=("x",)), plan=lambda p, r, match: p.replace(r, match))
+    with pytest.raises(PatternError, match="check positional takes 'x' by position: it is given by keyword"):
+        need.check(positional, codes=("x",))
+    with pytest.raises(PatternError, match="the planner takes 'x' by position: it is given by keyword"):
+        rule("pos", RELU_X, plan=lambda p, x, /: p.finish([]))
+    with pytest.raises(PatternError, match=r"the planner takes '\*rest' by position"):
+        rule("star", RELU_X, plan=lambda p, *rest: p.finish([]))
+
+
+def test_checks_that_need_an_op_are_refused_on_other_bindings() -> None:
+    message = r"check spatial_rank\(w\) reads 'w' as an op, and the pattern binds it by Const, not Op"
+    with pytest.raises(PatternError, match=message):
+        rule("sr", CONV_XW, need.spatial_rank("w", (1,)), plan=_plan_nothing)
+    with pytest.raises(
+        PatternError, match=r"check channels\(w\) reads 'w' as an op, and the pattern binds it by Const"
+    ):
+        rule("ch", CONV_XW, need.channels("w", of="w", conv="w"), plan=_plan_nothing)
+    assert rule("ok", CONV_XW, need.spatial_rank("conv", (2,)), plan=_plan_nothing).name == "ok"
+
+
+def test_a_check_that_declines_with_a_code_it_did_not_declare_is_a_bug_in_the_rule() -> None:
+    def sneaky(r: Bound) -> Reason | None:
+        return Declined(code="surprise", node=r.name, detail="undeclared")
+
+    def failing(r: Bound) -> Result[int, Reason]:
+        return Failure(Declined(code="surprise", node=r.name, detail="undeclared"))
+
+    def generic(r: Bound) -> Reason | None:
+        return Declined(code="malformed-node", node=r.name, detail="fine: every rule may end so")
+
+    r = rule("sneaky", RELU_X, need.check(sneaky, codes=("declared",)), plan=_plan_nothing)
+    message = "check sneaky declined with 'surprise', which it does not declare (codes: declared)"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        plan(_relu_graph(), [r])
+    c = rule("c", RELU_X, need.compute("n", failing, codes=("declared",)), plan=_plan_nothing)
+    with pytest.raises(TypeError, match="compute failing declined with 'surprise'"):
+        plan(_relu_graph(), [c])
+    ok = rule("g", RELU_X, need.check(generic, codes=("declared",)), plan=_plan_nothing)
+    assert only_rejection(_relu_graph(), ok).code == "malformed-node"
 
 
 def test_checks_must_return_a_typed_reason_not_a_bool() -> None:
@@ -521,6 +614,16 @@ def test_checks_must_return_a_typed_reason_not_a_bool() -> None:
 
     with pytest.raises(PatternError, match="returns a bare bool"):
         need.check(is_big, codes=("big",))  # type: ignore[arg-type]
+
+    def maybe_big(w: WeightExpr) -> Optional[bool]:  # noqa: UP045
+        return None
+
+    def bool_or_none(w: WeightExpr) -> bool | None:
+        return None
+
+    for fn in (maybe_big, bool_or_none):
+        with pytest.raises(PatternError, match=f"check {fn.__name__} may return a bool"):
+            need.check(fn, codes=("big",))  # type: ignore[arg-type]
     with pytest.raises(PatternError, match="must declare its return type"):
         need.check(lambda w: None, codes=("x",))
     with pytest.raises(PatternError, match="must list the reason codes"):
