@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from pyrsistent import pmap
+from returns.result import Failure
 
 from fxpure.families import SCHEMAS
 from fxpure.schema import Schema, arguments
@@ -34,6 +35,7 @@ from fxpure.snapshot import (
     Spec,
     TensorSpec,
     snapshot,
+    verify,
 )
 
 Shape: TypeAlias = tuple[int | str, ...]
@@ -50,11 +52,16 @@ def spec(*shape: int | str, dtype: str = "float32") -> TensorSpec:
 
 
 def _spec(out: Out) -> Spec:
+    """A shape (float32), a spec, or a spec per element of a tuple output (None: unknown, but not
+    all of them); ValueError for anything else."""
     if out is None or isinstance(out, TensorSpec):
         return out
-    if all(isinstance(o, TensorSpec | None) for o in out) and out and not all(o is None for o in out):
+    dims = tuple(d for d in out if isinstance(d, int | str) and not isinstance(d, bool))
+    if len(dims) == len(out):
+        return TensorSpec(shape=dims, dtype="float32")
+    if all(isinstance(o, TensorSpec | None) for o in out) and any(out):
         return tuple(o if isinstance(o, TensorSpec) else None for o in out)
-    return TensorSpec(shape=tuple(d for d in out if isinstance(d, int | str)), dtype="float32")
+    raise ValueError(f"out={out!r}: give a shape, a spec, or a spec (or None) per element of a tuple output")
 
 
 class GraphBuilder:
@@ -137,11 +144,18 @@ class GraphBuilder:
         out: Out = None,
         **values: Arg,
     ) -> NodeRef:
-        """A ``call_function`` node; arguments by schema name, ``out`` its output shape (float32),
-        or spec, or a tuple of specs for a tuple-output op."""
+        """A ``call_function`` node; arguments by schema name (ValueError for one the schema has
+        not, or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
+        of specs for a tuple-output op."""
         known = self.schemas.get(target)
         if known is None:
             raise KeyError(f"no schema for {target}: give GraphBuilder(schemas=[parse_schema(...)]) or use node()")
+        params = {known.rename.get(p.name, p.name): p for p in known.params}
+        unknown = [a for a in values if a not in params]
+        missing = [a for a, p in params.items() if not p.has_default and a not in values]
+        if unknown or missing:
+            wrong = [*(f"no argument {a!r}" for a in unknown), *(f"missing {a!r}" for a in missing)]
+            raise ValueError(f"{target}: {', '.join(wrong)} (it has: {', '.join(sorted(params))}); node() takes any")
         args, kwargs = arguments(known, values)
         base = target.split(".")[-2] if target.count(".") >= 2 else target
         return self.node(target, args, kwargs, name=self._name(name, base), out=out)
@@ -178,7 +192,12 @@ class GraphBuilder:
 
     def build(self, *, reserved: Sequence[str] = ()) -> GraphSnapshot:
         """The snapshot, ordered as programs are: lifted constants before the inputs, ``get_attr``
-        nodes after them, then the calls and the output."""
+        nodes after them, then the calls and the output; ValueError if it is no valid graph (two
+        nodes of one name, a node read before it is defined or never)."""
         head = [*self._consts, *self._inputs] if self.lifted else [*self._inputs, *self._consts]
         nodes = [*head, *self._calls, *([self._output] if self._output else [])]
-        return snapshot(nodes, self._infos, dialect=self.dialect, lifted=self.lifted, reserved=reserved)
+        snap = snapshot(nodes, self._infos, dialect=self.dialect, lifted=self.lifted, reserved=reserved)
+        bad = verify(snap)
+        if isinstance(bad, Failure):
+            raise ValueError(f"not a graph: {bad.failure().message}")
+        return snap

@@ -90,3 +90,37 @@ def test_calls_by_target_come_in_graph_order() -> None:
 def test_a_duplicate_node_name_is_reported_at_the_node() -> None:
     node = NodeSnapshot(name="a", op="placeholder", target="a")
     assert verify(snapshot([node, node], {})) == Failure(InvalidSnapshot(node="a", detail="duplicate node name"))
+
+
+def test_a_call_names_the_arguments_its_schema_has_and_needs() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    with pytest.raises(ValueError, match=r"^aten.relu.default: no argument 'slef', missing 'self' \(it has: self\)"):
+        g.call("aten.relu.default", slef=x, out=(2,))
+    conv = r"^aten.conv2d.default: missing 'weight' \(it has: bias, dilation, groups, input, padding, stride, weight\)"
+    with pytest.raises(ValueError, match=conv):
+        g.call("aten.conv2d.default", input=x)
+    # a node of any arguments (a malformed one, on purpose) is still one call away
+    assert g.node("aten.relu.default", (), {"slef": x}, name="odd") == NodeRef("odd")
+
+
+def test_build_refuses_what_is_no_graph() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.call("aten.relu.default", name="relu_1", self=x)
+    g.call("aten.relu.default", self=x)
+    g.call("aten.relu.default", self=x)  # named relu_1 too
+    with pytest.raises(ValueError, match=r"^not a graph: relu_1: duplicate node name$"):
+        g.build()
+    h = GraphBuilder()
+    h.output(h.call("aten.relu.default", self=NodeRef("nowhere")))
+    with pytest.raises(ValueError, match=r"^not a graph: relu: reads 'nowhere' before it is defined$"):
+        h.build()
+
+
+@pytest.mark.parametrize("out", [(spec(2), 3), (None, None), (2, None), ("a", True)])
+def test_an_out_the_builder_cannot_read_is_refused(out: object) -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    with pytest.raises(ValueError, match=r"give a shape, a spec, or a spec \(or None\) per element"):
+        g.call("aten.relu.default", self=x, out=out)  # type: ignore[arg-type]
