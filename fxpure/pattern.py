@@ -1443,7 +1443,7 @@ def _steps(
             if r in computed and isinstance(check, Check) and not check.computed:
                 raise PatternError(f"{name}: check {check.label} reads bindings, and {r!r} is computed: use need.check")
         for r in check.ops if isinstance(check, Check) else ():
-            if not kinds.get(r, frozenset({"Op"})) & {"Op", "Var"}:  # (a computed value: reads said so already)
+            if not kinds.get(r, frozenset({"Op"})) & {"Op"}:  # (a computed value: reads said so already)
                 by = ", ".join(sorted(kinds[r]))
                 raise PatternError(
                     f"{name}: check {check.label} reads {r!r} as an op, and the pattern binds it by {by}, not Op"

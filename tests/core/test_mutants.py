@@ -543,11 +543,12 @@ def test_checks_are_named_after_their_function_and_refuse_what_is_no_check() -> 
     assert need.check(_scale_of, codes=["x"], at="w").reads == ("w", "s")
 
 
-def test_need_spatial_rank_of_what_is_no_op_checks_nothing() -> None:
+def test_need_spatial_rank_of_what_is_no_op_is_refused() -> None:
     check = need.spatial_rank("conv", [1, 3])
     assert (check.label, check.reads, check.codes) == ("spatial_rank(conv)", ("conv",), frozenset({"unsupported-rank"}))
     assert why(conv_relu(), check) == UnsupportedRank(node="conv", rank=2, allowed=(1, 3), path="relu.self/conv")
-    assert why(conv_relu(), need.spatial_rank("x", [1])) is None  # x is a node, not a matched op
+    with pytest.raises(PatternError, match="binds it by Var, not Op"):  # x is a node, not a matched op
+        why(conv_relu(), need.spatial_rank("x", [1]))
 
 
 def _nothing(p: Planner) -> RewritePlan:

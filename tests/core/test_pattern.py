@@ -584,6 +584,10 @@ def test_checks_that_need_an_op_are_refused_on_other_bindings() -> None:
         PatternError, match=r"check channels\(w\) reads 'w' as an op, and the pattern binds it by Const"
     ):
         rule("ch", CONV_XW, need.channels("w", of="w", conv="w"), plan=_plan_nothing)
+    with pytest.raises(
+        PatternError, match=r"check spatial_rank\(x\) reads 'x' as an op, and the pattern binds it by Var"
+    ):
+        rule("var", CONV_XW, need.spatial_rank("x", (1,)), plan=_plan_nothing)  # it checked nothing
     assert rule("ok", CONV_XW, need.spatial_rank("conv", (2,)), plan=_plan_nothing).name == "ok"
 
 
