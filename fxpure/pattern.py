@@ -1039,17 +1039,11 @@ class Planner:
         a required one left out of a new call, an op or expression given for a tensor); note in
         ``refused`` a value a tensor argument cannot take (a number, None), which depends on the
         match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so)."""
-        params = {schema.rename.get(q.name, q.name): q for q in schema.params}
-        has = f"it has: {', '.join(sorted(params))}"
-        for arg in values:
-            if arg not in params:
-                raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({has})")
-        missing = [a for a, q in params.items() if complete and not q.has_default and a not in values]
-        if missing:
-            raise TypeError(f"{what}: {schema.target} needs {', '.join(map(repr, missing))} ({has})")
         for arg, value in values.items():
-            q = params[arg]
-            if q.kind != "tensor" or isinstance(value, NodeRef) or (value is None and q.optional):
+            q = None if arg in schema.rename else schema.param(arg)  # by the family's name only
+            if q is None:
+                raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({_has(schema)})")
+            if q.kind != "tensor" or type(value) is NodeRef or (value is None and q.optional):
                 continue
             if isinstance(value, Bound | WeightExpr):
                 kind = type(value).__name__
@@ -1057,6 +1051,12 @@ class Planner:
             if q.name == "other" and isinstance(value, int | float) and not isinstance(value, bool):
                 continue
             self._refuse(f"the plan passes {value!r} as {arg} of {name} ({schema.target}), a tensor")
+        if complete:
+            missing = [
+                n for q in schema.params if not q.has_default and (n := schema.rename.get(q.name, q.name)) not in values
+            ]
+            if missing:
+                raise TypeError(f"{what}: {schema.target} needs {', '.join(map(repr, missing))} ({_has(schema)})")
 
     def _refuse(self, detail: str) -> None:
         if self.refused is None:
@@ -1102,6 +1102,11 @@ PlanFn: TypeAlias = Callable[..., RewritePlan | Result[RewritePlan, Reason]]
 
 
 # --- rules -----------------------------------------------------------------------------------------
+
+
+def _has(schema: Schema) -> str:
+    """The arguments a planner may name (for an error message)."""
+    return f"it has: {', '.join(sorted(schema.rename.get(q.name, q.name) for q in schema.params))}"
 
 
 def _names(p: Pattern | None) -> tuple[frozenset[str], frozenset[str]]:
