@@ -361,6 +361,20 @@ def scale(blocks: int, repeats: int) -> dict[str, Any]:
             del cap, report  # the next run starts with nothing of this one alive for the collector to scan
     best = min((r for r in runs if r[0]), key=lambda r: r[1] + r[2])
     best_on = min((r for r in runs if not r[0]), key=lambda r: r[1] + r[2])
+    # where planning goes: each rule's stage alone (its candidates, plans and rewrite), on the snapshot
+    # the rules before it left, as ``plan`` runs them (best of the repeats, collector paused)
+    snap = capture_program(ep).snap
+    stages: dict[str, dict[str, Any]] = {}
+    for rule in rules:
+        times = []
+        for _ in range(repeats):
+            gc.collect()
+            t0 = time.perf_counter()
+            step = plan(snap, [rule])
+            times.append(time.perf_counter() - t0)
+        stages[rule.name] = {"s": round(min(times), 3), "plans": len(step.plans), "nodes after": len(step.after.nodes)}
+        snap = step.after
+    del snap, step
     snap_bytes, _ = _retained(lambda: capture_program(ep).snap)
     gm_bytes, _ = _retained(lambda: copy.deepcopy(ep.graph_module))
     return {
@@ -371,6 +385,7 @@ def scale(blocks: int, repeats: int) -> dict[str, Any]:
         "capture+plan gc on s": round(best_on[1] + best_on[2], 3),
         "plans": best[3],
         "rejections": best[4],
+        "stages": stages,
         "snapshot MB": round(snap_bytes / 2**20, 1),
         "graph module MB": round(gm_bytes / 2**20, 1),
     }
@@ -450,6 +465,14 @@ def main() -> None:
             f"(collector running throughout: {big['capture+plan gc on s']} s); "
             f"{big['plans']} plans, {big['rejections']} rejections; snapshot {big['snapshot MB']} MB "
             f"vs GraphModule {big['graph module MB']} MB"
+        )
+        print(
+            "  planning, each rule's stage alone: "
+            + ", ".join(
+                f"{rule} {st['s']} s ({st['plans']} plans)"
+                for rule, st in big["stages"].items()
+                if st["plans"] or st["s"] >= 0.01
+            )
         )
     result["run"]["seconds"] = round(time.time() - started)
     (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
