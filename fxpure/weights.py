@@ -175,7 +175,7 @@ class Fill(_Expr):
     def _key(self) -> tuple[object, ...]:
         # -0.0 == 0.0 in Python, but not as a tensor (1 / x): the sign is part of the value
         v = self.value
-        return (Fill, self.shape, v, math.copysign(1.0, v) if isinstance(v, float) else 1.0, self.dtype)
+        return (Fill, self.shape, v, math.copysign(1.0, v), self.dtype)
 
 
 @final

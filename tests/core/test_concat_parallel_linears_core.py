@@ -19,7 +19,7 @@ from fxpure.pattern import Match, Root, match
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape
 from fxpure.rules.concat_parallel_linears import concat_parallel_linears
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, GraphSnapshot, NodeSnapshot
+from fxpure.snapshot import Arg, GraphSnapshot, NodeSnapshot, TensorSpec
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Concat, Fill, Source
 
@@ -556,14 +556,24 @@ def test_each_linear_is_matched_once_on_a_snapshot(
         calls.append(node.name)
         return match(pattern, snap, node)
 
-    # (the module: fxpure.rules exports the rule function under the same name)
-    monkeypatch.setattr(importlib.import_module("fxpure.rules.concat_parallel_linears"), "match", counted)
+    module = importlib.import_module("fxpure.rules.concat_parallel_linears")  # (fxpure.rules exports the rule
+    # function under the same name) and each as a member once: what anchors found, plan_at reuses
+    joined: list[str] = []
+    join = module._join
+
+    def counted_join(node: NodeSnapshot, joins: Result[Match, Reason], x: TensorSpec) -> object:
+        joined.append(node.name)
+        return join(node, joins, x)
+
+    monkeypatch.setattr(module, "match", counted)
+    monkeypatch.setattr(module, "_join", counted_join)
     rule, g = concat_parallel_linears(), parallel(weight_input=1, outs=(6, 4, 4, 2), bias=(True, True, True, False))
     report = plan(g, [rule])
     assert len(report.plans) == 1 and [r.node for r in report.rejections] == ["lin1"]
     for node in ("x", "lin0", "lin1"):
         rule.plan_at(g, g.node(node))
     assert sorted(calls) == ["lin0", "lin1", "lin1", "lin2", "lin3"]
+    assert sorted(joined) == ["lin0", "lin1", "lin2", "lin3"]
 
 
 def test_a_linear_of_an_input_without_static_features_points_at_the_input() -> None:

@@ -27,6 +27,7 @@ from fxpure.pattern import (
     Scalar,
     Var,
     explain,
+    match,
     need,
     rule,
 )
@@ -742,3 +743,144 @@ def test_a_planner_that_returns_no_plan_is_a_bug_in_the_rule(out: object) -> Non
 
     with pytest.raises(TypeError, match=re.escape(f"planner forgot of rule forgot returned {out!r}, not")):
         plan(_relu_graph(), [rule("forgot", RELU_X, plan=forgot)])
+
+
+# --- each check of a planner's arguments and of a rule's parts, pinned (mutation testing) ---------
+
+
+def test_arguments_go_by_the_familys_names_and_errors_list_them_so() -> None:
+    # reshape's schema calls its second argument shape; the family (and a planner) calls it size
+    def schema_name(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten.reshape.default", name="v", spec=r.spec, self=x, shape=(6,)))
+
+    def family_name(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten.reshape.default", name="v", spec=r.spec, self=x, size=(2, 3)))
+
+    def none_given(p: Planner, r: Bound) -> RewritePlan:
+        return p.replace(r, p.call("aten.reshape.default", name="v", spec=r.spec))
+
+    has = "(it has: self, size)"
+    with pytest.raises(TypeError, match=re.escape(f"call v: aten.reshape.default has no argument 'shape' {has}")):
+        plan(_relu_graph(), [rule("a", RELU_X, plan=schema_name)])
+    assert plan(_relu_graph(), [rule("b", RELU_X, plan=family_name)]).plans
+    with pytest.raises(TypeError, match=re.escape(f"call v: aten.reshape.default needs 'self', 'size' {has}")):
+        plan(_relu_graph(), [rule("c", RELU_X, plan=none_given)])
+
+
+def test_every_argument_is_checked_whatever_comes_before_it() -> None:
+    def typo_after_a_node(p: Planner, conv: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(conv, p.respell(conv, input=x, wieght=x))
+
+    def self_after_other(p: Planner, r: Bound) -> RewritePlan:
+        return p.replace(r, p.call("aten.mul.Tensor", name="m", spec=r.spec, other=2.0, self=3.0))
+
+    def number_bias(p: Planner, conv: Bound) -> RewritePlan:  # bias is an optional tensor: None, or a node
+        return p.replace(conv, p.respell(conv, bias=2.0))
+
+    with pytest.raises(TypeError, match="has no argument 'wieght'"):
+        plan(_conv_graph(), [rule("t", CONV_XW, plan=typo_after_a_node)])
+    reason = only_rejection(_relu_graph(), rule("o", RELU_X, plan=self_after_other))
+    assert reason.message == "r: the plan passes 3.0 as self of m (aten.mul.Tensor), a tensor"
+    reason = only_rejection(_conv_graph(), rule("b", CONV_XW, plan=number_bias))
+    assert reason.message == "conv: the plan passes 2.0 as bias of conv (aten.conv2d.default), a tensor"
+
+
+def test_every_move_of_a_plan_is_checked() -> None:
+    g = GraphBuilder()
+    x, y = g.input("x", (2,)), g.input("y", (2,))
+    g.output(g.call("aten.add.Tensor", name="a", self=g.call("aten.relu.default", name="r", self=x, out=(2,)),
+                    other=y, out=(2,)))  # fmt: skip
+    pattern = Op(ADD, name="a", self=Op(RELU, name="r", self=Var("x")), other=Var("y"))
+    two = rule("two", pattern, plan=lambda p, a, r, x: p.finish([(r, x), (a, 2.0)]))
+    assert only_rejection(g.build(), two).message == "a: the plan moves the uses of a to 2.0, not a node"
+
+
+def test_need_dtype_and_rank_pass_an_absent_optional_operand() -> None:
+    pattern = Op(CONV, name="conv", input=Var("x"), weight=Const("w"), bias=Const("b", optional=True))
+    checks = (need.dtype("b", ("float32",)), need.rank("b", (1,)))
+    snap = _conv_graph()  # the conv has no bias
+    assert isinstance(rule("t", pattern, *checks, plan=_plan_nothing).plan_at(snap, snap.node("conv")), Success)
+
+
+def test_a_name_an_op_binds_in_one_alternative_may_be_checked_as_an_op() -> None:
+    # where the Var alternative matched there is no op, so nothing to check; bound by a Const or a
+    # Var only, the name is refused (the message lists what binds it)
+    either = Op(RELU, name="r", self=OneOf(Op(CONV, name="c", input=Var("x"), weight=Const("w")), Var("c")))
+    snap = _relu_graph()
+    assert isinstance(
+        rule("t", either, need.spatial_rank("c", (2,)), plan=_plan_nothing).plan_at(snap, snap.node("r")), Success
+    )
+    neither = Op(RELU, name="r", self=OneOf(Const("c"), Var("c")))
+    message = "check spatial_rank(c) reads 'c' as an op, and the pattern binds it by Const, Var, not Op"
+    with pytest.raises(PatternError, match=re.escape(message)):
+        rule("u", neither, need.spatial_rank("c", (2,)), plan=_plan_nothing)
+
+
+def test_messages_of_the_refusals_name_what_is_wrong() -> None:
+    with pytest.raises(PatternError, match=re.escape("batch_norm: out=5, and batch_norm returns at most 5 tensors")):
+        rule("o", Op(BATCH_NORM, out=5), plan=_plan_nothing)
+    with pytest.raises(PatternError, match=re.escape("cat.tensors: a Var inside a plain value cannot match") + "$"):
+        rule("v", Op(CAT, tensors=(Var("a"), Var("b"))), plan=_plan_nothing)  # type: ignore[arg-type]
+    with pytest.raises(
+        PatternError, match=re.escape("relu.self: a Family inside a plain value cannot match: write Op(conv)") + "$"
+    ):
+        rule("f", Op(RELU, self=CONV), plan=_plan_nothing)  # type: ignore[arg-type]
+    with pytest.raises(PatternError, match=re.escape("the planner takes '**kw' by position")):
+        rule("k", RELU_X, plan=lambda p, **kw: p.finish([]))
+
+    def two_codes(r: Bound) -> Result[int, Reason]:
+        return Failure(Declined(code="surprise", node=r.name, detail="undeclared"))
+
+    c = rule("c", RELU_X, need.compute("n", two_codes, codes=("b", "a")), plan=_plan_nothing)
+    with pytest.raises(
+        TypeError,
+        match=re.escape("compute two_codes declined with 'surprise', which it does not declare (codes: a, b)"),
+    ):
+        plan(_relu_graph(), [c])
+    nothing = rule("none", RELU_X, plan=lambda p: None)  # type: ignore[arg-type,return-value]
+    message = "returned None, not a RewritePlan, Success(RewritePlan) or Failure(Reason)"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        plan(_relu_graph(), [nothing])
+
+
+def test_a_var_and_an_op_of_one_name_on_two_nodes_conflict() -> None:
+    g = GraphBuilder()
+    x, y = g.input("x", (2,)), g.input("y", (2,))
+    g.output(g.call("aten.add.Tensor", name="a", self=g.call("aten.relu.default", name="r", self=x, out=(2,)),
+                    other=y, out=(2,)))  # fmt: skip
+    pattern = Op(ADD, name="a", self=Op(RELU, name="r"), other=Var("r"))
+    assert only_rejection(g.build(), rule("t", pattern, plan=_plan_nothing)).code == "binding-conflict"
+
+
+def test_a_check_whose_return_annotation_is_a_type_not_text_is_read_too() -> None:
+    # annotations are text under ``from __future__ import annotations``, types without it
+    def maybe(r: Bound) -> Reason | None:
+        return None
+
+    maybe.__annotations__["return"] = bool | None
+    with pytest.raises(PatternError, match=re.escape("check maybe may return a bool (bool | None)")):
+        rule("m", RELU_X, need.check(maybe, codes=("x",)), plan=_plan_nothing)
+
+
+def test_a_var_on_the_getitem_of_an_op_of_its_name_is_that_op() -> None:
+    # bn's output is read through getitem: a Var of the name bn bound there names the op too
+    g = GraphBuilder()
+    x, mean, var = g.input("x", (1, 2, 3, 3)), g.buffer("mean", (2,)), g.buffer("var", (2,))
+    out = spec(1, 2, 3, 3)
+    args: dict[str, Arg] = {"input": x, "weight": None, "bias": None, "running_mean": mean, "running_var": var}
+    target = "aten._native_batch_norm_legit_no_training.default"
+    bn = g.call(target, name="bn", out=(out, spec(0), spec(0)), momentum=0.1, eps=1e-5, **args)
+    y = g.getitem(bn, 0, name="bn_0", out=out)
+    g.output(g.call("aten.add.Tensor", name="a", self=y, other=y, out=out))
+    snap = g.build()
+    pattern = Op(BATCH_NORM, name="bn", out=0, user=Op(ADD, name="a", other=Var("bn")))
+    m = match(pattern, snap, snap.node("bn"))
+    assert isinstance(m, Success), m
+    bound = m.unwrap().bindings["bn"]
+    assert isinstance(bound, Bound) and bound.name == "bn" and "bn_0" in bound.uses
+
+
+def test_a_var_on_a_computed_node_and_an_absent_optional_constant_of_its_name_conflict() -> None:
+    # the conv's input (a graph input, no constant) and its bias (absent: None) are two values
+    pattern = Op(CONV, name="conv", input=Var("b"), weight=Const("w"), bias=Const("b", optional=True))
+    assert only_rejection(_conv_graph(), rule("t", pattern, plan=_plan_nothing)).code == "binding-conflict"

@@ -5,6 +5,7 @@ moved uses reach every reader (keywords, chains of plans), fresh names, and ever
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from pyrsistent import pmap
@@ -331,6 +332,10 @@ def test_a_list_in_a_hand_written_plan_becomes_a_tuple_and_keeps_what_it_reads()
     out = after(chain(), [p])
     assert out.node("cat").kwargs["tensors"] == (NodeRef("c"), NodeRef("k")) and out.node("cat").args[0] == NodeRef("c")
     assert "k" in out.constants and out.users["k"] == ("cat",)
+    # a list inside the arguments' tuple
+    inner = replace(cat, args=(NodeRef("c"), [NodeRef("k")]), kwargs=pmap())  # type: ignore[arg-type]
+    out = after(chain(), [replace(p, nodes=(inner,))])
+    assert out.node("cat").args == (NodeRef("c"), (NodeRef("k"),)) and out.users["k"] == ("cat",)
 
 
 @pytest.mark.parametrize(("erase", "prune", "what"), [(("a", "output"), (), "output"), (("a",), ("x",), "input")])

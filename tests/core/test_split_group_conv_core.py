@@ -154,3 +154,4 @@ def test_a_groups_range_that_is_no_range_of_groups_is_refused_when_the_rule_is_m
     # compared it with an int on the first grouped conv: a TypeError out of adapters.transform)
     with pytest.raises(ValueError, match=r"2 <= min_groups <= max_groups, got"):
         split_group_conv(min_groups=low, max_groups=high)  # type: ignore[arg-type]
+    assert split_group_conv(min_groups=4, max_groups=4).name == "split-group-conv"  # one number of groups

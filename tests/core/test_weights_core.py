@@ -443,6 +443,7 @@ def test_a_fill_of_negative_zero_is_not_a_fill_of_zero() -> None:
     assert pos != neg and len({pos, neg}) == 2
     assert Fill(shape=(2,), value=-0.0, dtype="float32") == neg
     assert Fill(shape=(2,), value=0, dtype="int32") == Fill(shape=(2,), value=0.0, dtype="int32")
+    assert Fill(shape=(2,), value=-2, dtype="float32") == Fill(shape=(2,), value=-2.0, dtype="float32")  # one tensor
 
 
 @pytest.mark.parametrize(
