@@ -1283,6 +1283,7 @@ class PatternRule:
     codes: frozenset[str] = frozenset()
     candidate: Callable[[Bound, GraphSnapshot], bool] | None = field(default=None, compare=False)
     fallback: PatternRule | None = None
+    plan_codes: frozenset[str] = frozenset()  # what the planner itself may decline with (also in codes)
 
     def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
         """Every call of the root's family (through the snapshot's index by target) that is a candidate."""
@@ -1327,6 +1328,8 @@ class PatternRule:
             )
         if planner.refused is not None:
             return Failure(planner.refused)
+        if isinstance(out, Failure):  # a code the rule does not list is a bug in the rule, as a check's
+            _declared(out.failure(), self.plan_codes, "planner", _name(self.planner))
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
         return result.alt(partial(_located, m)).bind(_typed)
 
@@ -1380,6 +1383,7 @@ def rule(
     plan: PlanFn,
     candidate: Callable[[Bound, GraphSnapshot], bool] | None = None,
     fallback: PatternRule | None = None,
+    codes: Iterable[str] = (),
 ) -> PatternRule:
     """A rule from a pattern, checks (``need.*``) run in order after it matches, and a planner.
     A ``need.compute`` step among the checks binds a value the checks after it and the planner read.
@@ -1390,8 +1394,9 @@ def rule(
     at all (a grouped-conv rule ignores convs with ``groups=1``); every candidate ends as a plan
     or a typed reason. ``fallback``: another rule tried where this one declines; its plan is
     reported as this rule's, with ``instead_of`` the reason it stands in for (a quantized conv no
-    kernel takes is dequantized to run in float, say). Everything is checked here, when the rule
-    is built.
+    kernel takes is dequantized to run in float, say). ``codes``: the codes the planner itself may
+    decline with (``Failure(reason)``), besides the generic ones; ``rule.codes`` lists them with the
+    pattern's and the checks'. Everything is checked here, when the rule is built.
     """
     if not _rooted(pattern):
         raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {pattern!r}")
@@ -1412,12 +1417,15 @@ def rule(
         if param.name in some and param.default is param.empty:
             raise PatternError(f"{name}: the planner reads {param.name!r}, which {_SOME}")
         reads.append(param.name)
-    codes = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)))
+    plan_codes = frozenset(codes)
+    every = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)), plan_codes)
     for check in checks:
-        codes |= check.codes
+        every |= check.codes
     if any(v > 1 for v in _bound_twice(pattern).values()):
-        codes.add("binding-conflict")
-    return PatternRule(name, pattern, tuple(checks), plan, tuple(reads), frozenset(codes), candidate, fallback)
+        every.add("binding-conflict")
+    return PatternRule(
+        name, pattern, tuple(checks), plan, tuple(reads), frozenset(every), candidate, fallback, plan_codes
+    )
 
 
 _MATCH = "'match' names the whole match in checks: bind another name"

@@ -243,9 +243,13 @@ def test_a_planners_own_reason_keeps_its_node_and_path() -> None:
     def refuse(p: Planner) -> Result[RewritePlan, Reason]:
         return Failure(own)
 
-    r = rule("t", CONV_RELU, plan=refuse)
+    r = rule("t", CONV_RELU, plan=refuse, codes=["mine"])
     snap = conv_relu()
     assert r.plan_at(snap, snap.node("relu")).failure() == own
+    assert "mine" in r.codes and r.plan_codes == {"mine"}
+    # a code the rule does not list is a bug in the rule (rule.codes lists every code), as a check's
+    with pytest.raises(TypeError, match=re.escape("planner refuse declined with 'mine', which it does not declare")):
+        rule("u", CONV_RELU, plan=refuse, codes=["other"]).plan_at(snap, snap.node("relu"))
 
 
 class HandWritten:
