@@ -1040,7 +1040,7 @@ class Planner:
         ``refused`` a value a tensor argument cannot take (a number, None), which depends on the
         match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so)."""
         for arg, value in values.items():
-            q = None if arg in schema.rename else schema.param(arg)  # by the family's name only
+            q = schema.family_params.get(arg)  # by the family's name only
             if q is None:
                 raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({_has(schema)})")
             if q.kind != "tensor" or type(value) is NodeRef or (value is None and q.optional):
@@ -1052,9 +1052,7 @@ class Planner:
                 continue
             self._refuse(f"the plan passes {value!r} as {arg} of {name} ({schema.target}), a tensor")
         if complete:
-            missing = [
-                n for q in schema.params if not q.has_default and (n := schema.rename.get(q.name, q.name)) not in values
-            ]
+            missing = [n for n in schema.required if n not in values]
             if missing:
                 raise TypeError(f"{what}: {schema.target} needs {', '.join(map(repr, missing))} ({_has(schema)})")
 
@@ -1106,7 +1104,7 @@ PlanFn: TypeAlias = Callable[..., RewritePlan | Result[RewritePlan, Reason]]
 
 def _has(schema: Schema) -> str:
     """The arguments a planner may name (for an error message)."""
-    return f"it has: {', '.join(sorted(schema.rename.get(q.name, q.name) for q in schema.params))}"
+    return f"it has: {', '.join(sorted(schema.family_params))}"
 
 
 def _names(p: Pattern | None) -> tuple[frozenset[str], frozenset[str]]:

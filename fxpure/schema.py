@@ -69,6 +69,10 @@ class Schema:
     """Names of the parameters that may be passed by position."""
     names: frozenset[str] = field(init=False, compare=False, repr=False)
     """Every name a bound node has: parameters (as renamed) and fixed values."""
+    family_params: Mapping[str, Param] = field(init=False, compare=False, repr=False)
+    """The parameters by the names its family (and a planner) calls them, in order."""
+    required: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    """The family's names of the parameters without a default."""
     _by_name: Mapping[str, Param] = field(init=False, compare=False, repr=False)
     _order: Mapping[str, int] = field(init=False, compare=False, repr=False)  # parameter -> position
     _back: Mapping[str, str] = field(init=False, compare=False, repr=False)  # family name -> parameter
@@ -85,6 +89,9 @@ class Schema:
         object.__setattr__(
             self, "names", frozenset({self.rename.get(p.name, p.name) for p in self.params} | set(self.fixed))
         )
+        by_family = {self.rename.get(p.name, p.name): p for p in self.params}
+        object.__setattr__(self, "family_params", MappingProxyType(by_family))
+        object.__setattr__(self, "required", tuple(n for n, p in by_family.items() if not p.has_default))
         object.__setattr__(self, "_by_name", MappingProxyType({p.name: p for p in self.params}))
         object.__setattr__(self, "_order", MappingProxyType({p.name: i for i, p in enumerate(self.params)}))
         object.__setattr__(self, "_back", MappingProxyType({v: k for k, v in self.rename.items()}))

@@ -150,12 +150,12 @@ class GraphBuilder:
         known = self.schemas.get(target)
         if known is None:
             raise KeyError(f"no schema for {target}: give GraphBuilder(schemas=[parse_schema(...)]) or use node()")
-        params = {known.rename.get(p.name, p.name): p for p in known.params}
-        unknown = [a for a in values if a not in params]
-        missing = [a for a, p in params.items() if not p.has_default and a not in values]
+        unknown = [a for a in values if a not in known.family_params]
+        missing = [a for a in known.required if a not in values]
         if unknown or missing:
             wrong = [*(f"no argument {a!r}" for a in unknown), *(f"missing {a!r}" for a in missing)]
-            raise ValueError(f"{target}: {', '.join(wrong)} (it has: {', '.join(sorted(params))}); node() takes any")
+            has = ", ".join(sorted(known.family_params))
+            raise ValueError(f"{target}: {', '.join(wrong)} (it has: {has}); node() takes any")
         args, kwargs = arguments(known, values)
         base = target.split(".")[-2] if target.count(".") >= 2 else target
         return self.node(target, args, kwargs, name=self._name(name, base), out=out)

@@ -195,6 +195,13 @@ def test_arguments_fill_gaps_with_defaults() -> None:
     assert arguments(s, {}) == ((), pmap())
 
 
+def test_a_schemas_arguments_go_by_the_familys_names_and_the_required_ones_are_listed() -> None:
+    s, slice_ = parse_schema(RESHAPE, rename={"shape": "size"}), parse_schema(SLICE)
+    assert list(s.family_params) == ["self", "size"] and s.required == ("self", "size")
+    assert s.family_params["size"].name == "shape"  # the schema's own name, under the family's
+    assert slice_.required == ("self",)  # dim, start, end and step have defaults
+
+
 # --- families ----------------------------------------------------------------------------------------
 
 
