@@ -221,10 +221,10 @@ def _check_writable(model: str, output: str, pte: str | None) -> None:
             raise BadInput(f"{path}: cannot write ({e.strerror or e})") from e
         if not writable:
             raise BadInput(f"{path}: cannot write (no writable directory {parent})")
-    if pte is not None and Path(pte).resolve() in (Path(model).resolve(), Path(output).resolve()):
-        raise BadInput(
-            f"--pte {pte}: names the {'input' if Path(pte).resolve() == Path(model).resolve() else 'output'} .pt2"
-        )
+    if pte is not None:
+        named = {Path(model).resolve(): "input", Path(output).resolve(): "output"}.get(Path(pte).resolve())
+        if named is not None:
+            raise BadInput(f"--pte {pte}: names the {named} .pt2")
 
 
 def _load(path: str) -> Any:
@@ -331,15 +331,15 @@ def _default_tolerance(program: Any) -> float:
 
 
 def _outputs(program: Any, flat: tuple[Any, ...]) -> list[Any]:
-    """Every value a run of ``program`` returns (through dicts and nested tuples), on ``flat`` (user
-    inputs in order) put back in the call's own structure (keywords, lists, dicts). The run is of a
-    copy: a program may update its buffers in place, and ``program`` itself is saved after."""
+    """Every value a run of ``program`` returns (through dicts and nested tuples), on a copy of
+    ``flat`` (user inputs in order: a program may write into an input) put back in the call's own
+    structure (keywords, lists, dicts)."""
     import torch
     from torch.utils._pytree import tree_leaves, tree_unflatten
 
     args, kwargs = tree_unflatten(list(copy.deepcopy(flat)), program.call_spec.in_spec)
     with torch.no_grad():
-        return list(tree_leaves(copy.deepcopy(program).module()(*args, **kwargs)))
+        return list(tree_leaves(program.module()(*args, **kwargs)))
 
 
 def _diff(got: Any, want: Any) -> float:
@@ -362,7 +362,9 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
 
     try:
         x = _random_inputs(program)
-        want, got = _outputs(original, x), _outputs(program, x)
+        # the rewritten program runs as a copy: a run may update its buffers in place, and it is saved
+        # after (the original is a copy already, run once and dropped)
+        want, got = _outputs(original, x), _outputs(copy.deepcopy(program), x)
     except Exception as e:  # a program that cannot run on these inputs: one line, exit 1
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return {"ok": False, "error": f"{type(e).__name__}: {first}"}
