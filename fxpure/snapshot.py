@@ -97,6 +97,13 @@ class NodeSnapshot:
     spec: Spec = None
     provenance: str | None = None
     source_fn: str | None = None
+    # the names the arguments read, in order, found once when the record is made (every rewrite
+    # derives users from every node's reads: most nodes are the same records stage after stage)
+    _reads: tuple[str, ...] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        out = _collect(self.args, [])
+        object.__setattr__(self, "_reads", tuple(_collect(self.kwargs.values(), out) if self.kwargs else out))
 
     def arg(self, index: int, keyword: str) -> Arg:
         """Argument by position, else by keyword, else None.
@@ -147,10 +154,9 @@ def node_refs(node: NodeSnapshot) -> Iterator[str]:
     return iter(ref_list(node))
 
 
-def ref_list(node: NodeSnapshot) -> list[str]:
-    """``node_refs`` as a list (every rewrite and derivation walks every node's arguments)."""
-    out = _collect(node.args, [])
-    return _collect(node.kwargs.values(), out) if node.kwargs else out
+def ref_list(node: NodeSnapshot) -> tuple[str, ...]:
+    """``node_refs`` as a tuple, found when the node was made."""
+    return node._reads
 
 
 def _collect(args: Iterable[Arg], out: list[str]) -> list[str]:
