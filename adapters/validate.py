@@ -169,7 +169,10 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float,
     try:
         before = _Region(snap, cap, inputs, symbols, torch.Generator().manual_seed(seed))
         before.run(before_nodes, snap.dialect)
-        gone = set(p.erase) | {old for old, _ in p.replace}  # a pruned node the replacement reads stays
+        # what the plan removes: a pruned node the replacement reads stays, and so does a node whose
+        # uses it takes but reads (a node inserted after it)
+        read = {r for n in new_nodes for r in node_refs(n)} - {n.name for n in new_nodes}
+        gone = set(p.erase) | {old for old, _ in p.replace if old not in read}
         shared = {k: v for k, v in before.env.items() if k not in gone}
         after = _Region(snap, cap, dict(shared), symbols, torch.Generator().manual_seed(seed + 1))
         for c in p.constants:  # (expressions read the program's own constants: derived ones are inlined)

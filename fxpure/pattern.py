@@ -65,7 +65,7 @@ from fxpure.reasons import (
     WrongOp,
 )
 from fxpure.schema import TENSOR_KINDS, Schema, arguments, respell
-from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec
+from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec, refs
 from fxpure.weights import EXPR_NODE, WeightExpr, infer_spec, out_channels
 
 ONE: Literal["one"] = "one"
@@ -1069,8 +1069,10 @@ class Planner:
         self, moves: Sequence[tuple[Bound, NodeRef]], *, erase: Sequence[Bound] | None = None, prune: Sequence[str] = ()
     ) -> RewritePlan:
         """The plan with several moves of uses (each matched op's uses to its new node). By default
-        every matched node is erased; ``erase`` names the only ones to erase (the rest of the match
-        stays, and its shared nodes are dropped only if nothing reads them any more). ``prune``:
+        every matched node the new nodes do not read is erased (one they read stays: a node
+        inserted after an op, say, reads the op whose uses it takes); ``erase`` names the only ones
+        to erase (the rest of the match stays, and its shared nodes are dropped only if nothing
+        reads them any more). ``prune``:
         more nodes, by name, dropped too once nothing reads them (what computed an erased node's
         arguments but is no part of the pattern, such as the sizes of a reshape)."""
         for op, new in moves:
@@ -1083,7 +1085,12 @@ class Planner:
         moves = [(op, new) for op, new in moves if isinstance(new, NodeRef)]
         matches = (self.match, *self.also)
         matched = tuple(dict.fromkeys(n for m in matches for n in m.erase))
-        gone = matched if erase is None else tuple(dict.fromkeys(u for op in erase for u in (op.name, *op.uses)))
+        if erase is None:
+            read = set(refs(tuple((*n.args, *n.kwargs.values()) if n.kwargs else n.args for n in self._nodes)))
+            read -= {n.name for n in self._nodes}  # a plan's own name means its own node (a respelled op's, say)
+            gone = tuple(n for n in matched if n not in read)
+        else:
+            gone = tuple(dict.fromkeys(u for op in erase for u in (op.name, *op.uses)))
         shared = [n for m in matches for n in m.prune]
         return RewritePlan(
             rule=self.rule,

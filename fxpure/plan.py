@@ -59,7 +59,9 @@ class RewritePlan:
     """What one rule does at one anchor: add constants and nodes, redirect, erase.
 
     Names in ``constants`` and ``nodes`` are local: ``rewrite`` makes them unique.
-    New nodes go, in order, just before the earliest node whose uses they take.
+    New nodes go, in order, just before the earliest node whose uses they take. A new node may
+    read a node whose uses its plan takes (a node inserted after another, such as a clamp after
+    a relu): it keeps reading it, and the plan's nodes go just after it.
     ``erase`` nodes must end unused; ``prune`` nodes (which other plans may
     still read, such as a shared dequantize) go only if they do. Constants
     left without users by the rewrite are dropped. ``instead_of``: the plan is
@@ -197,6 +199,8 @@ class _Batch:
     by_expr: dict[WeightExpr, str] = field(default_factory=dict)
     erase: set[str] = field(default_factory=set)
     prune: set[str] = field(default_factory=set)
+    # new nodes that read a node whose uses their own plan takes: they keep reading it
+    keep: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def add(self, p: RewritePlan) -> PlanConflict | None:
         snap, local = self.snap, {}
@@ -223,32 +227,39 @@ class _Batch:
             if op == "output" or (op == "placeholder" and name not in snap.constants):
                 what = "output" if op == "output" else "input"
                 return PlanConflict(node=p.anchor, detail=f"plan removes {name}, the program's {what}")
-        at = min(snap.index[s] for s in sources)
-        slot = self.before.setdefault(at, [])
         renamed = {k: v for k, v in local.items() if k != v}  # usually none: plan-local names are unique
-        for n in p.nodes:
-            slot.append(
-                NodeSnapshot(
-                    name=local[n.name],
-                    op="call_function",
-                    target=n.target,
-                    args=(
-                        n.args
-                        if not renamed and type(n.args) is tuple and list not in map(type, n.args)
-                        else tuple(_rename(a, renamed) for a in n.args)
-                    ),
-                    kwargs=(
-                        n.kwargs
-                        if not renamed
-                        and isinstance(n.kwargs, PMapType)
-                        and (not n.kwargs or list not in map(type, n.kwargs.values()))
-                        else pmap({k: _rename(v, renamed) for k, v in n.kwargs.items()})
-                    ),
-                    spec=n.spec,
-                    provenance=_root(snap, n.provenance),
-                    source_fn=n.source_fn,
-                )
+        made = [
+            NodeSnapshot(
+                name=local[n.name],
+                op="call_function",
+                target=n.target,
+                args=(
+                    n.args
+                    if not renamed and type(n.args) is tuple and list not in map(type, n.args)
+                    else tuple(_rename(a, renamed) for a in n.args)
+                ),
+                kwargs=(
+                    n.kwargs
+                    if not renamed
+                    and isinstance(n.kwargs, PMapType)
+                    and (not n.kwargs or list not in map(type, n.kwargs.values()))
+                    else pmap({k: _rename(v, renamed) for k, v in n.kwargs.items()})
+                ),
+                spec=n.spec,
+                provenance=_root(snap, n.provenance),
+                source_fn=n.source_fn,
             )
+            for n in p.nodes
+        ]
+        # a new node reading a node whose uses its plan takes keeps reading it, and the nodes go after it
+        after: set[str] = set()
+        for old, _ in p.replace:
+            for m in made:
+                if old in ref_list(m):
+                    self.keep[m.name] = self.keep.get(m.name, frozenset()) | {old}
+                    after.add(old)
+        at = min(snap.index[s] + (s in after) for s in sources)
+        self.before.setdefault(at, []).extend(made)
         for old, new in p.replace:
             self.redirect[old] = local.get(new, new)
         self.erase.update(p.erase)
@@ -272,6 +283,10 @@ def _resolve(redirect: Mapping[str, str]) -> dict[str, str]:
             cur = redirect[cur]
         out[old] = cur
     return out
+
+
+def _without(names: Mapping[str, str], kept: frozenset[str]) -> dict[str, str]:
+    return {k: v for k, v in names.items() if k not in kept}
 
 
 def _constants_slot(snap: GraphSnapshot) -> int:
@@ -315,7 +330,8 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
         if i == at:
             out.extend(batch.new_constants)
         if i in before:
-            out.extend([_renamed(m, names) for m in before[i]])
+            keep = batch.keep
+            out.extend([_renamed(m, names if m.name not in keep else _without(names, keep[m.name])) for m in before[i]])
         if n.name not in erase:
             out.append(_renamed(n, names) if n.name in readers else n)
     return _finish(snap, out, batch.infos, batch.erase, batch.prune)

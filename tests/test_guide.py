@@ -6,6 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+import torch
+
+import adapters
+from adapters.validate import check_plans
+from tests.programs import FORMS, assert_sound, build, count
+
 GUIDE = Path(__file__).parent.parent / "docs" / "writing-rules.md"
 
 
@@ -30,3 +37,52 @@ def test_the_rule_its_test_and_its_use_run() -> None:
     exec(compile(use, "writing-rules.md#use", "exec"), scope)
     outcome = scope["outcome"]
     assert [p.anchor for p in outcome.report.plans] == ["conv2d"]  # type: ignore[attr-defined]
+
+
+def test_the_node_inserted_after_another_runs() -> None:
+    rule, _, use, after = blocks()[:4]
+    scope: dict[str, object] = {}
+    exec(compile(rule + use, "writing-rules.md#use", "exec"), scope)  # x, torch and adapters
+    exec(compile(after, "writing-rules.md#after", "exec"), scope)
+    calls = scope["calls"]
+    assert calls == [  # every reader of a conv reads its round trip; each conv stays, read by it
+        "conv2d",
+        "conv2d_nhwc",
+        "conv2d_nchw",
+        "relu",
+        "conv2d_1",
+        "conv2d_1_nhwc",
+        "conv2d_1_nchw",
+    ]
+    graph = scope["program"].graph  # type: ignore[attr-defined]
+    reads = {n.name: [a.name for a in n.all_input_nodes] for n in graph.nodes}
+    assert reads["relu"] == ["conv2d_nchw"] and reads["conv2d_nhwc"] == ["conv2d"]
+    assert [n.name for n in graph.output_node().all_input_nodes] == ["conv2d_1_nchw"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_inserted_round_trip_in_every_program_form(form: str) -> None:
+    rule, _, use, after = blocks()[:4]
+    scope: dict[str, object] = {}
+    exec(compile(rule + use + after, "writing-rules.md#after", "exec"), scope)
+    net, x = scope["net"], scope["x"]
+    assert isinstance(net, torch.nn.Module) and isinstance(x, torch.Tensor)
+    program = build(net, (x,), form)
+    outcome = adapters.transform(program, [scope["nhwc_round_trip"]]).unwrap()  # type: ignore[list-item]
+    assert len(outcome.report.plans) == 2 and count(program, "permute") == 4
+    assert_sound(program, (x,), [net(x)])
+
+
+def test_each_inserted_round_trip_checks_as_the_same_values() -> None:
+    # check_plans runs each plan on its own: the conv whose uses the round trip takes stays, and
+    # the round trip reads its value (not a fresh random one)
+    rule, _, use, after = blocks()[:4]
+    scope: dict[str, object] = {}
+    exec(compile(rule + use + after, "writing-rules.md#after", "exec"), scope)
+    net, x = scope["net"], scope["x"]
+    assert isinstance(net, torch.nn.Module) and isinstance(x, torch.Tensor)
+    program = torch.export.export(net, (x,))
+    rules = [scope["nhwc_round_trip"]]
+    report = adapters.transform(program, rules, dry_run=True).unwrap().report  # type: ignore[arg-type]
+    checks = check_plans(program, report)
+    assert [(c.anchor, c.ok, c.max_rel) for c in checks] == [("conv2d", True, 0.0), ("conv2d_1", True, 0.0)]

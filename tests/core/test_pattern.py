@@ -155,6 +155,51 @@ def test_commutative_operands_and_alternatives_match_in_one_pattern(order: str, 
     assert [n.target for n in after.nodes if n.op == "call_function"] == ["aten.conv2d.default"]
 
 
+def test_a_new_node_may_read_the_op_whose_uses_it_takes_and_that_op_stays() -> None:
+    # relu(x) -> relu(x) * 2, inserted after the relu
+    def insert(p: Planner, r: Bound) -> RewritePlan:
+        twice = p.call("aten.mul.Tensor", name="twice", spec=r.node.spec, self=NodeRef(r.name), other=2.0)
+        return p.replace(r, twice)
+
+    report = plan(_relu_graph(), [rule("twice", RELU_X, plan=insert)])
+    (p,) = report.plans
+    assert p.erase == () and p.replace == (("r", "twice"),)
+    after = verify(report.after).unwrap()
+    assert [n.name for n in after.nodes] == ["x", "r", "twice", "output"]
+    assert after.node("twice").args == (NodeRef("r"), 2.0) and after.outputs == ("twice",)
+
+
+def test_a_new_node_reading_a_respelled_op_of_the_same_name_reads_the_new_one_and_the_old_goes() -> None:
+    def respelled(p: Planner, r: Bound) -> RewritePlan:
+        copy = p.respell(r)  # a new relu, named r as the matched one: the plan's own r
+        return p.replace(r, p.call("aten.mul.Tensor", name="twice", spec=r.node.spec, self=copy, other=2.0))
+
+    report = plan(_relu_graph(), [rule("twice", RELU_X, plan=respelled)])
+    assert report.plans[0].erase == ("r",)
+    after = verify(report.after).unwrap()
+    assert [n.name for n in after.nodes] == ["x", "r_1", "twice", "output"]
+    assert after.node("twice").args == (NodeRef("r_1"), 2.0)
+
+
+def test_a_matched_interior_node_the_new_nodes_read_stays_and_the_rest_is_erased() -> None:
+    # relu(x) * k -> relu(x) + relu(x): the mul goes, the relu stays
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    r = g.call("aten.relu.default", name="r", self=x, out=(2, 3))
+    g.output(g.call("aten.mul.Tensor", name="m", self=r, other=2.0, out=(2, 3)))
+    doubled = Op(MUL, name="m", self=Op(RELU, name="r", self=Var("x")), other=Scalar("k"))
+
+    def add(p: Planner, m: Bound, r: Bound) -> RewritePlan:
+        return p.replace(
+            m, p.call("aten.add.Tensor", name="sum", spec=m.node.spec, self=NodeRef(r.name), other=NodeRef(r.name))
+        )
+
+    report = plan(g.build(), [rule("sum", doubled, plan=add)])
+    assert report.plans[0].erase == ("m",)
+    after = verify(report.after).unwrap()
+    assert [n.name for n in after.nodes] == ["x", "r", "sum", "output"]
+
+
 def test_the_failed_alternative_reported_is_the_one_that_got_furthest() -> None:
     # relu(x) + conv(x): alternative 1 wants a conv first (fails at once); alternative 2 gets
     # through the relu and the conv and fails on the conv's weight

@@ -84,6 +84,42 @@ def test_moved_uses_follow_a_chain_of_plans() -> None:
     assert "a" not in out.index and "c" not in out.index
 
 
+def test_a_new_node_reading_the_node_whose_uses_it_takes_goes_after_it_and_keeps_reading_it() -> None:
+    # chain: c = f(x, w) -> a = g(c). n = h(c) is inserted after c and takes its uses; m = h(a) after
+    # a; k, a third plan's node, reads c too: c's uses moved to n, so k reads n
+    insert_n = RewritePlan(rule="r", anchor="c", nodes=(new("n", NodeRef("c")),), replace=(("c", "n"),))
+    insert_m = RewritePlan(rule="r", anchor="a", nodes=(new("m", NodeRef("a")),), replace=(("a", "m"),))
+    out = after(chain(), [insert_n, insert_m])
+    assert names(out) == ["w", "x", "c", "n", "a", "m", "output"]
+    assert [out.node(k).args for k in ("n", "a", "m", "output")] == [
+        (NodeRef("c"),),
+        (NodeRef("n"),),
+        (NodeRef("a"),),
+        ((NodeRef("m"),),),
+    ]
+    assert out.users["c"] == ("n",) and out.users["a"] == ("m",)
+
+
+def test_a_node_inserted_after_another_still_follows_other_plans_moves() -> None:
+    # n = h(c, a) takes a's uses and keeps reading a; c's uses move to m (another plan): n reads m
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    c = g.node("f", (x,), name="c", out=(2,))
+    a = g.node("g", (c,), name="a", out=(2,))
+    g.output(g.node("g", (a, c), name="b", out=(2,)))
+    insert = RewritePlan(rule="r", anchor="a", nodes=(new("n", NodeRef("c"), NodeRef("a")),), replace=(("a", "n"),))
+    move_c = RewritePlan(rule="r", anchor="c", nodes=(new("m", NodeRef("x")),), replace=(("c", "m"),), erase=("c",))
+    out = after(g.build(), [insert, move_c])
+    assert names(out) == ["x", "m", "a", "n", "b", "output"]
+    assert out.node("n").args == (NodeRef("m"), NodeRef("a"))
+    assert out.node("b").args == (NodeRef("n"), NodeRef("m"))
+
+
+def test_a_plan_that_takes_a_nodes_uses_reads_it_and_erases_it_conflicts() -> None:
+    p = RewritePlan(rule="r", anchor="c", nodes=(new("n", NodeRef("c")),), replace=(("c", "n"),), erase=("c",))
+    assert rewrite(chain(), [p]) == Failure(PlanConflict(node="c", detail="erased but still read by n"))
+
+
 def test_plans_moving_uses_in_a_cycle_end_as_a_conflict() -> None:
     g = GraphBuilder()
     x = g.input("x", (2,))
