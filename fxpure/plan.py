@@ -61,7 +61,7 @@ class RewritePlan:
     Names in ``constants`` and ``nodes`` are local: ``rewrite`` makes them unique.
     New nodes go, in order, just before the earliest node whose uses they take. A new node may
     read a node whose uses its plan takes (a node inserted after another, such as a clamp after
-    a relu): it keeps reading it, and the plan's nodes go just after it.
+    a relu): it keeps reading it, and the plan's nodes go just after the last such node.
     ``erase`` nodes must end unused; ``prune`` nodes (which other plans may
     still read, such as a shared dequantize) go only if they do. Constants
     left without users by the rewrite are dropped. ``instead_of``: the plan is
@@ -258,7 +258,7 @@ class _Batch:
                 if old in ref_list(m):
                     self.keep[m.name] = self.keep.get(m.name, frozenset()) | {old}
                     after.add(old)
-        at = min(snap.index[s] + (s in after) for s in sources)
+        at = max(snap.index[s] + 1 for s in after) if after else min(snap.index[s] for s in sources)
         self.before.setdefault(at, []).extend(made)
         for old, new in p.replace:
             self.redirect[old] = local.get(new, new)

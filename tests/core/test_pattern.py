@@ -169,6 +169,16 @@ def test_a_new_node_may_read_the_op_whose_uses_it_takes_and_that_op_stays() -> N
     assert after.node("twice").args == (NodeRef("r"), 2.0) and after.outputs == ("twice",)
 
 
+def test_a_new_node_reading_the_op_through_a_keyword_keeps_it_too() -> None:
+    def insert(p: Planner, r: Bound) -> RewritePlan:
+        twice = p.node("aten.mul.Tensor", (2.0,), {"other": NodeRef(r.name)}, name="twice", spec=r.node.spec)
+        return p.replace(r, twice)
+
+    report = plan(_relu_graph(), [rule("twice", RELU_X, plan=insert)])
+    assert report.plans[0].erase == ()
+    assert [n.name for n in verify(report.after).unwrap().nodes] == ["x", "r", "twice", "output"]
+
+
 def test_a_new_node_reading_a_respelled_op_of_the_same_name_reads_the_new_one_and_the_old_goes() -> None:
     def respelled(p: Planner, r: Bound) -> RewritePlan:
         copy = p.respell(r)  # a new relu, named r as the matched one: the plan's own r

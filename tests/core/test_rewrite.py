@@ -100,6 +100,25 @@ def test_a_new_node_reading_the_node_whose_uses_it_takes_goes_after_it_and_keeps
     assert out.users["c"] == ("n",) and out.users["a"] == ("m",)
 
 
+def test_a_new_node_reading_two_nodes_whose_uses_it_takes_goes_after_the_later_one() -> None:
+    # c and a both read x; n = h(c, a) takes the uses of both: it goes after a, before c's reader
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    c = g.node("f", (x,), name="c", out=(2,))
+    a = g.node("f", (x,), name="a", out=(2,))
+    g.output(g.node("g", (c,), name="r1", out=(2,)), g.node("g", (a,), name="r2", out=(2,)))
+    both = RewritePlan(
+        rule="r", anchor="c", nodes=(new("n", NodeRef("c"), NodeRef("a")),), replace=(("c", "n"), ("a", "n"))
+    )
+    out = after(g.build(), [both])
+    assert names(out) == ["x", "c", "a", "n", "r1", "r2", "output"]
+    assert [out.node(k).args for k in ("n", "r1", "r2")] == [
+        (NodeRef("c"), NodeRef("a")),
+        (NodeRef("n"),),
+        (NodeRef("n"),),
+    ]
+
+
 def test_a_node_inserted_after_another_still_follows_other_plans_moves() -> None:
     # n = h(c, a) takes a's uses and keeps reading a; c's uses move to m (another plan): n reads m
     g = GraphBuilder()
