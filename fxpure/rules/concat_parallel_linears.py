@@ -21,7 +21,9 @@ from typing import final
 
 from returns.result import Failure, Result, Success
 
+from fxpure import layout
 from fxpure.families import ADDMM, LINEAR, MM, VIEW
+from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, linear_of, linear_root
 from fxpure.pattern import Match, Planner, Var, match
 from fxpure.plan import RewritePlan
@@ -42,7 +44,14 @@ FOUND = linear_root(weight=Var("w"), bias=Var("b"))
 # the same linear with a constant weight and bias: one that can join
 JOINS = linear_root()
 
-CODES = GENERIC_CODES | {"too-few-linears", "dtype-mismatch", "not-constant", "symbolic-shape", "output-shared"}
+CODES = GENERIC_CODES | {
+    "too-few-linears",
+    "dtype-mismatch",
+    "not-constant",
+    "symbolic-shape",
+    "output-shared",
+    layout.CODE,
+}
 
 
 @final
@@ -102,7 +111,9 @@ def _join(node: NodeSnapshot, joins: Result[Match, Reason], x: TensorSpec) -> Re
     lin, w, b, w_spec = linear_of(m), m.bindings["w"], m.bindings.get("b"), m.spec("w")
     assert isinstance(w, WeightExpr) and (b is None or isinstance(b, WeightExpr))  # Const binds expressions
     out = lin.spec
-    reason = _fit(node.name, w_spec, m.spec("b"), out, x)
+    # a slice of the joined output has other strides than the linear's own output
+    at = m.sites["lin_out" if lin.view_out else "lin"].path
+    reason = _fit(node.name, w_spec, m.spec("b"), out, x) or layout_reader(m.snap, lin.outer.name, path=at)
     if reason is not None:
         return Failure(reason)
     assert out is not None and isinstance(out.shape[-1], int)  # checked by _fit
@@ -310,6 +321,7 @@ def concat_parallel_linears(*, split: bool = False) -> ConcatParallelLinears:
     ``EdgeProgramManager.transform``, the .pte refuses other batch sizes), slices have no such issue.
 
     >>> sorted(concat_parallel_linears().codes - GENERIC_CODES)
-    ['dtype-mismatch', 'not-constant', 'output-shared', 'symbolic-shape', 'too-few-linears']
+    ['dtype-mismatch', 'layout-sensitive-reader', 'not-constant', 'output-shared', 'symbolic-shape', \
+'too-few-linears']
     """
     return ConcatParallelLinears(split=split)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fxpure import layout
 from fxpure.families import CONV
+from fxpure.layout import layout_reader
 from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Var, dequantized, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Reason
@@ -59,6 +61,12 @@ def _explicit(conv: Bound, match: Match) -> Reason | None:
         return None
     detail = f"{conv.name}: padding={padding!r} has no {EDGE_CONV} spelling (edge takes explicit padding)"
     return Declined(code="string-padding", node=conv.name, detail=detail)
+
+
+def _layout(conv: Bound, match: Match) -> Reason | None:
+    """The conv2d's output squeezed back may have other strides than the conv1d's (channels last,
+    say, on a transposed input): no reader may depend on them."""
+    return layout_reader(match.snap, conv.name)
 
 
 def _target(conv: Bound, snap: GraphSnapshot) -> str:
@@ -131,6 +139,7 @@ CONV1D_TO_CONV2D = rule(
     need.static("x", dims=(1,)),
     need.static("conv", dims=(1,)),
     need.check(_explicit, codes=("string-padding",)),
+    need.check(_layout, codes=(layout.CODE,)),
     plan=_plan,
     candidate=lambda conv, _: conv.args.get("rank") == 1,
 )
@@ -141,6 +150,6 @@ def conv1d_to_conv2d() -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(conv1d_to_conv2d().codes - GENERIC_CODES)
-    ['not-constant', 'string-padding', 'symbolic-shape', 'wrong-op']
+    ['layout-sensitive-reader', 'not-constant', 'string-padding', 'symbolic-shape', 'wrong-op']
     """
     return CONV1D_TO_CONV2D

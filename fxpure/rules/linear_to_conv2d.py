@@ -17,6 +17,8 @@ from typing import TypeAlias, final
 
 from returns.result import Failure, Result, Success
 
+from fxpure import layout
+from fxpure.layout import layout_reader
 from fxpure.linear import Linear, linear_of, linear_root
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, rule
 from fxpure.plan import RewritePlan
@@ -119,7 +121,12 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     if b is not None and (bias is None or bias.shape != w.shape[:1]):
         detail = f"{node}: bias {bias.shape if bias else b!r} is not one value per output feature {w.shape[:1]}"
         return Failure(Declined(code="bias-not-per-channel", node=node, detail=detail, path=sites["b"].path))
-    return Success(_Site(lin, x, own, spec, out))
+    if len(spec.shape) == 2:  # squeezed from (N, O, 1, 1): contiguous whatever the conv's layout
+        return Success(_Site(lin, x, own, spec, out))
+    # permuted back from the conv's layout, the result may have other strides than the linear's
+    # output: no reader may depend on them (a model's own flatten makes the product rank 2, above)
+    reason = layout_reader(match.snap, lin.outer.name, path=sites["lin_out" if lin.view_out else "lin"].path)
+    return Success(_Site(lin, x, own, spec, out)) if reason is None else Failure(reason)
 
 
 def _1x1(spec: TensorSpec | None) -> tuple[int, ...]:
@@ -202,7 +209,11 @@ def _plan(
 LINEAR_TO_CONV2D = rule(
     NAME,
     PATTERN,
-    need.compute("site", _site, codes=("malformed-node", "unsupported-rank", "symbolic-shape", "bias-not-per-channel")),
+    need.compute(
+        "site",
+        _site,
+        codes=("malformed-node", "unsupported-rank", "symbolic-shape", "bias-not-per-channel", layout.CODE),
+    ),
     plan=_plan,
 )
 
@@ -212,7 +223,7 @@ def linear_to_conv2d() -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(linear_to_conv2d().codes - GENERIC_CODES)
-    ['arg-mismatch', 'bias-not-per-channel', 'not-constant', 'output-shared', 'symbolic-shape', 'unsupported-rank', \
-'wrong-op']
+    ['arg-mismatch', 'bias-not-per-channel', 'layout-sensitive-reader', 'not-constant', 'output-shared', \
+'symbolic-shape', 'unsupported-rank', 'wrong-op']
     """
     return LINEAR_TO_CONV2D

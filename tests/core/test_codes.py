@@ -19,6 +19,7 @@ properties on the graphs with rare steps.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -349,6 +350,27 @@ def _copied_operand(gen: _Gen) -> None:
         gen.extra.append(k)
 
 
+def _merging_view(gen: _Gen) -> None:
+    """The latest value viewed as one dim, in aten (edge's ``view_copy`` takes any strides): a reader
+    that needs the value's own strides."""
+    ref, out = gen.acts[-1]
+    if gen.g.dialect == "edge" or len(out.shape) < 2:
+        return
+    flat = math.prod(d for d in out.shape if isinstance(d, int)) if out.is_static else "s3"
+    gen.result(gen.call("aten.view.default", spec(flat, dtype=out.dtype), self=ref, size=(-1,)), spec(flat))
+
+
+def _viewed_parallel_linears(gen: _Gen) -> None:
+    """Two linears reading one new (batch, time, features) input, the second's output viewed as one dim."""
+    _sequence(gen)
+    gen.pin = gen.acts[-1]
+    _linear(gen)
+    gen.pin = gen.acts[-2]
+    _linear(gen)
+    gen.pin = None
+    _merging_view(gen)
+
+
 RARE: tuple[Callable[[_Gen], None], ...] = (
     _grouped,
     _grouped,
@@ -363,6 +385,7 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _shared_matmul,
     _then(_sequence, _linear, _swap, _batch_norm),
     _odd_conv1d,
+    _viewed_parallel_linears,
     _odd_operand,
     _copied_operand,
 )

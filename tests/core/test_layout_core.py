@@ -1,0 +1,147 @@
+"""``fxpure.layout``: which views any strides allow, and the three rules whose replacement has other
+strides declining where a reader needs the value's own (exact code, path and node), on hand-built
+snapshots. Torch-free."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxpure import plan
+from fxpure.layout import layout_reader, only_splits
+from fxpure.plan import Rule
+from fxpure.rules import concat_parallel_linears, conv1d_to_conv2d, linear_to_conv2d
+from fxpure.snapshot import Dim, GraphSnapshot
+from fxpure.testing import GraphBuilder
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "ok"),
+    [
+        ((2, 3, 4), (2, 3, 4), True),  # the same shape
+        ((2, 12), (2, 3, 4), True),  # a split
+        (("s0", 12), ("s0", 3, 4), True),  # a split after a symbolic dim
+        ((2, 3), (2, 1, 3, 1), True),  # 1s added
+        ((2, 1, 3), (2, 3), True),  # a 1 dropped
+        ((2, 3, 4), (6, 4), False),  # a merge
+        ((2, 3, 4), (2, 12), False),
+        ((2, 3), (6,), False),
+        (("s0", 3), ("3*s0",), False),  # a symbolic merge
+        (("s0", 12), ("s0", 3, "s1"), False),  # a split into a symbolic part
+        ((2, 3, 4), (2, 3), False),  # fewer elements
+        ((2, 3), (2, 3, 4), False),  # more
+        ((4, 6), (2, 12), False),  # the same size, other boundaries
+    ],
+)
+def test_only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...], ok: bool) -> None:
+    assert only_splits(src, dst) is ok
+
+
+def _read_by(target: str, out: tuple[Dim, ...]) -> GraphSnapshot:
+    """x (2, 3, 4) -> relu -> a reader of the relu's value as ``out``."""
+    g = GraphBuilder()
+    r = g.call("aten.relu.default", name="r", self=g.input("x", (2, 3, 4)), out=(2, 3, 4))
+    if target == "aten.as_strided.default":
+        g.output(g.node(target, (r, out, (1,) * len(out)), name="v", out=out))
+    else:
+        g.output(g.node(target, (r, out), name="v", out=out))
+    return g.build()
+
+
+@pytest.mark.parametrize(
+    ("target", "out", "sensitive"),
+    [
+        ("aten.view.default", (6, 4), True),
+        ("aten._unsafe_view.default", (24,), True),
+        ("aten.view.default", (2, 3, 2, 2), False),
+        ("aten.view_copy.default", (24,), False),  # edge's view copies
+        ("aten.reshape.default", (24,), False),  # copies when it must
+        ("aten.as_strided.default", (2, 3, 4), True),  # reads by strides whatever the shape
+    ],
+)
+def test_layout_reader(target: str, out: tuple[int, ...], sensitive: bool) -> None:
+    reason = layout_reader(_read_by(target, out), "r", path="p")
+    if not sensitive:
+        assert reason is None
+        return
+    assert reason is not None and (reason.code, reason.node, reason.path) == ("layout-sensitive-reader", "r", "p")
+    assert reason.message == f"v ({target}) reads r as {out} by its strides, which the replacement changes"
+
+
+def _linear(view: tuple[int, ...]) -> GraphSnapshot:
+    """x (2, 5, 8) -> linear (6 features) -> aten.view."""
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 5, 8)), g.parameter("w", (6, 8))
+    y = g.call("aten.linear.default", name="lin", out=(2, 5, 6), input=x, weight=w, bias=None)
+    g.output(g.call("aten.view.default", name="v", out=view, self=y, size=view))
+    return g.build()
+
+
+def _conv1d(view: tuple[int, ...]) -> GraphSnapshot:
+    """x (2, 4, 16) -> conv1d (6 channels, kernel 1) -> aten.view."""
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 4, 16)), g.parameter("w", (6, 4, 1))
+    y = g.call("aten.conv1d.default", name="conv", out=(2, 6, 16), input=x, weight=w, bias=None)
+    g.output(g.call("aten.view.default", name="v", out=view, self=y, size=view))
+    return g.build()
+
+
+def _kv(view: tuple[int, ...]) -> GraphSnapshot:
+    """x (2, 5, 8) -> k, v linears (4 features each); k -> aten.view."""
+    g = GraphBuilder()
+    x = g.input("x", (2, 5, 8))
+    k, v = (
+        g.call("aten.linear.default", name=n, out=(2, 5, 4), input=x, weight=g.parameter(f"w{n}", (4, 8)), bias=None)
+        for n in ("k", "v")
+    )
+    g.output(g.call("aten.view.default", name="kv", out=view, self=k, size=view), v)
+    return g.build()
+
+
+CASES = [
+    (linear_to_conv2d(), _linear, (2, 30), (2, 5, 2, 3), "lin", "lin"),
+    (conv1d_to_conv2d(), _conv1d, (2, 96), (2, 6, 4, 4), "conv", "conv"),
+    (concat_parallel_linears(), _kv, (40,), (2, 5, 2, 2), "k", "lin"),
+]
+
+
+@pytest.mark.parametrize(("rule", "build", "merging", "splitting", "node", "path"), CASES)
+def test_a_rule_whose_result_has_other_strides_declines_where_a_view_merges_dims(
+    rule: Rule, build: object, merging: tuple[int, ...], splitting: tuple[int, ...], node: str, path: str
+) -> None:
+    assert callable(build)
+    split = plan(build(splitting), [rule])
+    assert len(split.plans) == 1 and not split.rejections
+    merged = plan(build(merging), [rule])
+    assert not merged.plans
+    (no,) = [j for j in merged.rejections if j.node == node]  # (the group's input: too few linears left)
+    assert (no.node, no.reason.code, no.reason.node, no.reason.path) == (node, "layout-sensitive-reader", node, path)
+    assert no.reason.message.startswith(f"{'kv' if node == 'k' else 'v'} (aten.view.default) reads {node} as {merging}")
+
+
+def test_a_rank_2_linear_result_is_contiguous_whatever_reads_it() -> None:
+    g = GraphBuilder()
+    x, w = g.input("x", (10, 8)), g.parameter("w", (6, 8))
+    y = g.call("aten.linear.default", name="lin", out=(10, 6), input=x, weight=w, bias=None)
+    g.output(g.call("aten.view.default", name="v", out=(60,), self=y, size=(60,)))
+    assert len(plan(g.build(), [linear_to_conv2d()]).plans) == 1
+
+
+def test_edge_views_copy() -> None:
+    g = GraphBuilder(dialect="edge")
+    x, w = g.input("x", (2, 4, 16)), g.parameter("w", (6, 4, 1))
+    y = g.call(
+        "aten.convolution.default",
+        name="conv",
+        out=(2, 6, 16),
+        input=x,
+        weight=w,
+        bias=None,
+        stride=(1,),
+        padding=(0,),
+        dilation=(1,),
+        transposed=False,
+        output_padding=(0,),
+        groups=1,
+    )
+    g.output(g.call("aten.view_copy.default", name="v", out=(192,), self=y, size=(192,)))
+    assert len(plan(g.build(), [conv1d_to_conv2d()]).plans) == 1

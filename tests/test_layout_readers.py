@@ -1,0 +1,81 @@
+"""Rules whose replacement has other strides than the value it replaces (linear-to-conv2d on a rank 3
+or 4 input, conv1d-to-conv2d, concat-parallel-linears' slices) leave alone a value an ``aten.view``
+merges dims of: the view needs the value's own strides and fails at run time on others. Found by a
+composed-rule fuzzer: before, each program here was transformed and then failed to run in the aten
+forms. A view that only splits dims still lets the rule apply, and edge (``view_copy``) always does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adapters
+from fxpure.rules import RULES
+from tests.programs import FORMS, assert_sound, build, run
+
+
+class TransposedLinear(torch.nn.Module):
+    """A linear on a transposed input, its output flattened by a view (merging) or split into heads."""
+
+    def __init__(self, merge: bool) -> None:
+        super().__init__()
+        self.merge = merge
+        self.q = torch.nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.q(x.transpose(1, 2))
+        return y.view(y.shape[0], -1) if self.merge else y.view(y.shape[0], y.shape[1], 2, 3)
+
+
+class TransposedConv1d(torch.nn.Module):
+    """A conv1d on a (batch, time, channels) input moved to channels first, its output flattened."""
+
+    def __init__(self, merge: bool) -> None:
+        super().__init__()
+        self.merge = merge
+        self.conv = torch.nn.Conv1d(4, 6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.conv(x.transpose(1, 2))
+        return y.view(y.shape[0], -1) if self.merge else y.view(y.shape[0], 2, 3, -1)
+
+
+class ViewedKV(torch.nn.Module):
+    """Two linears on one input; K flattened by a view (merging) or split into heads."""
+
+    def __init__(self, merge: bool) -> None:
+        super().__init__()
+        self.merge = merge
+        self.k = torch.nn.Linear(8, 4)
+        self.v = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.k(x)
+        return (k.view(-1) if self.merge else k.view(2, 3, 2, 2)), self.v(x)
+
+
+CASES = {
+    "linear-to-conv2d": (TransposedLinear, (2, 8, 3)),
+    "conv1d-to-conv2d": (TransposedConv1d, (2, 7, 4)),
+    "concat-parallel-linears": (ViewedKV, (2, 3, 8)),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("merge", [True, False], ids=["merging-view", "splitting-view"])
+@pytest.mark.parametrize("rule", CASES)
+def test_a_view_that_needs_the_values_strides_keeps_it_and_the_program_runs(rule: str, merge: bool, form: str) -> None:
+    make, shape = CASES[rule]
+    model = make(merge).eval()
+    x = (torch.randn(*shape),)
+    want = run(build(model, x, "aten"), x)
+    for rules in ([RULES[rule]()], [m() for m in RULES.values()]):
+        program = build(model, x, form)
+        report = adapters.transform(program, rules).unwrap().report
+        ours = [p for p in report.plans if p.rule == rule]
+        declined = [j for j in report.rejections if j.rule == rule and j.reason.code == "layout-sensitive-reader"]
+        if merge and form != "edge":
+            assert not ours and len(declined) == 1 and "by its strides" in declined[0].reason.message
+        else:  # edge spells a linear on a transposed input as a bmm: no linear to convert
+            assert not declined and (bool(ours) or (form, rule) == ("edge", "linear-to-conv2d"))
+        assert_sound(program, x, want)
