@@ -63,7 +63,7 @@ def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "") -> Declined
     return None
 
 
-def declined(reader: NodeSnapshot, name: str, *, path: str = "") -> Declined:
+def declined(reader: NodeSnapshot, name: str, *, path: str) -> Declined:
     """The reason: ``reader`` reads ``name`` by its strides."""
     shape = reader.tensor_spec.shape if reader.tensor_spec is not None else "an unknown shape"
     detail = f"{reader.name} ({reader.target}) reads {name} as {shape} by its strides, which the replacement changes"

@@ -121,11 +121,11 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     if b is not None and (bias is None or bias.shape != w.shape[:1]):
         detail = f"{node}: bias {bias.shape if bias else b!r} is not one value per output feature {w.shape[:1]}"
         return Failure(Declined(code="bias-not-per-channel", node=node, detail=detail, path=sites["b"].path))
-    if len(spec.shape) == 2:  # squeezed from (N, O, 1, 1): contiguous whatever the conv's layout
-        return Success(_Site(lin, x, own, spec, out))
-    # permuted back from the conv's layout, the result may have other strides than the linear's
-    # output: no reader may depend on them (a model's own flatten makes the product rank 2, above)
-    reason = layout_reader(match.snap, lin.outer.name, path=sites["lin_out" if lin.view_out else "lin"].path)
+    # permuted back from the conv's layout, a rank 3 or 4 result may have other strides than the
+    # linear's output: no reader may depend on them (one of rank 2, squeezed from (N, O, 1, 1), is
+    # contiguous whatever the conv's layout; a model's own flatten makes the product rank 2)
+    at = sites["lin_out" if lin.view_out else "lin"].path
+    reason = layout_reader(match.snap, lin.outer.name, path=at) if len(spec.shape) > 2 else None
     return Success(_Site(lin, x, own, spec, out)) if reason is None else Failure(reason)
 
 

@@ -30,6 +30,7 @@ from fxpure.testing import GraphBuilder
         ((2, 3, 4), (2, 3), False),  # fewer elements
         ((2, 3), (2, 3, 4), False),  # more
         ((4, 6), (2, 12), False),  # the same size, other boundaries
+        ((6, 5), (2, 3, 5), True),  # a split, then a dim kept
     ],
 )
 def test_only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...], ok: bool) -> None:
@@ -145,3 +146,34 @@ def test_edge_views_copy() -> None:
     )
     g.output(g.call("aten.view_copy.default", name="v", out=(192,), self=y, size=(192,)))
     assert len(plan(g.build(), [conv1d_to_conv2d()]).plans) == 1
+
+
+def test_a_view_of_unknown_shape_or_of_a_value_of_unknown_shape_may_merge() -> None:
+    g = GraphBuilder()
+    r = g.node("aten.relu.default", (g.input("x", (2, 3)),), name="r")  # no spec
+    g.output(g.node("aten.view.default", (r, (6,)), name="v", out=(6,)))
+    reason = layout_reader(g.build(), "r", path="p")
+    assert (
+        reason is not None
+        and reason.message == "v (aten.view.default) reads r as (6,) by its strides, which the replacement changes"
+    )
+    g = GraphBuilder()
+    r = g.call("aten.relu.default", name="r", self=g.input("x", (2, 3)), out=(2, 3))
+    g.output(g.node("aten.view.default", (r, (6,)), name="v"))  # no spec
+    reason = layout_reader(g.build(), "r", path="p")
+    assert reason is not None and "reads r as an unknown shape by its strides" in reason.message
+
+
+def test_the_reason_is_located_at_the_linears_reshape_back_where_the_spelling_has_one() -> None:
+    # aten's addmm spelling of a rank 3 linear (x viewed flat, addmm, viewed back), read by a merging view
+    g = GraphBuilder()
+    x, w, b = g.input("x", (2, 5, 8)), g.parameter("w", (6, 8)), g.parameter("b", (6,))
+    flat = g.call("aten.view.default", name="lin_in", out=(10, 8), self=x, size=(10, 8))
+    t = g.call("aten.permute.default", name="lin_t", out=(8, 6), self=w, dims=(1, 0))
+    y = g.call("aten.addmm.default", name="lin", out=(10, 6), self=b, mat1=flat, mat2=t)
+    back = g.call("aten.view.default", name="lin_out", out=(2, 5, 6), self=y, size=(2, 5, 6))
+    k = g.call("aten.linear.default", name="k", out=(2, 5, 6), input=x, weight=g.parameter("wk", (6, 8)), bias=None)
+    g.output(g.call("aten.view.default", name="v", out=(2, 30), self=back, size=(2, 30)), k)
+    for rule in (linear_to_conv2d(), concat_parallel_linears()):
+        (no,) = [j for j in plan(g.build(), [rule]).rejections if j.reason.code == "layout-sensitive-reader"]
+        assert (no.reason.node, no.reason.path) == ("lin_out", "lin.user/lin_out")
