@@ -6,16 +6,32 @@ only if the input's strides allow the new shape, which they always do when the v
 squeezes (a linear as a 1x1 conv, a slice of a merged linear) computes the same values with other
 strides, so such a view of it can fail at run time where the original ran. ``as_strided`` reads the
 storage by strides: on other strides it reads other values. Edge spells views as copies
-(``view_copy``), which take any strides.
+(``view_copy``), which take any strides. Most ops pass their input's strides on (an elementwise op, a
+permute, a split view), so such a reader counts wherever it is downstream, until an op whose result
+is laid out afresh (a matrix product, a layer norm).
 """
 
 from __future__ import annotations
 
+import weakref
+
 from fxpure.reasons import Declined
-from fxpure.snapshot import Dim, GraphSnapshot, NodeSnapshot, TensorSpec
+from fxpure.snapshot import Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
 VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
-STRIDED = frozenset({"aten.as_strided.default"})
+STRIDED = frozenset({"aten.as_strided.default", "aten.as_strided_copy.default"})
+# ops whose result is contiguous whatever their inputs' strides: what comes after depends on them only
+FRESH = frozenset(
+    {
+        "aten.linear.default",
+        "aten.addmm.default",
+        "aten.mm.default",
+        "aten.bmm.default",
+        "aten.matmul.default",
+        "aten.layer_norm.default",
+        "aten.native_layer_norm.default",
+    }
+)
 CODE = "layout-sensitive-reader"
 
 
@@ -53,18 +69,59 @@ def sensitive(reader: NodeSnapshot, src: TensorSpec | None) -> bool:
     return reader.target in VIEWS and (src is None or out is None or not only_splits(src.shape, out.shape))
 
 
-def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "") -> Declined | None:
+def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool = True) -> Declined | None:
     """Why node ``name``'s uses cannot move to a value of other strides: a reader that views it
-    merging dims, or reads it by strides (``layout-sensitive-reader``), else None."""
-    src = snap.node(name).tensor_spec
-    for u in snap.users_of(name):
-        if sensitive(u, src):
-            return declined(u, name, path=path)
-    return None
+    merging dims (unless ``views=False``: for a replacement whose strides only differ where the
+    original's are not the default, a view works on both), or reads it by strides, directly or
+    through ops that pass its strides on (``layout-sensitive-reader``), else None."""
+    found = _exposed(snap, VIEWS | STRIDED if views else STRIDED).get(name)
+    if found is None:
+        return None
+    reader, via = found
+    return declined(snap.node(reader), name, path=path, via=via if via != name else None)
 
 
-def declined(reader: NodeSnapshot, name: str, *, path: str) -> Declined:
-    """The reason: ``reader`` reads ``name`` by its strides."""
+# ops that pass no strides on (a size), besides FRESH
+_SIZES = frozenset({"aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"})
+
+# what _exposed found on the last snapshot asked about, by the readers it looked for (the rules ask
+# about each candidate of one snapshot in turn); weakly held, as a rule's cache
+_LAST: list[tuple[weakref.ref[GraphSnapshot], dict[frozenset[str], dict[str, tuple[str, str]]]]] = []
+
+
+def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[str, str]]:
+    """Every node a reader among ``readers`` depends on the strides of: that reader (a merging
+    view, as_strided) and the node it reads, the node itself or one downstream that passed its
+    strides on. Found once per snapshot, walking up from the few such readers (none on most
+    programs)."""
+    last = _LAST[:1]
+    known = last[0][1] if last and last[0][0]() is snap else {}
+    if not known:
+        _LAST[:] = [(weakref.ref(snap), known)]
+    if readers in known:
+        return known[readers]
+    out: dict[str, tuple[str, str]] = {}
+    todo: list[str] = []
+    for r in snap.calls(readers):
+        x = r.args[0] if r.args else None
+        if isinstance(x, NodeRef) and x.name not in out and sensitive(r, snap.node(x.name).tensor_spec):
+            out[x.name] = (r.name, x.name)
+            todo.append(x.name)
+    while todo:
+        m = snap.node(todo.pop())
+        if m.target in FRESH or m.target in _SIZES or m.op != "call_function":
+            continue
+        for p in ref_list(m):
+            if p not in out:
+                out[p] = out[m.name]
+                todo.append(p)
+    known[readers] = out
+    return out
+
+
+def declined(reader: NodeSnapshot, name: str, *, path: str, via: str | None = None) -> Declined:
+    """The reason: ``reader`` reads ``name`` (or ``via``, which carries its strides) by its strides."""
     shape = reader.tensor_spec.shape if reader.tensor_spec is not None else "an unknown shape"
-    detail = f"{reader.name} ({reader.target}) reads {name} as {shape} by its strides, which the replacement changes"
+    read = f"{name} as {shape}" if via is None else f"{via} as {shape} (which has {name}'s strides)"
+    detail = f"{reader.name} ({reader.target}) reads {read} by its strides, which the replacement changes"
     return Declined(code=CODE, node=name, detail=detail, path=path)

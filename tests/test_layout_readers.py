@@ -79,3 +79,53 @@ def test_a_view_that_needs_the_values_strides_keeps_it_and_the_program_runs(rule
         else:  # edge spells a linear on a transposed input as a bmm: no linear to convert
             assert not declined and (bool(ours) or (form, rule) == ("edge", "linear-to-conv2d"))
         assert_sound(program, x, want)
+
+
+class Behind(torch.nn.Module):
+    """A linear on a transposed input, then a relu, then a merging view or a read by strides (which
+    read other values, with no error, before)."""
+
+    def __init__(self, strided: bool) -> None:
+        super().__init__()
+        self.strided = strided
+        self.q = torch.nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.q(x.transpose(1, 2)))
+        return torch.as_strided(y, (2, 3, 6), (18, 6, 1)) if self.strided else y.view(2, -1)
+
+
+class ChannelsLastGroups(torch.nn.Module):
+    """A grouped conv read by strides: on a channels-last input its output is channels last, the
+    split's cat is not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 6, 3, padding=1, groups=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.conv(x)
+        return torch.as_strided(y, y.shape, (120, 20, 5, 1))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("strided", [False, True], ids=["view", "as_strided"])
+def test_a_reader_behind_a_relu_keeps_the_value_too(strided: bool, form: str) -> None:
+    model, x = Behind(strided).eval(), (torch.randn(2, 8, 3),)
+    program = build(model, x, form)
+    want = run(program, x)
+    report = adapters.transform(program, [m() for m in RULES.values()]).unwrap().report
+    if form != "edge":  # (edge spells this linear as a bmm)
+        assert [j.reason.code for j in report.rejections if j.rule == "linear-to-conv2d"] == ["layout-sensitive-reader"]
+    assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_grouped_conv_read_by_strides_is_not_split(form: str) -> None:
+    model = ChannelsLastGroups().eval()
+    x = (torch.randn(2, 8, 4, 5).contiguous(memory_format=torch.channels_last),)
+    program = build(model, x, form)
+    want = run(program, x)  # (edge reads by its own layout: compared with itself)
+    report = adapters.transform(program, [RULES["split-group-conv"]()]).unwrap().report
+    assert not report.plans and [j.reason.code for j in report.rejections] == ["layout-sensitive-reader"]
+    assert_sound(program, x, want)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fxpure import layout
 from fxpure.families import CONV
+from fxpure.layout import layout_reader
 from fxpure.pattern import Bound, Const, Lit, Match, Op, PatternRule, Planner, Var, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
@@ -26,6 +28,14 @@ SOURCE_FN: Mapping[str, str] = {
     "aten.conv2d.default": "conv2d",
     "aten.convolution.default": "convolution",
 }
+
+
+def _strided(conv: Bound, match: Match) -> Reason | None:
+    """The cat of the groups' outputs is laid out as a conv's output on a contiguous input; on a
+    channels-last input the grouped conv's is not: a reader of its storage by strides (as_strided)
+    would read other values (a view works on both)."""
+    return layout_reader(match.snap, conv.name, views=False)
+
 
 # conv(x, w, b?, groups=G), not transposed
 PATTERN = Op(
@@ -98,7 +108,8 @@ def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(split_group_conv(max_groups=4).codes - GENERIC_CODES)
-    ['depthwise-conv', 'groups-out-of-range', 'not-constant', 'symbolic-shape', 'transposed-conv', 'unsupported-rank']
+    ['depthwise-conv', 'groups-out-of-range', 'layout-sensitive-reader', 'not-constant', 'symbolic-shape', \
+'transposed-conv', 'unsupported-rank']
     >>> split_group_conv(max_groups=1)
     Traceback (most recent call last):
     ValueError: groups range must be whole numbers 2 <= min_groups <= max_groups, got 2..1
@@ -120,6 +131,7 @@ def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
         need.static("conv", dims=(1,)),
         need.static("w"),
         need.check(groups_fit, codes=("depthwise-conv", "groups-out-of-range", "malformed-node")),
+        need.check(_strided, codes=(layout.CODE,)),
         plan=_plan,
         candidate=lambda conv, _: conv.args.get("groups") != 1,
     )

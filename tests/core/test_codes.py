@@ -360,6 +360,19 @@ def _merging_view(gen: _Gen) -> None:
     gen.result(gen.call("aten.view.default", spec(flat, dtype=out.dtype), self=ref, size=(-1,)), spec(flat))
 
 
+def _strided_read(gen: _Gen) -> None:
+    """The latest value read by strides (``as_strided``), sometimes through a relu first."""
+    ref, out = gen.acts[-1]
+    if gen.flip():
+        ref = gen.call("aten.relu.default", out, self=ref)
+    size = tuple(d if isinstance(d, int) else 1 for d in out.shape)
+    strides = tuple(math.prod(size[i + 1 :]) for i in range(len(size)))
+    read = gen.g.node("aten.as_strided.default", (ref, size, strides), name=f"strided_{len(gen.computed)}", out=size)
+    gen.read.add(ref.name)
+    gen.computed.append(read)
+    gen.result(read, spec(*size, dtype=out.dtype))
+
+
 def _viewed_parallel_linears(gen: _Gen) -> None:
     """Two linears reading one new (batch, time, features) input, the second's output viewed as one dim."""
     _sequence(gen)
@@ -386,6 +399,7 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _then(_sequence, _linear, _swap, _batch_norm),
     _odd_conv1d,
     _viewed_parallel_linears,
+    _then(_grouped, _strided_read),
     _odd_operand,
     _copied_operand,
 )

@@ -177,3 +177,50 @@ def test_the_reason_is_located_at_the_linears_reshape_back_where_the_spelling_ha
     for rule in (linear_to_conv2d(), concat_parallel_linears()):
         (no,) = [j for j in plan(g.build(), [rule]).rejections if j.reason.code == "layout-sensitive-reader"]
         assert (no.reason.node, no.reason.path) == ("lin_out", "lin.user/lin_out")
+
+
+def _linear_then(*after: str) -> GraphSnapshot:
+    """x (2, 5, 8) -> linear -> each op of ``after`` in turn -> aten.view merging (2, 30)."""
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 5, 8)), g.parameter("w", (6, 8))
+    y = g.call("aten.linear.default", name="lin", out=(2, 5, 6), input=x, weight=w, bias=None)
+    for op in after:
+        if op == "relu":
+            y = g.call("aten.relu.default", name="relu", out=(2, 5, 6), self=y)
+        elif op == "linear":  # a product lays its result out afresh
+            y = g.call(
+                "aten.linear.default", name="lin2", out=(2, 5, 6), input=y, weight=g.parameter("w2", (6, 6)), bias=None
+            )
+        else:  # the view reads another value, whose size only comes from the linear's
+            size = g.node("aten.sym_size.int", (y, 0), name="size")
+            y = g.call("aten.relu.default", name="other", out=(2, 5, 6), self=g.input("z", (2, 5, 6)))
+            g.output(g.node("aten.view.default", (y, (size, 30)), name="v", out=(2, 30)))
+            return g.build()
+    g.output(g.call("aten.view.default", name="v", out=(2, 30), self=y, size=(2, 30)))
+    return g.build()
+
+
+def test_a_reader_behind_ops_that_pass_the_strides_on_counts() -> None:
+    (no,) = plan(_linear_then("relu"), [linear_to_conv2d()]).rejections
+    assert (no.node, no.reason.code) == ("lin", "layout-sensitive-reader")
+    assert no.reason.message == (
+        "v (aten.view.default) reads relu as (2, 30) (which has lin's strides) by its strides, "
+        "which the replacement changes"
+    )
+
+
+def test_a_product_lays_its_result_out_afresh_and_a_size_passes_no_strides() -> None:
+    behind = plan(_linear_then("linear"), [linear_to_conv2d()])
+    assert [p.anchor for p in behind.plans] == ["lin"]  # lin2 is the view's: declined
+    assert [(j.node, j.reason.code) for j in behind.rejections] == [("lin2", "layout-sensitive-reader")]
+    assert len(plan(_linear_then("size"), [linear_to_conv2d()]).plans) == 1
+
+
+def test_views_false_counts_only_readers_by_strides() -> None:
+    merged = _linear_then("relu")
+    assert layout_reader(merged, "lin", views=False) is None and layout_reader(merged, "lin") is not None
+    g = GraphBuilder(dialect="edge")
+    r = g.call("aten.relu.default", name="r", self=g.input("x", (2, 3)), out=(2, 3))
+    g.output(g.node("aten.as_strided_copy.default", (r, (3, 2), (2, 1)), name="s", out=(3, 2)))
+    reason = layout_reader(g.build(), "r", views=False)
+    assert reason is not None and reason.message.startswith("s (aten.as_strided_copy.default) reads r as (3, 2)")
