@@ -9,7 +9,7 @@ import pytest
 from fxpure import plan
 from fxpure.layout import layout_reader, only_splits
 from fxpure.plan import Rule
-from fxpure.rules import concat_parallel_linears, conv1d_to_conv2d, linear_to_conv2d
+from fxpure.rules import concat_parallel_linears, conv1d_to_conv2d, linear_to_conv2d, split_group_conv
 from fxpure.snapshot import Dim, GraphSnapshot
 from fxpure.testing import GraphBuilder
 
@@ -191,10 +191,13 @@ def _linear_then(*after: str) -> GraphSnapshot:
             y = g.call(
                 "aten.linear.default", name="lin2", out=(2, 5, 6), input=y, weight=g.parameter("w2", (6, 6)), bias=None
             )
-        else:  # the view reads another value, whose size only comes from the linear's
+        elif op == "add":  # an input added: the walk up goes on past it, to the relu
+            y = g.call("aten.add.Tensor", name="add", out=(2, 5, 6), self=y, other=g.input("z", (2, 5, 6)))
+        else:  # a view of another value, whose size only comes from the linear's, viewed again
             size = g.node("aten.sym_size.int", (y, 0), name="size")
-            y = g.call("aten.relu.default", name="other", out=(2, 5, 6), self=g.input("z", (2, 5, 6)))
-            g.output(g.node("aten.view.default", (y, (size, 30)), name="v", out=(2, 30)))
+            other = g.call("aten.relu.default", name="other", out=(2, 5, 6), self=g.input("z", (2, 5, 6)))
+            flat = g.node("aten.view.default", (other, (size, 30)), name="flat", out=(2, 30))
+            g.output(g.node("aten.view.default", (flat, (60,)), name="v", out=(60,)))
             return g.build()
     g.output(g.call("aten.view.default", name="v", out=(2, 30), self=y, size=(2, 30)))
     return g.build()
@@ -207,6 +210,42 @@ def test_a_reader_behind_ops_that_pass_the_strides_on_counts() -> None:
         "v (aten.view.default) reads relu as (2, 30) (which has lin's strides) by its strides, "
         "which the replacement changes"
     )
+
+
+def test_the_walk_up_goes_past_an_input_to_every_other_operand() -> None:
+    (no,) = plan(_linear_then("relu", "add"), [linear_to_conv2d()]).rejections
+    assert (no.node, no.reason.code) == (
+        "lin",
+        "layout-sensitive-reader",
+    ) and "reads add as (2, 30)" in no.reason.message
+
+
+def test_the_first_reader_found_is_named() -> None:
+    g = GraphBuilder()
+    r = g.call("aten.relu.default", name="r", self=g.input("x", (2, 3, 4)), out=(2, 3, 4))
+    g.output(*(g.node("aten.view.default", (r, (6, 4)), name=v, out=(6, 4)) for v in ("v1", "v2")))
+    reason = layout_reader(g.build(), "r")
+    assert reason is not None and reason.message.startswith("v1 ")
+
+
+def _grouped(reader: str) -> GraphSnapshot:
+    """x (1, 4, 6, 6) -> conv (groups 2) -> ``reader``: a merging view, or as_strided behind a relu."""
+    g = GraphBuilder()
+    x, w = g.input("x", (1, 4, 6, 6)), g.parameter("w", (4, 2, 1, 1))
+    y = g.call("aten.conv2d.default", name="conv", out=(1, 4, 6, 6), input=x, weight=w, bias=None, groups=2)
+    if reader == "view":
+        g.output(g.call("aten.view.default", name="v", out=(1, 144), self=y, size=(1, 144)))
+    else:
+        r = g.call("aten.relu.default", name="relu", out=(1, 4, 6, 6), self=y)
+        g.output(g.node("aten.as_strided.default", (r, (1, 4, 6, 6), (144, 36, 6, 1)), name="s", out=(1, 4, 6, 6)))
+    return g.build()
+
+
+def test_a_grouped_conv_is_split_under_a_merging_view_and_not_when_read_by_strides() -> None:
+    rule = split_group_conv()
+    assert len(plan(_grouped("view"), [rule]).plans) == 1  # the cat is laid out as the conv's output here
+    (no,) = plan(_grouped("strided"), [rule]).rejections
+    assert (no.node, no.reason.code, no.reason.path) == ("conv", "layout-sensitive-reader", "conv")
 
 
 def test_a_product_lays_its_result_out_afresh_and_a_size_passes_no_strides() -> None:
