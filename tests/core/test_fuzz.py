@@ -623,12 +623,19 @@ def _touched(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> set[str]:
 
 
 def _considered(report: RewriteReport) -> set[str]:
-    """Nodes the rule looked at and decided on: anchors and where each rejection was located."""
-    return (
-        {p.anchor for p in report.plans}
-        | {r.node for r in report.rejections}
-        | {r.reason.node for r in report.rejections}
-    )
+    """Nodes the rule looked at and decided on: anchors and where each rejection was located (for a
+    value declined because a reader downstream needs its strides, everything downstream of it: a
+    rule that rewrites that reader away changes the decision)."""
+    out = {p.anchor for p in report.plans} | {r.node for r in report.rejections}
+    out |= {r.reason.node for r in report.rejections}
+    todo = [r.reason.node for r in report.rejections if r.reason.code == "layout-sensitive-reader"]
+    users = report.before.users
+    while todo:
+        for u in users.get(todo.pop(), ()):
+            if u not in out:
+                out.add(u)
+                todo.append(u)
+    return out
 
 
 def _check_report(snap: GraphSnapshot, rule: Rule) -> RewriteReport:
