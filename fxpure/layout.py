@@ -60,7 +60,7 @@ def only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> bool:
     return j == len(b)
 
 
-def sensitive(reader: NodeSnapshot, src: TensorSpec | None) -> bool:
+def _sensitive(reader: NodeSnapshot, src: TensorSpec | None) -> bool:
     """True when ``reader`` needs its input's own strides: ``as_strided``, or a view (of an input of
     spec ``src``) that may merge dims."""
     if reader.target in STRIDED:
@@ -77,8 +77,11 @@ def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool
     found = _exposed(snap, VIEWS | STRIDED if views else STRIDED).get(name)
     if found is None:
         return None
-    reader, via = found
-    return declined(snap.node(reader), name, path=path, via=via if via != name else None)
+    reader, via = snap.node(found[0]), found[1]
+    shape = reader.tensor_spec.shape if reader.tensor_spec is not None else "an unknown shape"
+    read = f"{name} as {shape}" if via == name else f"{via} as {shape} (which has {name}'s strides)"
+    detail = f"{reader.name} ({reader.target}) reads {read} by its strides, which the replacement changes"
+    return Declined(code=CODE, node=name, detail=detail, path=path)
 
 
 # ops that pass no strides on (a size), besides FRESH
@@ -95,8 +98,10 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
     strides on. Found once per snapshot, walking up from the few such readers (none on most
     programs)."""
     last = _LAST[:1]
-    known = last[0][1] if last and last[0][0]() is snap else {}
-    if not known:
+    if last and last[0][0]() is snap:
+        known = last[0][1]
+    else:
+        known = {}
         _LAST[:] = [(weakref.ref(snap), known)]
     if readers in known:
         return known[readers]
@@ -104,7 +109,7 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
     todo: list[str] = []
     for r in snap.calls(readers):
         x = r.args[0] if r.args else None
-        if isinstance(x, NodeRef) and x.name not in out and sensitive(r, snap.node(x.name).tensor_spec):
+        if isinstance(x, NodeRef) and x.name not in out and _sensitive(r, snap.node(x.name).tensor_spec):
             out[x.name] = (r.name, x.name)
             todo.append(x.name)
     while todo:
@@ -117,11 +122,3 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
                 todo.append(p)
     known[readers] = out
     return out
-
-
-def declined(reader: NodeSnapshot, name: str, *, path: str, via: str | None = None) -> Declined:
-    """The reason: ``reader`` reads ``name`` (or ``via``, which carries its strides) by its strides."""
-    shape = reader.tensor_spec.shape if reader.tensor_spec is not None else "an unknown shape"
-    read = f"{name} as {shape}" if via is None else f"{via} as {shape} (which has {name}'s strides)"
-    detail = f"{reader.name} ({reader.target}) reads {read} by its strides, which the replacement changes"
-    return Declined(code=CODE, node=name, detail=detail, path=path)
