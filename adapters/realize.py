@@ -18,6 +18,7 @@ from typing import Any, TypeVar, final
 
 import torch
 from returns.result import Failure, Result, Success
+from torch._export.verifier import SpecViolationError
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
@@ -520,16 +521,49 @@ def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     return out
 
 
+def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan that writes an op the program's own verifier refuses (an edge program takes Core
+    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), with the reason."""
+    if not isinstance(cap.program, ExportedProgram) or not report.plans:
+        return {}
+    verifiers = [v() for v in cap.program.verifiers]
+    why: dict[str, str | None] = {}
+    out: dict[tuple[str, str], Reason] = {}
+    for p in report.plans:
+        for target in dict.fromkeys(n.target for n in p.nodes):
+            if target not in why:
+                why[target] = _refusal(target, cap.snap.dialect, verifiers)
+            if why[target] is not None:
+                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=f"{why[target]}")
+                break
+    return out
+
+
+def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
+    try:
+        op = resolve_target(target, dialect)
+    except ValueError:
+        return None  # an unknown op is refused, with its name, when the plan is applied
+    for v in verifiers:
+        try:
+            v.check_valid_op(op)
+        except SpecViolationError as e:
+            first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+            return f"the program's verifier refuses {target}: {first}"
+    return None
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
     """Plan, compute the new constants, and decline (then plan again without) every plan that
-    removes a node a preserved module call signature names, or whose constants are not finite;
-    raises _ApplyError if a constant cannot be computed."""
+    removes a node a preserved module call signature names, writes an op the program's verifier
+    refuses, or whose constants are not finite; raises _ApplyError if a constant cannot be computed."""
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
         crossing = {k: v for k, v in _crossing(cap, report).items() if k not in declined}
+        crossing.update({k: v for k, v in _refused(cap, report).items() if k not in declined})
         if crossing:
             declined.update(crossing)
             continue

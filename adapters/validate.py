@@ -169,19 +169,29 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float,
     try:
         before = _Region(snap, cap, inputs, symbols, torch.Generator().manual_seed(seed))
         before.run(before_nodes, snap.dialect)
-        # what the plan removes: a pruned node the replacement reads stays, and so does a node whose
-        # uses it takes but reads (a node inserted after it)
-        read = {r for n in new_nodes for r in node_refs(n)} - {n.name for n in new_nodes}
-        gone = set(p.erase) | {old for old, _ in p.replace if old not in read}
-        shared = {k: v for k, v in before.env.items() if k not in gone}
-        after = _Region(snap, cap, dict(shared), symbols, torch.Generator().manual_seed(seed + 1))
+    except _Skip as e:
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {e}")
+    except Exception as e:  # the original fails on these inputs: they say nothing of the plan
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {type(e).__name__}: {e}")
+    # what the plan removes: a pruned node the replacement reads stays, and so does a node whose
+    # uses it takes but reads (a node inserted after it)
+    read = {r for n in new_nodes for r in node_refs(n)} - {n.name for n in new_nodes}
+    gone = set(p.erase) | {old for old, _ in p.replace if old not in read}
+    shared = {k: v for k, v in before.env.items() if k not in gone}
+    after = _Region(snap, cap, dict(shared), symbols, torch.Generator().manual_seed(seed + 1))
+    try:
         for c in p.constants:  # (expressions read the program's own constants: derived ones are inlined)
             after.env[c.name] = materialize(c.expr, cap.tensors)
         after.run(new_nodes, snap.dialect)
     except _Skip as e:
         return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {e}")
-    except Exception as e:  # an op that fails on these inputs says the plan is wrong, or the inputs are
-        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {type(e).__name__}: {e}")
+    except Exception as e:
+        made = {n.name for n in new_nodes} | set(shared) | {c.name for c in p.constants}
+        if any(k not in made and k not in snap.constants for k in after.env):  # values only it drew
+            return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {type(e).__name__}: {e}")
+        # the replacement fails on the very values the original ran on: the plan is wrong
+        note = f"the replacement fails where the original ran: {type(e).__name__}: {e}"
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=False, note=note)
     worst = max((_rel(after.env[new], before.env[old]) for old, new in p.replace), default=0.0)
     note = "" if worst <= tolerance else f"max relative difference {worst:.3g} > {tolerance:g}"
     return PlanCheck(rule=p.rule, anchor=p.anchor, ok=worst <= tolerance, max_rel=worst, note=note)

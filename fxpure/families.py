@@ -16,7 +16,7 @@ from typing import final
 from returns.result import Failure, Result, Success
 
 from fxpure.reasons import Malformed
-from fxpure.schema import Schema, bind, parse_schema
+from fxpure.schema import Kind, Schema, bind, parse_schema
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
 
 Normalizer = Callable[[GraphSnapshot, NodeSnapshot, Mapping[str, Arg]], Result[Mapping[str, Arg], Malformed]]
@@ -48,7 +48,7 @@ class Family:
         """Every argument name a pattern may use with this family."""
         return frozenset().union(*(s.names for s in self.schemas.values()))
 
-    def kinds(self, name: str) -> frozenset[str]:
+    def kinds(self, name: str) -> frozenset[Kind]:
         """The kinds argument ``name`` has across the spellings (empty: fixed by the spelling)."""
         return frozenset(p.kind for s in self.schemas.values() if (p := s.param(name)) is not None)
 

@@ -47,14 +47,22 @@ from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure.families import DEQUANTIZE, SCHEMAS, Family
-from fxpure.plan import NewConstant, NewNode, RewritePlan, RewriteReport, Rule, constant_expr, rewrite
+from fxpure.plan import (
+    NewConstant,
+    NewNode,
+    RewritePlan,
+    RewriteReport,
+    Rule,
+    constant_expr,
+    not_constant,
+    rewrite,
+)
 from fxpure.reasons import (
     GENERIC_CODES,
     ArgMismatch,
     BindingConflict,
     ChannelMismatch,
     Malformed,
-    NotConstant,
     NotScalar,
     OutputShared,
     Reason,
@@ -64,8 +72,8 @@ from fxpure.reasons import (
     UnsupportedRank,
     WrongOp,
 )
-from fxpure.schema import TENSOR_KINDS, Schema, arguments, respell
-from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec, refs
+from fxpure.schema import TENSOR_KINDS, Schema, arguments, fits, respell
+from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec, ref_list, refs
 from fxpure.weights import EXPR_NODE, WeightExpr, infer_spec, out_channels
 
 ONE: Literal["one"] = "one"
@@ -484,8 +492,7 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
                 return st.bind(p.name, None, parent, role, path)
             expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
             if expr is None:
-                source = value.name if isinstance(value, NodeRef) else str(value)
-                return NotConstant(node=parent, role=role, source=source, path=path)
+                return not_constant(parent, role, value, path)
             return st.bind(p.name, expr, parent, role, path)
         case Scalar():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -725,8 +732,9 @@ def _locate(reason: Reason, m: Match, reads: tuple[str, ...], label: str) -> Rea
 
 
 def _absent(m: Match, name: str) -> bool:
-    """``name`` is an absent optional operand (bound to None): nothing to check."""
-    return name in m.bindings and m.bindings[name] is None
+    """``name`` binds nothing on this match: an absent optional operand (bound to None), or a name
+    only other alternatives bind (a linear's bias, which ``mm`` has not). Nothing to check."""
+    return m.bindings.get(name) is None
 
 
 def _site(m: Match, name: str) -> Site:
@@ -816,7 +824,7 @@ class _Need:
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
             if spec is None:
-                return Malformed(node=site.node, detail=f"{site.role} has no known shape")
+                return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
             rank = len(spec.shape)
             picked = spec.shape if dims is None else tuple(spec.shape[d] for d in dims if -rank <= d < rank)
             if dims is not None and len(picked) != len(dims):
@@ -1070,7 +1078,8 @@ class Planner:
     ) -> RewritePlan:
         """The plan with several moves of uses (each matched op's uses to its new node). By default
         every matched node the new nodes do not read is erased (one they read stays: a node
-        inserted after an op, say, reads the op whose uses it takes); ``erase`` names the only ones
+        inserted after an op, say, reads the op whose uses it takes; so does a matched node uses
+        move to, an op dropped for its input, and what those read in the match); ``erase`` names the only ones
         to erase (the rest of the match stays, and its shared nodes are dropped only if nothing
         reads them any more). ``prune``:
         more nodes, by name, dropped too once nothing reads them (what computed an erased node's
@@ -1086,9 +1095,7 @@ class Planner:
         matches = (self.match, *self.also)
         matched = tuple(dict.fromkeys(n for m in matches for n in m.erase))
         if erase is None:
-            read = set(refs(tuple((*n.args, *n.kwargs.values()) if n.kwargs else n.args for n in self._nodes)))
-            read -= {n.name for n in self._nodes}  # a plan's own name means its own node (a respelled op's, say)
-            gone = tuple(n for n in matched if n not in read)
+            gone = self._unread(matched, moves)
         else:
             gone = tuple(dict.fromkeys(u for op in erase for u in (op.name, *op.uses)))
         shared = [n for m in matches for n in m.prune]
@@ -1101,6 +1108,21 @@ class Planner:
             erase=gone,
             prune=tuple(dict.fromkeys(n for n in (*shared, *prune) if n not in gone)),
         )
+
+    def _unread(self, matched: tuple[str, ...], moves: Sequence[tuple[Bound, NodeRef]]) -> tuple[str, ...]:
+        """The matched nodes nothing left reads: not the new nodes, not a node uses move to (an op
+        dropped for its input), nor, through matched nodes, what those read."""
+        kept = set(refs(tuple((*n.args, *n.kwargs.values()) if n.kwargs else n.args for n in self._nodes)))
+        kept.update(new.name for _, new in moves)
+        kept -= {n.name for n in self._nodes}  # a plan's own name means its own node (a respelled op's, say)
+        inside, snap = set(matched), self.match.snap
+        todo = [n for n in matched if n in kept]
+        while todo:
+            for r in ref_list(snap.node(todo.pop())):
+                if r in inside and r not in kept:
+                    kept.add(r)
+                    todo.append(r)
+        return tuple(n for n in matched if n not in kept)
 
 
 PlanFn: TypeAlias = Callable[..., RewritePlan | Result[RewritePlan, Reason]]
@@ -1176,7 +1198,8 @@ def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
 def _lint_values(where: str, values: Iterable[Arg], fam: Family, arg: str) -> None:
     """Refuse a literal that can never be the argument's value: a pattern or family inside a plain
     value (a tuple of patterns: a list argument is matched whole), a lone int where the family's
-    normal form holds an int list as a tuple (``stride=1`` of a conv is ``(1, 1)``)."""
+    normal form holds an int list as a tuple (``stride=1`` of a conv is ``(1, 1)``), a value no kind
+    of the argument takes (``training=0``: a bool is True or False)."""
     for v in values:
         if isinstance(v, tuple):
             _lint_values(where, v, fam, "")
@@ -1193,6 +1216,8 @@ def _lint_values(where: str, values: Iterable[Arg], fam: Family, arg: str) -> No
             raise PatternError(
                 f"{where}: {v!r} is never its value: {fam.name} holds {arg} as a tuple ({arg}=(1, 1), say)"
             )
+        elif arg and v is not None and (kinds := fam.kinds(arg)) and not any(fits(k, v) for k in kinds):
+            raise PatternError(f"{where}: {v!r} is never its value: {arg} is {' or '.join(sorted(kinds))}")
 
 
 def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str]:
@@ -1476,9 +1501,13 @@ def _steps(
     return always, some
 
 
-def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot) -> Attempt:
-    """How far ``rule`` gets at ``node``: a pattern rule reports its partial bindings and depth;
-    a hand-written one just its reason."""
+def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot | str) -> Attempt:
+    """How far ``rule`` gets at ``node`` (a node, or its name): a pattern rule reports its partial
+    bindings and depth; a hand-written one just its reason."""
+    if isinstance(node, str):
+        if node not in snap.index:
+            raise KeyError(f"the snapshot has no node {node!r}")
+        node = snap.node(node)
     if isinstance(rule, PatternRule):
         return rule.attempt(snap, node)
     result = rule.plan_at(snap, node)

@@ -140,8 +140,21 @@ def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Res
     """
     expr = constant_expr(snap, arg.name) if isinstance(arg, NodeRef) else None
     if expr is None:
-        return Failure(NotConstant(node=node, role=role, source=arg.name if isinstance(arg, NodeRef) else str(arg)))
+        return Failure(not_constant(node, role, arg))
     return Success(expr)
+
+
+def not_constant(node: str, role: str, value: Arg, path: str = "") -> NotConstant:
+    """Why operand ``role`` of ``node``, given as ``value``, is not a constant: a node computes it,
+    or it is a number or absent.
+
+    >>> not_constant("bn", "running_mean", None).message
+    'running_mean of bn is not a constant tensor (it is absent)'
+    """
+    if isinstance(value, NodeRef):
+        return NotConstant(node=node, role=role, source=value.name, path=path)
+    shown = "absent" if value is None else f"the literal {value!r}"
+    return NotConstant(node=node, role=role, source=shown, computed=False, path=path)
 
 
 def _fresh(name: str, used: set[str]) -> str:

@@ -134,9 +134,12 @@ class NotConstant(Reason):
     code: str = "not-constant"
     role: str
     source: str
+    computed: bool = True  # False: no node gives the operand (a number, or nothing), shown in ``source``
 
     @property
     def message(self) -> str:
+        if not self.computed:
+            return f"{self.role} of {self.node} is not a constant tensor (it is {self.source})"
         return f"{self.role} of {self.node} is not a constant (it is computed by {self.source!r})"
 
 
@@ -316,10 +319,13 @@ GENERIC_CODES = frozenset(
         "module-call",
         "in-subgraph",
         "preserved-signature",
+        "op-not-allowed",
     }
 )
 """Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
 overlaps another, a derived weight that is ill-typed; and, found by the adapter, a weight that
 computes to inf or NaN, a candidate that is an ``nn.Module`` call (``symbolic_trace``), one in
-a control-flow branch, or one whose plan would remove a node a preserved module call signature
-names (``torch.export``'s ``preserve_module_call_signature``)."""
+a control-flow branch, one whose plan would remove a node a preserved module call signature
+names (``torch.export``'s ``preserve_module_call_signature``), or one whose plan writes an op the
+program's own verifier refuses (``op-not-allowed``: an edge program takes Core ATen ops and the
+exceptions it was made with)."""

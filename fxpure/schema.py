@@ -166,7 +166,11 @@ def _param(text: str, keyword_only: bool) -> Param:
     optional = "?" in type_text.replace("?[]", "[]")
     base = re.sub(r"\[\d+\]", "[]", type_text.replace("?", "", 1) if optional else type_text)
     kind: Kind = _KINDS.get(base, "any")
-    return Param(name, kind, optional, keyword_only, bool(default), _literal(default.strip()) if default else None)
+    value = _literal(default.strip()) if default else None
+    size = re.search(r"\[(\d+)\]", type_text)
+    if kind == "ints" and size is not None and isinstance(value, int) and not isinstance(value, bool):
+        value = (value,) * int(size[1])  # torch's 'SymInt[2] stride=1' means [1, 1]: a list is what it takes
+    return Param(name, kind, optional, keyword_only, bool(default), value)
 
 
 def parse_schema(
@@ -215,6 +219,15 @@ _FITS: Mapping[Kind, Callable[[Arg], bool]] = {
     "str": lambda v: isinstance(v, str),
     "any": lambda v: True,
 }
+
+
+def fits(kind: Kind, value: Arg) -> bool:
+    """True when ``value`` may be an argument of ``kind`` (a node, for the kinds a node may give).
+
+    >>> fits("bool", 0), fits("int", 0), fits("float", 1)
+    (False, True, True)
+    """
+    return _FITS[kind](value)
 
 
 # value types that fit a kind outright (a shortcut of _FITS for the common values)

@@ -26,6 +26,7 @@ COMMON = {
     "in-subgraph",
     "module-call",
     "preserved-signature",
+    "op-not-allowed",
 }
 
 

@@ -210,6 +210,23 @@ def test_a_matched_interior_node_the_new_nodes_read_stays_and_the_rest_is_erased
     assert [n.name for n in after.nodes] == ["x", "r", "sum", "output"]
 
 
+def test_uses_moved_to_a_matched_node_keep_it_and_what_it_reads_in_the_match() -> None:
+    # relu(relu(relu(x))) * k -> relu(relu(relu(x))): the mul is dropped for its input; the relus stay
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    r1 = g.call("aten.relu.default", name="r1", self=x, out=(2, 3))
+    r0 = g.call("aten.relu.default", name="r0", self=r1, out=(2, 3))
+    r = g.call("aten.relu.default", name="r", self=r0, out=(2, 3))
+    g.output(g.call("aten.mul.Tensor", name="m", self=r, other=2.0, out=(2, 3)))
+    relus = Op(RELU, name="r", self=Op(RELU, name="r0", self=Op(RELU, name="r1")))
+    doubled = Op(MUL, name="m", self=relus, other=Scalar("k"))
+
+    report = plan(g.build(), [rule("drop", doubled, plan=lambda p, m, r: p.replace(m, NodeRef(r.name)))])
+    assert report.rejections == () and report.plans[0].erase == ("m",)
+    after = verify(report.after).unwrap()
+    assert [n.name for n in after.nodes] == ["x", "r1", "r0", "r", "output"] and after.outputs == ("r",)
+
+
 def test_the_failed_alternative_reported_is_the_one_that_got_furthest() -> None:
     # relu(x) + conv(x): alternative 1 wants a conv first (fails at once); alternative 2 gets
     # through the relu and the conv and fails on the conv's weight
@@ -531,6 +548,16 @@ def test_dtype_and_rank_checks_decline_a_value_nobody_knows() -> None:
         )
 
 
+@pytest.mark.parametrize("bias", ["absent", "param"])
+def test_builtin_checks_pass_an_operand_this_match_does_not_bind(bias: str) -> None:
+    # an absent bias (bound to None), and an alternative that binds no s: nothing to check there
+    unbound = Op(MUL, name="mul", commute=True, self=SCALED.args[0][1], other=OneOf(Const("s"), Var("k")))
+    checks = (need.static("b"), need.dtype("b", {"float32"}), need.rank("b", (1,)))
+    for pattern, more in ((SCALED, ()), (unbound, (need.static("s"), need.dtype("s", {"float32"})))):
+        r = rule("scale", pattern, *checks, *more, plan=lambda p, mul, conv: p.replace(mul, NodeRef(conv.name)))
+        assert len(plan(scaled(bias=bias, other="scalar"), [r]).plans) == 1
+
+
 def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:
     fallback = rule("fb", RELU_X, plan=lambda p, r, x: p.replace(r, x))
     main = rule("main", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing, fallback=fallback)
@@ -540,6 +567,15 @@ def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> Non
     assert attempt.reason is None and attempt.rule == "main"
     bare = rule("bare", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing)
     assert explain(snap, bare, snap.node("r")).reason == only_rejection(snap, bare)
+
+
+def test_explain_takes_a_node_or_its_name() -> None:
+    # as ``fxpure explain --node NAME`` does: a name is looked up, an unknown one is named
+    bare = rule("bare", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing)
+    snap = _relu_graph()
+    assert explain(snap, bare, "r") == explain(snap, bare, snap.node("r"))
+    with pytest.raises(KeyError, match="the snapshot has no node 'nope'"):
+        explain(snap, bare, "nope")
 
 
 def _plan_nothing(p: Planner) -> RewritePlan:
@@ -556,6 +592,9 @@ def _plan_nothing(p: Planner) -> RewritePlan:
         (lambda: Op(CONV, user=Const("w")), "user= takes an Op"),
         # a lone int where the family's normal form holds a tuple: it never matches any conv
         (lambda: Op(CONV, stride=1), r"conv.stride: 1 is never its value: conv holds stride as a tuple"),
+        # a value of a type the argument never has (a bool is True or False, never 0)
+        (lambda: Op(BATCH_NORM, training=0), r"batch_norm.training: 0 is never its value: training is bool"),
+        (lambda: Op(CONV, transposed=Lit(False, 1)), r"conv.transposed: 1 is never its value: transposed is bool"),
         # patterns inside a plain value (cat's list of tensors), a family where an Op was meant
         (lambda: Op(CAT, tensors=(Var("a"), Var("b"))), r"cat.tensors: a Var inside a plain value cannot match"),  # type: ignore[arg-type]
         (lambda: Op(RELU, self=CONV), r"relu.self: a Family inside a plain value cannot match: write Op\(conv\)"),  # type: ignore[arg-type]

@@ -55,6 +55,10 @@ def one(param: str) -> Param:
         ("Tensor[] tensors", Param("tensors", "tensors", False, False, False, None)),
         ("SymInt[2] padding=[0, 0]", Param("padding", "ints", False, False, True, (0, 0))),
         ("int[1] dims=[-1]", Param("dims", "ints", False, False, True, (-1,))),
+        # torch's notation for a list of one repeated value: the list is what torch takes
+        ("SymInt[2] stride=1", Param("stride", "ints", False, False, True, (1, 1))),
+        ("int[3] dilation=1", Param("dilation", "ints", False, False, True, (1, 1, 1))),
+        ("SymInt[] size=1", Param("size", "ints", False, False, True, 1)),
         ("int[] size=[]", Param("size", "ints", False, False, True, ())),
         ("SymInt? start=None", Param("start", "int", True, False, True, None)),
         ("int dim=-1", Param("dim", "int", False, False, True, -1)),
@@ -193,6 +197,12 @@ def test_arguments_fill_gaps_with_defaults() -> None:
     s = parse_schema(RESHAPE, rename={"shape": "size"})
     assert arguments(s, {"size": (1, -1), "self": X}) == ((X, (1, -1)), pmap())
     assert arguments(s, {}) == ((), pmap())
+    # a gap before a later argument holds what torch takes there: conv2d's stride as a list
+    conv2d = CONV.schemas["aten.conv2d.default"]
+    assert arguments(conv2d, {"input": X, "weight": Y, "groups": 3}) == (
+        (X, Y, None, (1, 1), (0, 0), (1, 1), 3),
+        pmap(),
+    )
 
 
 def test_a_schemas_arguments_go_by_the_familys_names_and_the_required_ones_are_listed() -> None:

@@ -1,0 +1,132 @@
+"""What a rule written with the kit makes of a real program: a node a planner writes with its
+arguments left to their defaults runs; ``check_plans`` fails a plan whose replacement torch
+refuses; an op an edge program's verifier refuses is declined, the program untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, to_edge
+from returns.result import Success
+
+import adapters
+from adapters.passes import RulesPass
+from adapters.validate import check_plans
+from fxpure.families import MUL, RELU
+from fxpure.linear import linear_of, linear_root
+from fxpure.pattern import Bound, Op, Planner, Var, rule
+from fxpure.plan import RewritePlan, plan
+from fxpure.snapshot import NodeRef
+from fxpure.weights import Fill
+from tests.programs import FORMS, assert_sound, build, count, run, validate
+
+
+class Relu(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2
+
+
+def _identity_conv(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+    # relu(x) -> a depthwise 1x1 conv of ones on relu(x): stride, padding and dilation left out
+    w = p.const(Fill(shape=(3, 1, 1, 1), value=1.0, dtype="float32"), "ones")
+    conv = p.call("aten.conv2d.default", name="dw", spec=r.node.spec, input=NodeRef(r.name), weight=w, groups=3)
+    return p.replace(r, conv)
+
+
+IDENTITY = rule("identity-conv", Op(RELU, name="r", self=Var("x")), plan=_identity_conv)
+X = (torch.randn(1, 3, 4, 4),)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_call_that_leaves_list_arguments_to_their_defaults_runs(form: str) -> None:
+    # torch's conv2d takes stride=[1, 1], never 1: the defaults a planner leaves out are filled so
+    program, want = build(Relu(), X, form), run(build(Relu(), X, form), X)
+    outcome = adapters.transform(program, [IDENTITY])
+    assert isinstance(outcome, Success) and count(program, "conv2d") == 1
+    assert_sound(program, X, want)
+
+
+def _with_int_stride(p: RewritePlan) -> RewritePlan:
+    """``p`` with its conv's stride as a bare int, as a hand-written plan may write it."""
+    conv = p.nodes[0]
+    bad = dataclasses.replace(conv, args=(*conv.args[:3], 1, *conv.args[4:]))
+    return dataclasses.replace(p, nodes=(bad,))
+
+
+def test_check_plans_fails_a_plan_whose_replacement_torch_refuses() -> None:
+    program = build(Relu(), X, "aten")
+    report = plan(adapters.capture(program), [IDENTITY])
+    (good,) = check_plans(program, report)
+    assert good.ok is True
+    bad = _with_int_stride(report.plans[0])
+    broken = dataclasses.replace(report, plans=(bad,), stages=((bad,),))
+    (checked,) = check_plans(program, broken)
+    assert checked.ok is False
+    assert checked.note.startswith("the replacement fails where the original ran: RuntimeError")
+
+
+def _to_linear(p: Planner, lin: Bound, x: NodeRef, b: NodeRef | None = None) -> RewritePlan:
+    parts = linear_of(p.match)
+    assert parts.t is not None
+    new = p.call("aten.linear.default", name="l", spec=parts.spec, input=x, weight=parts.t.ref("self"), bias=b)
+    return p.replace(parts.outer, new)
+
+
+TO_LINEAR = rule(
+    "to-linear",
+    linear_root("lin", bias=Var("b")),
+    plan=_to_linear,
+    candidate=lambda root, snap: root.node.target != "aten.linear.default",
+)
+
+
+def _edge(preserve: bool) -> torch.export.ExportedProgram:
+    model, x = torch.nn.Linear(4, 8).eval(), (torch.randn(2, 4),)
+    ep = torch.export.export(model, x)
+    if not preserve:
+        return to_edge(ep).exported_program()
+    config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.linear.default])
+    return to_edge(ep, compile_config=config).exported_program()
+
+
+def test_an_op_the_edge_programs_verifier_refuses_is_declined_and_the_program_untouched() -> None:
+    program = _edge(preserve=False)
+    before = program.graph_module.code
+    outcome = adapters.transform(program, [TO_LINEAR])
+    assert isinstance(outcome, Success) and not outcome.unwrap().changed
+    (why,) = [j.reason for j in outcome.unwrap().report.rejections]
+    assert why.code == "op-not-allowed" and "aten.linear.default" in why.message
+    assert program.graph_module.code == before
+    validate(program)
+    # through executorch's own pass manager too: the pass declines, to_executorch goes on
+    manager = to_edge(torch.export.export(torch.nn.Linear(4, 8).eval(), (torch.randn(2, 4),)))
+    assert count(manager.transform([RulesPass([TO_LINEAR])]).exported_program(), "linear") == 0
+
+
+def test_an_edge_program_made_to_allow_the_op_takes_it() -> None:
+    program, x = _edge(preserve=True), (torch.randn(2, 4),)
+    want = run(program, x)
+    assert count(program, "addmm") == 1  # to_edge still decomposed the linear
+    assert adapters.transform(program, [TO_LINEAR]).unwrap().changed
+    assert count(program, "linear") == 1 and count(program, "addmm") == 0
+    assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_plan_that_drops_an_op_for_another_matched_node_applies(form: str) -> None:
+    # relu(x) * 2 -> relu(x): the mul's uses move to the relu, which stays
+    class Scaled(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x) * 2.0 + 1.0
+
+    drop = rule(
+        "drop-double",
+        Op(MUL, name="m", self=Op(RELU, name="r"), other=Var("k")),
+        plan=lambda p, m, r: p.replace(m, NodeRef(r.name)),
+    )
+    program = build(Scaled(), X, form)
+    outcome = adapters.transform(program, [drop])
+    assert outcome.unwrap().changed and count(program, "mul") == 0 and count(program, "relu") == 1
+    assert_sound(program, X, [torch.relu(X[0]) + 1.0])
