@@ -284,6 +284,31 @@ def test_rank_1_and_5_are_declined_with_reasons(form: str) -> None:
     assert_sound(p, x, eager(OddRanks, x))
 
 
+class Empty(nn.Module):
+    """A linear of no input features (its output is its bias), one of no output features, and one
+    on an empty sequence: conv2d drops the bias of the first and fails on the other two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.none_in, self.none_out, self.seq = nn.Linear(0, 4), nn.Linear(8, 0), nn.Linear(8, 4)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.none_in(a), self.none_out(b), self.seq(c)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_empty_channels_and_sequences_are_declined_zero_size(form: str) -> None:
+    model, x = Empty().eval(), (torch.randn(3, 0), torch.randn(3, 8), torch.randn(2, 0, 8))
+    want = [t.clone() for t in model(*x)]
+    ep = torch.export.export(copy.deepcopy(model), x)
+    p: Program = ep.module() if form == "gm" else ep if form == "aten" else to_edge(ep).exported_program()
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert not outcome.changed
+    assert sorted(r.reason.code for r in outcome.report.rejections) == ["zero-size"] * 3
+    got = run(p, x)
+    assert [t.shape for t in got] == [t.shape for t in want] and torch.equal(got[0], want[0])
+
+
 def test_program_untouched_when_everything_declines() -> None:
     class Rank5(nn.Module):
         def __init__(self) -> None:

@@ -117,6 +117,13 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
         return Failure(UnsupportedRank(node=node, rank=len(w.shape), allowed=(2,), of="weight dims", path=at_w))
     if not isinstance(spec.shape[-1], int):
         return Failure(SymbolicShape(node=node, role="input", shape=spec.shape, path=at_x))
+    # conv2d takes no empty channels (it would drop the bias) nor an empty spatial dim (it fails)
+    empty: list[tuple[str, str, tuple[Dim, ...]]] = [(at_w, "weight", w.shape)] if 0 in w.shape else []
+    empty += [(at_x, "input", spec.shape)] if 0 in spec.shape[1:-1] else []  # the dims moved to H, W
+    if empty:
+        at, role, shape = empty[0]
+        detail = f"{node}: the {role} {shape} is empty, which a 1x1 conv2d does not compute as a linear does"
+        return Failure(Declined(code="zero-size", node=node, detail=detail, path=at))
     bias = match.spec("b") if b is not None else None
     if b is not None and (bias is None or bias.shape != w.shape[:1]):
         detail = f"{node}: bias {bias.shape if bias else b!r} is not one value per output feature {w.shape[:1]}"
@@ -212,7 +219,14 @@ LINEAR_TO_CONV2D = rule(
     need.compute(
         "site",
         _site,
-        codes=("malformed-node", "unsupported-rank", "symbolic-shape", "bias-not-per-channel", layout.CODE),
+        codes=(
+            "malformed-node",
+            "unsupported-rank",
+            "symbolic-shape",
+            "zero-size",
+            "bias-not-per-channel",
+            layout.CODE,
+        ),
     ),
     plan=_plan,
 )
@@ -224,6 +238,6 @@ def linear_to_conv2d() -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(linear_to_conv2d().codes - GENERIC_CODES)
     ['arg-mismatch', 'bias-not-per-channel', 'layout-sensitive-reader', 'not-constant', 'output-shared', \
-'symbolic-shape', 'unsupported-rank', 'wrong-op']
+'symbolic-shape', 'unsupported-rank', 'wrong-op', 'zero-size']
     """
     return LINEAR_TO_CONV2D

@@ -373,6 +373,15 @@ def _strided_read(gen: _Gen) -> None:
     gen.result(read, spec(*size, dtype=out.dtype))
 
 
+def _empty_linear(gen: _Gen) -> None:
+    """A linear of no input features, of no output features, or on an empty sequence."""
+    f = gen.pick((2, 4))
+    lead, i, o = gen.pick((((gen.batch,), 0, f), ((gen.batch,), f, 0), ((gen.batch, 0), f, f)))
+    x = gen.input((*lead, i))
+    out = spec(*lead, o, dtype=gen.dtype)
+    gen.result(gen.call("aten.linear.default", out, input=x, weight=gen.constant((o, i)), bias=_bias(gen, o)), out)
+
+
 def _viewed_parallel_linears(gen: _Gen) -> None:
     """Two linears reading one new (batch, time, features) input, the second's output viewed as one dim."""
     _sequence(gen)
@@ -402,6 +411,7 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _then(_grouped, _strided_read),
     _odd_operand,
     _copied_operand,
+    _empty_linear,
 )
 
 

@@ -252,6 +252,12 @@ def test_computed_bias_passes_through() -> None:
         ({"weight": "dq-of-input"}, "not-constant", "lin.weight/dqw.input", "weight of lin is not a constant"),
         ({"t_shared": True, "spelling": "addmm"}, "output-shared", "lin.mat2/lin_t", "output of lin_t is also used"),
         ({"beta": 2.0, "spelling": "addmm"}, "arg-mismatch", "lin.beta", "beta of lin is 2.0"),
+        # conv2d of no input channels is empty (no bias); of no output channels, or an empty
+        # spatial dim, it fails: a linear of them is not a 1x1 conv
+        ({"features": 0}, "zero-size", "lin.weight", "lin: the weight (6, 0) is empty"),
+        ({"out": 0, "bias": "none"}, "zero-size", "lin.weight", "lin: the weight (0, 8) is empty"),
+        ({"lead": (2, 0)}, "zero-size", "lin.input", "lin: the input (2, 0, 8) is empty"),
+        ({"lead": (2, 3, 0)}, "zero-size", "lin.input", "the input (2, 3, 0, 8) is empty"),
     ],
 )
 def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) -> None:
@@ -261,6 +267,12 @@ def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) 
     (r,) = report.rejections
     assert (r.rule, r.node, r.reason.code, r.reason.path) == ("linear-to-conv2d", "lin", code, path)
     assert message in r.reason.message
+
+
+@pytest.mark.parametrize("lead", [(0,), (0, 5), (0, 3, 5)])
+def test_an_empty_batch_is_rewritten(lead: tuple[int, ...]) -> None:
+    # conv2d takes an empty batch: only the channels and the dims moved to H and W must not be empty
+    assert len(plan(linear(lead=lead), [RULE]).plans) == 1
 
 
 @pytest.mark.parametrize("literal", [False, True])
