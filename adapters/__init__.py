@@ -13,11 +13,13 @@ if TYPE_CHECKING:
     from adapters import passes
     from adapters.realize import TransformError, TransformOutcome, apply, transform
     from adapters.snap import capture
+    from adapters.validate import check_plans
     from adapters.weights import materialize
 
 _LAZY = {
     "passes": ("adapters.passes", None),
     "capture": ("adapters.snap", "capture"),
+    "check_plans": ("adapters.validate", "check_plans"),
     "materialize": ("adapters.weights", "materialize"),
     "TransformError": ("adapters.realize", "TransformError"),
     "TransformOutcome": ("adapters.realize", "TransformOutcome"),
@@ -34,4 +36,13 @@ def __getattr__(name: str) -> Any:
     return loaded if attr is None else getattr(loaded, attr)
 
 
-__all__ = ["TransformError", "TransformOutcome", "apply", "capture", "materialize", "passes", "transform"]
+__all__ = [
+    "TransformError",
+    "TransformOutcome",
+    "apply",
+    "capture",
+    "check_plans",
+    "materialize",
+    "passes",
+    "transform",
+]

@@ -250,20 +250,14 @@ def _random_inputs(program: Any) -> tuple[Any, ...]:
     input order; a symbolic size takes one value for all inputs, within the range the program
     declares for it."""
     import torch
+    from torch.export.graph_signature import ConstantArgument, InputKind
 
-    sizes: dict[str, int] = {}
+    from adapters.validate import size_value, symbol_values
+
+    symbols = symbol_values(program)
 
     def size(d: Any) -> int:
-        if isinstance(d, int):
-            return d
-        if str(d) not in sizes:
-            bounds = program.range_constraints.get(d.node.expr)
-            low = int(bounds.lower) if bounds is not None and bounds.lower.is_finite else 2
-            high = int(bounds.upper) if bounds is not None and bounds.upper.is_finite else max(low, 2)
-            sizes[str(d)] = min(max(low, 2), high)
-        return sizes[str(d)]
-
-    from torch.export.graph_signature import ConstantArgument, InputKind
+        return d if isinstance(d, int) else size_value(str(d.node.expr), symbols)
 
     placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
     out: list[Any] = []
@@ -320,12 +314,12 @@ def _save(writes: Sequence[tuple[str, Callable[[str], object]]]) -> None:
 
 
 def _default_tolerance(program: Any) -> float:
-    """1e-4, or eight steps of the least precise floating dtype among the outputs (float16 and
-    bfloat16 round much coarser than that)."""
+    """1e-4, or eight steps of the least precise floating dtype the program computes in (float16
+    and bfloat16 round much coarser than that, and so does an output cast to float32 from them)."""
     import torch
 
-    values = _flat(program.graph.output_node().args[0])
-    dtypes = [v.meta["val"].dtype for v in values if isinstance(getattr(v, "meta", {}).get("val"), torch.Tensor)]
+    values = [n.meta.get("val") for n in program.graph.nodes]
+    dtypes = {v.dtype for v in values if isinstance(v, torch.Tensor)}
     steps = [torch.finfo(d).eps for d in dtypes if d.is_floating_point]
     return max([1e-4, *(8 * e for e in steps)])
 

@@ -36,7 +36,7 @@ class PlanCheck:
     note: str = ""
 
 
-class _Skip(Exception):
+class _Skip(ValueError):
     """This plan cannot be evaluated on the host (the message says why)."""
 
 
@@ -50,19 +50,31 @@ _SIZE_OPS: Mapping[str, Any] = {
 }
 
 
-def _symbols(program: Program) -> dict[str, int]:
+def _bound(value: Any) -> int | None:
+    """A range's bound as an int, None where it has none (torch's ``int_oo`` says it is finite)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def symbol_values(program: Program) -> dict[str, int]:
     """A value for each symbolic size the program declares: its lower bound, at least 2 and within
-    the upper bound (as ``fxpure apply --verify`` feeds the whole program)."""
+    the upper bound (as ``fxpure apply --verify`` feeds the whole program). A size derived from
+    others (``2*s0``) is not one: it is computed from theirs (:func:`size_value`)."""
     out: dict[str, int] = {}
     for sym, bounds in (getattr(program, "range_constraints", None) or {}).items():
-        low = int(bounds.lower) if bounds.lower.is_finite else 2
-        high = int(bounds.upper) if bounds.upper.is_finite else max(low, 2)
-        out[str(sym)] = min(max(low, 2), high)
+        if not getattr(sym, "is_Symbol", True):
+            continue
+        low, high = _bound(bounds.lower), _bound(bounds.upper)
+        low = 2 if low is None else low
+        out[str(sym)] = min(max(low, 2), max(low, 2) if high is None else high)
     return out
 
 
-def _size(d: int | str, symbols: Mapping[str, int]) -> int:
-    """A size; a symbolic one (``s0``, or an expression of sizes such as ``2*s0``) from ``symbols``."""
+def size_value(d: int | str, symbols: Mapping[str, int]) -> int:
+    """A size; a symbolic one (``s0``, or an expression of sizes such as ``2*s0``) from ``symbols``
+    (:func:`symbol_values`); raises ``ValueError`` (a ``_Skip``) if it names another."""
     if isinstance(d, int):
         return d
     if d in symbols:
@@ -77,7 +89,7 @@ def _size(d: int | str, symbols: Mapping[str, int]) -> int:
 
 
 def _random(spec: TensorSpec, symbols: Mapping[str, int], g: torch.Generator) -> torch.Tensor:
-    shape = [_size(d, symbols) for d in spec.shape]
+    shape = [size_value(d, symbols) for d in spec.shape]
     dtype = dtype_of(spec.dtype)
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g).to(dtype)
@@ -164,7 +176,7 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float,
         NodeSnapshot(name=n.name, op="call_function", target=n.target, args=n.args, kwargs=n.kwargs, spec=n.spec)
         for n in p.nodes
     ]
-    symbols = _symbols(cap.program)
+    symbols = symbol_values(cap.program)
     inputs: dict[str, Any] = {}
     try:
         before = _Region(snap, cap, inputs, symbols, torch.Generator().manual_seed(seed))

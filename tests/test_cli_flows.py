@@ -261,3 +261,54 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
     err = p.stderr.read().decode()
     p.wait(timeout=120)
     assert "Traceback" not in err, err
+
+
+# --- dynamic sizes -------------------------------------------------------------------------------
+
+
+class _Twice(nn.Module):
+    """Two inputs, the second's batch twice the first's: a size derived from another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _ConvBN()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.inner(torch.cat([x, x])) + y  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("derived", [False, True])
+def test_verify_feeds_sizes_without_an_upper_bound_or_derived_from_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, derived: bool
+) -> None:
+    """A dynamic dim declared without a max (``Dim("B")``: torch's int_oo, which says it is finite)
+    raised a traceback through `--verify`'s per-plan check; a dim exported as ``2*B`` was given a
+    size of its own, and the program's guard refused the inputs: verification failed, nothing written."""
+    from torch.export import Dim
+
+    batch = Dim("B")
+    model: nn.Module = _Twice() if derived else _ConvBN()
+    x = torch.randn(2, 3, 6, 6)
+    args = (x, torch.randn(4, 4, 4, 4)) if derived else (x,)
+    shapes = ({0: batch}, {0: 2 * batch}) if derived else ({0: batch},)
+    src, out = tmp_path / "m.pt2", tmp_path / "o.pt2"
+    torch.export.save(torch.export.export(model.eval(), args, dynamic_shapes=shapes), src)
+    assert _main(monkeypatch, "apply", src, "-o", out, "--verify") == 0
+    assert out.exists()
+
+
+def test_the_default_tolerance_is_that_of_the_least_precise_dtype_the_program_computes_in() -> None:
+    """A half-precision model whose output is cast to float32 rounds as float16 does: a tolerance
+    read off the output alone (1e-4) failed `--verify` on its own rounding."""
+
+    class Half(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3).half()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c(x.half()).float()  # type: ignore[no-any-return]
+
+    half = torch.export.export(Half().eval(), (X,))
+    assert cli._default_tolerance(half) == 8 * torch.finfo(torch.float16).eps
+    assert cli._default_tolerance(torch.export.export(_ConvBN().eval(), (X,))) == 1e-4

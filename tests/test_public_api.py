@@ -15,6 +15,7 @@ def test_adapters_names_are_functions_even_after_submodule_imports() -> None:
     assert callable(adapters.capture) and adapters.capture.__name__ == "capture"
     assert callable(adapters.materialize) and adapters.materialize.__name__ == "materialize"
     assert callable(adapters.transform) and callable(adapters.apply)
+    assert adapters.check_plans.__name__ == "check_plans"  # as the README calls it
     assert adapters.passes.FuseConvBatchNormPass.__name__ == "FuseConvBatchNormPass"
     assert adapters.passes.SplitGroupConvolutionPass.__name__ == "SplitGroupConvolutionPass"
     assert adapters.passes.QuantizedConvolutionPass.__name__ == "QuantizedConvolutionPass"
