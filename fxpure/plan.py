@@ -26,7 +26,7 @@ from fxpure.snapshot import (
     derive,
     ref_list,
 )
-from fxpure.weights import Source, WeightExpr, infer_spec
+from fxpure.weights import Reshape, Source, WeightExpr, infer_spec
 
 
 @final
@@ -123,12 +123,52 @@ class Rule(Protocol):
         ...
 
 
+# ops that lay a tensor's elements out in another shape, in the same order (a layer scale's
+# ``gamma[:, None, None]`` or ``gamma.view(1, -1, 1, 1)``): of a constant, a constant
+RESHAPES = frozenset(
+    {
+        f"aten.{op}{copy}.{overload}"
+        for op, overload in (
+            ("view", "default"),
+            ("unsqueeze", "default"),
+            ("squeeze", "default"),
+            ("squeeze", "dim"),
+            ("squeeze", "dims"),
+        )
+        for copy in ("", "_copy")
+    }
+    | {"aten._unsafe_view.default", "aten.reshape.default"}
+)
+
+
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
-    """The expression for the constant behind node ``name``, or None if it is not one."""
+    """The expression for the constant behind node ``name``, or None if it is not one: a parameter,
+    buffer or lifted constant, an earlier rule's derived one, or a reshape of one (:data:`RESHAPES`,
+    to a static shape), which :func:`reshapes_of` names."""
     info = snap.constants.get(name)
-    if info is None:
+    if info is not None:
+        return info.source if info.source is not None else Source(key=name, spec=info.spec)
+    node = snap.nodes[snap.index[name]] if name in snap.index else None
+    if node is None or node.target not in RESHAPES or not node.args or type(node.args[0]) is not NodeRef:
         return None
-    return info.source if info.source is not None else Source(key=name, spec=info.spec)
+    spec = node.tensor_spec
+    if spec is None or not spec.is_static:
+        return None
+    inner = constant_expr(snap, node.args[0].name)
+    return None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
+
+
+def reshapes_of(snap: GraphSnapshot, name: str) -> tuple[str, ...]:
+    """The reshape nodes between node ``name`` and the constant :func:`constant_expr` finds behind
+    it (none for a constant itself): a rule that folds the constant drops them once unused."""
+    out: list[str] = []
+    while name not in snap.constants and name in snap.index:
+        node = snap.node(name)
+        if node.target not in RESHAPES or not node.args or type(node.args[0]) is not NodeRef:
+            break
+        out.append(name)
+        name = node.args[0].name
+    return tuple(out)
 
 
 def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Result[WeightExpr, NotConstant]:

@@ -544,3 +544,32 @@ def test_transposed_convs_fold_where_arm_does_not() -> None:
     ours = build("deconv", "gm")
     assert len(adapters.transform(ours, [fold_binary()]).unwrap().report.plans) == 4
     assert_close(run(ours, x), eager(model, x))
+
+
+class LayerScale(nn.Module):
+    """ConvNeXt's and CaiT's layer scale: a per-channel parameter reshaped in the graph to broadcast
+    (``gamma[:, None, None]``, ``view``, ``reshape``); the last one's view is returned too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(3, 8, 3, padding=1) for _ in range(4))
+        self.gammas = nn.ParameterList(nn.Parameter(torch.rand(8) + 0.5) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        (c1, c2, c3, c4), (g1, g2, g3, g4) = self.convs, self.gammas
+        kept = g4[:, None, None]
+        return c1(x) * g1[:, None, None], c2(x) * g2.view(1, -1, 1, 1), g3.reshape(-1, 1, 1) * c3(x), c4(x) * kept, kept
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_layer_scale_reshaped_in_the_graph_folds_and_its_reshapes_go(form: str) -> None:
+    model, x = LayerScale().eval(), (torch.randn(2, 3, 6, 6),)
+    want = eager(model, x)
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program: Program = ep.module() if form == "gm" else ep if form == "aten" else to_edge(ep).exported_program()
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 4 and outcome.report.rejections == ()
+    assert binary_ops(program) == 0
+    # the reshapes of the folded scales are gone; the one returned stays, and so does its parameter
+    assert count(program, "unsqueeze") == 2 and count(program, "view") == 0
+    assert_sound(program, x, want)

@@ -269,6 +269,11 @@ def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) 
     assert message in r.reason.message
 
 
+def test_an_empty_linear_is_named_in_its_reason() -> None:
+    (r,) = plan(linear(features=0), [RULE]).rejections
+    assert (r.reason.code, r.reason.node) == ("zero-size", "lin")
+
+
 @pytest.mark.parametrize("lead", [(0,), (0, 5), (0, 3, 5)])
 def test_an_empty_batch_is_rewritten(lead: tuple[int, ...]) -> None:
     # conv2d takes an empty batch: only the channels and the dims moved to H and W must not be empty

@@ -31,12 +31,13 @@ from fxpure.pattern import (
     need,
     rule,
 )
-from fxpure.plan import RewritePlan, Rule
+from fxpure.plan import RewritePlan, Rule, constant_expr, reshapes_of
 from fxpure.reasons import BadExpr, Declined, Reason
+from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Permute, Unary, WeightExpr, infer_spec
+from fxpure.weights import Binary, Permute, Reshape, Source, Unary, WeightExpr, infer_spec
 
 GUIDE = Path(__file__).parent.parent.parent / "docs" / "writing-rules.md"
 
@@ -595,6 +596,7 @@ def _plan_nothing(p: Planner) -> RewritePlan:
         # a value of a type the argument never has (a bool is True or False, never 0)
         (lambda: Op(BATCH_NORM, training=0), r"batch_norm.training: 0 is never its value: training is bool"),
         (lambda: Op(CONV, transposed=Lit(False, 1)), r"conv.transposed: 1 is never its value: transposed is bool"),
+        (lambda: Op(CONV, padding=True), r"conv.padding: True is never its value: padding is ints or str$"),
         # patterns inside a plain value (cat's list of tensors), a family where an Op was meant
         (lambda: Op(CAT, tensors=(Var("a"), Var("b"))), r"cat.tensors: a Var inside a plain value cannot match"),  # type: ignore[arg-type]
         (lambda: Op(RELU, self=CONV), r"relu.self: a Family inside a plain value cannot match: write Op\(conv\)"),  # type: ignore[arg-type]
@@ -978,3 +980,36 @@ def test_a_var_on_a_computed_node_and_an_absent_optional_constant_of_its_name_co
     # the conv's input (a graph input, no constant) and its bias (absent: None) are two values
     pattern = Op(CONV, name="conv", input=Var("b"), weight=Const("w"), bias=Const("b", optional=True))
     assert only_rejection(_conv_graph(), rule("t", pattern, plan=_plan_nothing)).code == "binding-conflict"
+
+
+def _scaled_by_reshape(*, returned: bool = False, symbolic: bool = False) -> GraphSnapshot:
+    """conv(x) * gamma.unsqueeze(1).unsqueeze(2): a layer scale reshaped in the graph."""
+    g = GraphBuilder()
+    x, w, gamma = g.input("x", (1, 3, 8, 8)), g.parameter("w", (4, 3, 3, 3)), g.parameter("gamma", (4,))
+    conv = g.call("aten.conv2d.default", name="conv", out=(1, 4, 6, 6), input=x, weight=w)
+    u1 = g.call("aten.unsqueeze.default", name="u1", out=(4, "s0" if symbolic else 1), self=gamma, dim=1)
+    u2 = g.call("aten.unsqueeze.default", name="u2", out=(4, 1, 1), self=u1, dim=2)
+    mul = g.call("aten.mul.Tensor", name="mul", out=(1, 4, 6, 6), self=conv, other=u2)
+    g.output(mul, *([u2] if returned else []))
+    return g.build()
+
+
+def test_a_reshape_of_a_constant_is_a_constant_whose_reshapes_a_fold_drops() -> None:
+    snap = _scaled_by_reshape()
+    inner = Reshape(x=Source(key="gamma", spec=spec(4)), shape=(4, 1))
+    assert constant_expr(snap, "u2") == Reshape(x=inner, shape=(4, 1, 1))
+    assert reshapes_of(snap, "u2") == ("u2", "u1") and reshapes_of(snap, "gamma") == ()
+    assert constant_expr(snap, "conv") is None and constant_expr(snap, "mul") is None
+    assert constant_expr(_scaled_by_reshape(symbolic=True), "u1") is None  # no static shape to take
+    report = plan(snap, [fold_binary()])
+    (p,) = report.plans
+    assert set(p.prune) >= {"u1", "u2"}
+    after = verify(report.after).unwrap()
+    assert "u1" not in after.index and "u2" not in after.index and "gamma" not in after.constants
+
+
+def test_a_reshape_of_a_folded_constant_read_elsewhere_stays() -> None:
+    report = plan(_scaled_by_reshape(returned=True), [fold_binary()])
+    assert len(report.plans) == 1
+    after = verify(report.after).unwrap()
+    assert {"u1", "u2"} <= set(after.index) and "gamma" in after.constants
