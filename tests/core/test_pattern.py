@@ -1000,12 +1000,26 @@ def test_a_reshape_of_a_constant_is_a_constant_whose_reshapes_a_fold_drops() -> 
     assert constant_expr(snap, "u2") == Reshape(x=inner, shape=(4, 1, 1))
     assert reshapes_of(snap, "u2") == ("u2", "u1") and reshapes_of(snap, "gamma") == ()
     assert constant_expr(snap, "conv") is None and constant_expr(snap, "mul") is None
+    assert reshapes_of(snap, "conv") == () and reshapes_of(snap, "mul") == ()
     assert constant_expr(_scaled_by_reshape(symbolic=True), "u1") is None  # no static shape to take
     report = plan(snap, [fold_binary()])
     (p,) = report.plans
     assert set(p.prune) >= {"u1", "u2"}
     after = verify(report.after).unwrap()
     assert "u1" not in after.index and "u2" not in after.index and "gamma" not in after.constants
+
+
+def test_a_reshape_of_what_is_no_constant_is_none() -> None:
+    # a view of an input, and (in a hand-made graph) of a literal
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    v = g.call("aten.view.default", name="v", out=(6,), self=x, size=(6,))
+    lit = g.node("aten.view.default", (2.0, (1,)), name="lit", out=(1,))
+    g.output(v, lit)
+    snap = g.build()
+    for name in ("v", "lit"):
+        assert constant_expr(snap, name) is None
+    assert reshapes_of(snap, "lit") == ()
 
 
 def test_a_reshape_of_a_folded_constant_read_elsewhere_stays() -> None:
