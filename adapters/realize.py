@@ -533,8 +533,9 @@ def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reas
         for target in dict.fromkeys(n.target for n in p.nodes):
             if target not in why:
                 why[target] = _refusal(target, cap.snap.dialect, verifiers)
-            if why[target] is not None:
-                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=f"{why[target]}")
+            detail = why[target]
+            if detail is not None:
+                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail)
                 break
     return out
 

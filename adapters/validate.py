@@ -67,8 +67,8 @@ def symbol_values(program: Program) -> dict[str, int]:
         if not getattr(sym, "is_Symbol", True):
             continue
         low, high = _bound(bounds.lower), _bound(bounds.upper)
-        low = 2 if low is None else low
-        out[str(sym)] = min(max(low, 2), max(low, 2) if high is None else high)
+        value = max(2 if low is None else low, 2)
+        out[str(sym)] = value if high is None else min(value, high)
     return out
 
 
