@@ -148,13 +148,11 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     info = snap.constants.get(name)
     if info is not None:
         return info.source if info.source is not None else Source(key=name, spec=info.spec)
-    node = snap.nodes[snap.index[name]] if name in snap.index else None
-    if node is None or node.target not in RESHAPES or not node.args or type(node.args[0]) is not NodeRef:
+    source = _reshaped(snap, name)
+    spec = snap.node(name).tensor_spec if source is not None else None
+    if source is None or spec is None or not spec.is_static:
         return None
-    spec = node.tensor_spec
-    if spec is None or not spec.is_static:
-        return None
-    inner = constant_expr(snap, node.args[0].name)
+    inner = constant_expr(snap, source)
     return None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
 
 
@@ -162,13 +160,18 @@ def reshapes_of(snap: GraphSnapshot, name: str) -> tuple[str, ...]:
     """The reshape nodes between node ``name`` and the constant :func:`constant_expr` finds behind
     it (none for a constant itself): a rule that folds the constant drops them once unused."""
     out: list[str] = []
-    while name not in snap.constants and name in snap.index:
-        node = snap.node(name)
-        if node.target not in RESHAPES or not node.args or type(node.args[0]) is not NodeRef:
-            break
+    while name not in snap.constants and (source := _reshaped(snap, name)) is not None:
         out.append(name)
-        name = node.args[0].name
+        name = source
     return tuple(out)
+
+
+def _reshaped(snap: GraphSnapshot, name: str) -> str | None:
+    """The node that node ``name`` reshapes (:data:`RESHAPES`), or None if it is no reshape."""
+    node = snap.nodes[snap.index[name]] if name in snap.index else None
+    if node is None or node.target not in RESHAPES or not node.args or type(node.args[0]) is not NodeRef:
+        return None
+    return node.args[0].name
 
 
 def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Result[WeightExpr, NotConstant]:

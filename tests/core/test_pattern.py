@@ -1015,9 +1015,10 @@ def test_a_reshape_of_what_is_no_constant_is_none() -> None:
     x = g.input("x", (2, 3))
     v = g.call("aten.view.default", name="v", out=(6,), self=x, size=(6,))
     lit = g.node("aten.view.default", (2.0, (1,)), name="lit", out=(1,))
-    g.output(v, lit)
+    unknown = g.call("aten.view.default", name="unknown", out=None, self=g.parameter("w", (2, 3)), size=(6,))
+    g.output(v, lit, unknown)
     snap = g.build()
-    for name in ("v", "lit"):
+    for name in ("v", "lit", "unknown"):  # (a reshape of a constant to a shape nobody knows: none)
         assert constant_expr(snap, name) is None
     assert reshapes_of(snap, "lit") == ()
 
