@@ -654,19 +654,27 @@ def transform(
         return _captured(program).bind(go)
 
 
-def apply(program: Program, plans: Sequence[RewritePlan]) -> Result[TransformOutcome, TransformError]:
-    """Apply plans made on ``capture(program)``: ``capture(apply(g, p)) == rewrite(capture(g), p)``."""
+def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Result[TransformOutcome, TransformError]:
+    """Apply plans made on ``capture(program)``: ``capture(apply(g, p)) == rewrite(capture(g), p)``.
+    A report (of ``fxpure.plan``, or of ``transform(..., dry_run=True)``) is applied stage by stage,
+    as it was planned: a later rule's plans name nodes an earlier rule's plans make. The checks
+    ``transform`` makes are made here too, and a plan that fails one fails the whole apply."""
+    stages = (plans.stages or (plans.plans,)) if isinstance(plans, RewriteReport) else (tuple(plans),)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
-        after = fxpure.rewrite(cap.snap, plans)
-        if isinstance(after, Failure):
-            return Failure(TransformError(code="plan-conflict", message=str(after.failure())))
-        report = RewriteReport(plans=tuple(plans), rejections=(), before=cap.snap, after=after.unwrap())
+        after = cap.snap
+        for stage in stages:
+            step = fxpure.rewrite(after, stage)
+            if isinstance(step, Failure):
+                return Failure(TransformError(code="plan-conflict", message=str(step.failure())))
+            after = step.unwrap()
+        flat = tuple(p for s in stages for p in s)
+        report = RewriteReport(plans=flat, rejections=(), before=cap.snap, after=after, stages=stages)
         try:
-            crossing = _crossing(cap, report)
-            if crossing:
-                reason = next(iter(crossing.values()))
-                raise _ApplyError("preserved-signature", reason.message)
+            for found in (_crossing(cap, report), _refused(cap, report)):
+                if found:
+                    reason = next(iter(found.values()))
+                    raise _ApplyError(reason.code, reason.message)
             new = _materialize_new(cap, report.after)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))

@@ -130,3 +130,14 @@ def test_a_plan_that_drops_an_op_for_another_matched_node_applies(form: str) -> 
     outcome = adapters.transform(program, [drop])
     assert outcome.unwrap().changed and count(program, "mul") == 0 and count(program, "relu") == 1
     assert_sound(program, X, [torch.relu(X[0]) + 1.0])
+
+
+def test_apply_declines_an_op_the_edge_programs_verifier_refuses_as_transform_does() -> None:
+    program = _edge(preserve=False)
+    before = program.graph_module.code
+    plans = plan(adapters.capture(program), [TO_LINEAR]).plans
+    assert len(plans) == 1  # the core plans it: only the program's verifier knows the op is refused
+    failure = adapters.apply(program, plans).failure()
+    assert failure.code == "op-not-allowed" and "aten.linear.default" in failure.message
+    assert program.graph_module.code == before
+    validate(program)

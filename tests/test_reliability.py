@@ -14,7 +14,7 @@ from torch import nn
 import adapters
 import adapters.snap
 import fxpure
-from fxpure.rules import RULES, fold_binary, fuse_conv_bn
+from fxpure.rules import RULES, fold_binary, fuse_conv_bn, split_group_conv
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, run
@@ -583,3 +583,24 @@ def test_a_preserved_signature_keeps_a_parameter_it_names_and_apply_checks_it_to
     failure = adapters.apply(two, plans).failure()
     assert failure.code == "preserved-signature" and two.graph_module.code == code
     two.validate()  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_dry_runs_report_applies_stage_by_stage_as_transform_would(form: str) -> None:
+    """The split's plans anchor at the convs the fusion makes: as one flat list they name nodes the
+    program does not have yet (plan-conflict, nothing changed); the report applies as planned."""
+    model, x = randomize_bn(ResNeXtish()).eval(), (torch.randn(1, 16, 8, 8),)
+    rules = [fuse_conv_bn(), split_group_conv(max_groups=8)]
+    program, want = build(model, x, form), run(build(model, x, form), x)
+    dry = adapters.transform(program, rules, dry_run=True).unwrap()
+    assert [len(s) for s in dry.report.stages] == [6, 2] and not dry.changed
+    gm = program if isinstance(program, torch.fx.GraphModule) else program.graph_module
+    code = gm.code
+    assert adapters.apply(program, dry.report.plans).failure().code == "plan-conflict"
+    assert gm.code == code
+    applied = adapters.apply(program, dry.report).unwrap()
+    assert applied.report.plans == dry.report.plans and applied.changed
+    assert_sound(program, x, want)
+    same = build(model, x, form)
+    adapters.transform(same, rules).unwrap()
+    assert gm.code == (same if isinstance(same, torch.fx.GraphModule) else same.graph_module).code
