@@ -110,6 +110,12 @@ class Linear:
         """The linear's output spec."""
         return self.outer.spec
 
+    @property
+    def weight(self) -> NodeRef:
+        """The weight node (out, in): what the transpose reads where the spelling has one. A
+        planner that keeps it passes it to :func:`emit_linear`."""
+        return self.t.ref("self") if self.t is not None else self.op.ref("weight")
+
 
 def linear_of(m: Match, name: str = "lin") -> Linear:
     """The linear a :func:`linear` pattern called ``name`` bound in ``m``."""

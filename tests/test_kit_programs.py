@@ -69,8 +69,7 @@ def test_check_plans_fails_a_plan_whose_replacement_torch_refuses() -> None:
 
 def _to_linear(p: Planner, lin: Bound, x: NodeRef, b: NodeRef | None = None) -> RewritePlan:
     parts = linear_of(p.match)
-    assert parts.t is not None
-    new = p.call("aten.linear.default", name="l", spec=parts.spec, input=x, weight=parts.t.ref("self"), bias=b)
+    new = p.call("aten.linear.default", name="l", spec=parts.spec, input=x, weight=parts.weight, bias=b)
     return p.replace(parts.outer, new)
 
 

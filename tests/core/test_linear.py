@@ -57,6 +57,7 @@ def test_linear_root_binds_each_spelling_where_it_is(spelling: str, rank: int, b
     names = (lin.op.name, lin.t and lin.t.name, lin.view_in and lin.view_in.name, lin.view_out and lin.view_out.name)
     assert names == ("lin", *(n if n in sites else None for n in ("lin_t", "lin_in", "lin_out")))
     assert lin.outer.name == ("lin_out" if rank > 2 and spelling != "linear" else "lin")
+    assert lin.weight == NodeRef("w")  # the (out, in) weight, not its transpose
     assert ("b" in m.bindings) == (spelling == "linear" or bias == "param")  # mm has no bias to bind
 
 
