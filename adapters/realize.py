@@ -26,7 +26,7 @@ import fxpure
 from adapters.snap import Captured, Program, capture_program, unreachable
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc
+from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
 from fxpure.weights import sources
@@ -261,13 +261,16 @@ class _Commit:
         self.undo.append(lambda: lst.__setitem__(slice(None), old))
 
     def set_attr(self, obj: torch.nn.Module, name: str, value: torch.Tensor | None) -> None:
-        """Set (or, with None, delete) a module tensor; undo restores it as parameter or buffer."""
+        """Set (or, with None, delete) a module tensor: a tensor that is no parameter as a buffer, so
+        the module's ``state_dict`` and ``.to()`` reach it; undo restores it as parameter or buffer."""
         table = next((t for t in (obj._parameters, obj._buffers) if name in t), None)
         had, old = hasattr(obj, name), getattr(obj, name, None)
         if value is None:
             delattr(obj, name)
-        else:
+        elif isinstance(value, torch.nn.Parameter):
             setattr(obj, name, value)
+        else:
+            obj.register_buffer(name, value)
 
         def undo() -> None:
             if hasattr(obj, name):
@@ -521,6 +524,62 @@ def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     return out
 
 
+def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan that adds a constant inside a module whose call signature the program preserves,
+    with the reason: the constant would be the program's, so ``torch.export.unflatten`` would pass
+    it to the module as an input its signature has not (and swapping the module in would fail)."""
+    program = cap.program
+    kept = (
+        {e.fqn for e in program.module_call_graph if e.fqn and e.signature is not None}
+        if isinstance(program, ExportedProgram)
+        else set()
+    )
+    if not kept:
+        return {}
+    live = {n.name: n for n in cap.gm.graph.nodes}
+    out: dict[tuple[str, str], Reason] = {}
+    for p in report.plans:
+        if not p.constants:
+            continue
+        origin = next((live[n] for n in (p.anchor, *(m.provenance for m in p.nodes)) if n in live), None)
+        stack = origin.meta.get("nn_module_stack", {}) if origin is not None else {}
+        inside = next((fqn for fqn, _ in stack.values() if fqn in kept), None)
+        if inside is not None:
+            detail = (
+                f"{p.anchor} is inside {inside!r}, whose call signature the program preserves:"
+                " a new weight there would be one more input of it"
+            )
+            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+    return out
+
+
+def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan whose new nodes read a tensor at another point than the nodes it replaces did,
+    with an in-place write to that tensor in between (an aten program may hold ``x.mul_(2)``: a
+    conv fused at its batch norm's place would read the written ``x``), with the reason."""
+    if not cap.writes or not report.plans:
+        return {}
+    out: dict[tuple[str, str], Reason] = {}
+    snap = report.before
+    for stage in report.stages or (report.plans,):
+        at: dict[str, list[tuple[int, str]]] = {}  # a tensor -> (index, node) of each write to it
+        for node, value in cap.writes:
+            if node in snap.index:
+                at.setdefault(value, []).append((snap.index[node], node))
+        for p in stage:
+            for name, start, stop in read_spans(snap, p):
+                hit = next((w for i, w in at.get(cap.views.get(name, name), ()) if start <= i < stop), None)
+                if hit is not None:
+                    detail = f"{hit} writes {name} in place between its reads by the matched nodes and the new ones"
+                    out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=detail)
+                    break
+        step = fxpure.rewrite(snap, stage)
+        if not isinstance(step, Success):
+            break
+        snap = step.unwrap()
+    return out
+
+
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan that writes an op the program's own verifier refuses (an edge program takes Core
     ATen ops and the exceptions it was made with: ``aten.linear`` is not one), with the reason."""
@@ -549,7 +608,8 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
         try:
             v.check_valid_op(op)
         except SpecViolationError as e:
-            first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+            # its first line (torch's message closes a quote it never opened: dropped)
+            first = next((line.strip().rstrip('"') for line in str(e).splitlines() if line.strip()), "")
             return f"the program's verifier refuses {target}: {first}"
     return None
 
@@ -565,6 +625,8 @@ def _finite_plan(
         report = fxpure.plan(cap.snap, rules, declined=declined)
         crossing = {k: v for k, v in _crossing(cap, report).items() if k not in declined}
         crossing.update({k: v for k, v in _refused(cap, report).items() if k not in declined})
+        crossing.update({k: v for k, v in _written_between(cap, report).items() if k not in declined})
+        crossing.update({k: v for k, v in _inside_preserved(cap, report).items() if k not in declined})
         if crossing:
             declined.update(crossing)
             continue
@@ -671,7 +733,8 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
         flat = tuple(p for s in stages for p in s)
         report = RewriteReport(plans=flat, rejections=(), before=cap.snap, after=after, stages=stages)
         try:
-            for found in (_crossing(cap, report), _refused(cap, report)):
+            checks = (_crossing, _inside_preserved, _refused, _written_between)
+            for found in (check(cap, report) for check in checks):
                 if found:
                     reason = next(iter(found.values()))
                     raise _ApplyError(reason.code, reason.message)

@@ -120,6 +120,9 @@ class Captured:
     branches: list[tuple[str, torch.fx.GraphModule]] = field(default_factory=list)  # attribute, graph
     # node -> the module whose preserved call signature names it (preserve_module_call_signature)
     pinned: dict[str, str] = field(default_factory=dict)
+    # each in-place write in the graph, in order: (the node that writes, the tensor it writes)
+    writes: tuple[tuple[str, str], ...] = ()
+    views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
 
 
 def _pinned(ep: ExportedProgram | None) -> dict[str, str]:
@@ -210,28 +213,43 @@ def _aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
     return found
 
 
-def _written(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> set[str]:
-    """The nodes whose tensor the program writes: the buffers its signature mutates, and each
-    tensor an in-place op (or an ``out=``) writes, traced back through the views it was taken of."""
-    written: set[str] = set()
+@dataclass
+class _Writes:
+    """What a program writes: the tensors (as the node whose tensor it is, through any views), and
+    each write in the graph, as (the node that writes, the tensor it writes), in graph order."""
+
+    written: set[str] = field(default_factory=set)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
+
+    def write(self, node: str, value: str) -> None:
+        root = self.views.get(value, value)
+        self.written.add(root)
+        self.events.append((node, root))
+
+
+def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
+    """The buffers a program's signature mutates, and each tensor an in-place op (or an ``out=``)
+    writes, traced back through the views it was taken of."""
+    w = _Writes()
     if ep is not None:
         mutated = set(ep.graph_signature.buffers_to_mutate.values())
-        written |= {
+        w.written |= {
             s.arg.name for s in ep.graph_signature.input_specs if s.target in mutated and hasattr(s.arg, "name")
         }
-    base: dict[str, str] = {}  # a view -> the tensor it views
+    views = w.views
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
         if isinstance(n.target, torch._ops.HigherOrderOperator):
-            # its subgraph may write what it is given (``with torch.no_grad(): buf.add_(1)`` is one)
-            for x in n.all_input_nodes:
-                written.add(base.get(x.name, x.name))
+            if _branches_write(gm, n):  # ``with torch.no_grad(): buf.add_(1)`` writes what it is given
+                for x in n.all_input_nodes:
+                    w.write(n.name, x.name)
             continue
         if n.target is operator.getitem:  # an element of a split, unbind, chunk: a view too
             x = n.args[0]
-            if isinstance(x, torch.fx.Node) and x.name in base:
-                base[n.name] = base[x.name]
+            if isinstance(x, torch.fx.Node) and x.name in views:
+                views[n.name] = views[x.name]
             continue
         try:
             returns_alias, args = _aliases(n.target)
@@ -241,12 +259,21 @@ def _written(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> set[str]:
             value = n.args[i] if 0 <= i < len(n.args) else n.kwargs.get(name)
             for x in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(x, torch.fx.Node):
-                    root = base.get(x.name, x.name)
                     if write:
-                        written.add(root)
-                    elif returns_alias:
-                        base[n.name] = root
-    return written
+                        w.write(n.name, x.name)
+                    if returns_alias:  # a view, or an in-place op's result: the tensor it was given
+                        views[n.name] = views.get(x.name, x.name)
+    return w
+
+
+def _branches_write(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
+    """Whether a higher-order op may write its operands: one of its graphs writes a tensor (cond,
+    map and while_loop take none that do), or it runs code that is not a graph (a delegate)."""
+    graphs = [_attr(gm, str(a.target)) for a in n.all_input_nodes if a.op == "get_attr"]
+    graphs = [g for g in graphs if isinstance(g, torch.nn.Module)]
+    if not graphs or not all(isinstance(g, torch.fx.GraphModule) for g in graphs):
+        return True
+    return any(_writes(None, g).written for g in graphs)
 
 
 def _capture(program: Program) -> Captured:
@@ -292,7 +319,8 @@ def _capture(program: Program) -> Captured:
                 spec=_spec(n.meta.get("val")),
             )
         )
-    written = _written(ep, gm)
+    writes = _writes(ep, gm)
+    written = writes.written
     if written:  # a tensor the program writes (or one sharing its storage) is no constant to fold
         storages = {constants[k].storage for k in written if k in constants}
         for k in [k for k, c in constants.items() if k in written or c.storage in storages]:
@@ -300,7 +328,7 @@ def _capture(program: Program) -> Captured:
     snap = snapshot(
         nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
     )
-    return Captured(program, gm, snap, tensors, specs, calls, branches, _pinned(ep))
+    return Captured(program, gm, snap, tensors, specs, calls, branches, _pinned(ep), tuple(writes.events), writes.views)
 
 
 # modules whose calls (in a symbolic_trace GraphModule) stand for an ATen op a rule may anchor on

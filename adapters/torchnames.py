@@ -40,6 +40,8 @@ def target_name(target: Any) -> str:
     if isinstance(op, torch._ops.OpOverload):
         ns, _, base = op._schema.name.partition("::")
         name = f"{ns}.{base}.{op._overloadname}"
+    elif isinstance(op, torch._ops.HigherOrderOperator):  # (its repr holds an address)
+        name = f"higher_order.{op.name()}"  # type: ignore[no-untyped-call]
     else:
         name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
     with contextlib.suppress(TypeError):

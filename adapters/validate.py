@@ -1,8 +1,10 @@
 """check_plans: each plan checked on its own, the matched subgraph before against its replacement.
 
 For every plan of a report, the nodes it removes (and the shared ones it may drop) are run on
-random inputs of their recorded shapes, and so are its new nodes and constants; each output the
-plan redirects (``replace``: old -> new) must agree within a tolerance. A wrong plan is named,
+random inputs of their recorded shapes (normal values times 1/16 to 16, so small ones and ones
+past a clamp's 6 are drawn), and so are its new nodes and constants; each output the plan
+redirects (``replace``: old -> new) must agree within a tolerance, and each new node must compute
+the shape and dtype its plan declares (the program's meta says so). A wrong plan is named,
 not just a wrong program. Plans whose ops have no CPU kernels (the Vulkan ``et_vk`` ops) or that
 read values with no known shape are reported as not checked, with the reason.
 """
@@ -91,8 +93,9 @@ def size_value(d: int | str, symbols: Mapping[str, int]) -> int:
 def _random(spec: TensorSpec, symbols: Mapping[str, int], g: torch.Generator) -> torch.Tensor:
     shape = [size_value(d, symbols) for d in spec.shape]
     dtype = dtype_of(spec.dtype)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
+    if dtype.is_floating_point:  # normal values times 1/16 to 16: small ones, and ones past a clamp's 6
+        scale = torch.exp2(torch.empty(shape).uniform_(-4.0, 4.0, generator=g))
+        return (torch.randn(shape, generator=g) * scale).to(dtype)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
     info = torch.iinfo(dtype)
@@ -169,6 +172,30 @@ def _rel(got: Any, want: Any) -> float:
     return float(diff / (scale or 1.0))
 
 
+def _misdeclared(node: NodeSnapshot, value: Any, symbols: Mapping[str, int]) -> str | None:
+    """How a new node's value differs from the spec its plan declares (what the program's meta will
+    say of it), or None. A size with no value here is not compared."""
+    declared, values = node.spec, value if isinstance(value, (list, tuple)) else (value,)
+    specs = declared if isinstance(declared, tuple) else (declared,)
+    if not any(isinstance(v, torch.Tensor) for v in values):
+        return None
+    if len(specs) != len(values):
+        return f"{node.name} declares {len(specs)} values and computes {len(values)}"
+    for spec, v in zip(specs, values, strict=True):
+        if not isinstance(v, torch.Tensor):
+            continue
+        got = f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+        if spec is None:
+            return f"{node.name} declares no shape or dtype, and computes {got}"
+        try:
+            sizes = [size_value(d, symbols) for d in spec.shape]
+        except _Skip:
+            sizes = list(v.shape)
+        if sizes != list(v.shape) or dtype_of(spec.dtype) != v.dtype:
+            return f"{node.name} declares {spec.shape} {spec.dtype}, and computes {got}"
+    return None
+
+
 def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float, seed: int) -> PlanCheck:
     removed = set(p.erase) | {old for old, _ in p.replace} | set(p.prune)
     before_nodes = [n for n in snap.nodes if n.name in removed and n.op == "call_function"]
@@ -204,6 +231,9 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float,
         # the replacement fails on the very values the original ran on: the plan is wrong
         note = f"the replacement fails where the original ran: {type(e).__name__}: {e}"
         return PlanCheck(rule=p.rule, anchor=p.anchor, ok=False, note=note)
+    wrong = next((w for n in new_nodes if (w := _misdeclared(n, after.env[n.name], symbols)) is not None), None)
+    if wrong is not None:
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=False, note=wrong)
     worst = max((_rel(after.env[new], before.env[old]) for old, new in p.replace), default=0.0)
     note = "" if worst <= tolerance else f"max relative difference {worst:.3g} > {tolerance:g}"
     return PlanCheck(rule=p.rule, anchor=p.anchor, ok=worst <= tolerance, max_rel=worst, note=note)

@@ -33,6 +33,9 @@ FRESH = frozenset(
     }
 )
 CODE = "layout-sensitive-reader"
+# a control-flow op or a region (``torch.cond``, ``with torch.no_grad():``) runs a graph of its own
+# on its operands: it counts as a reader of their strides
+HIGHER_ORDER = "higher_order."
 
 
 def only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> bool:
@@ -80,7 +83,12 @@ def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool
     reader, via = snap.node(found[0]), found[1]
     shape = reader.tensor_spec.shape if reader.tensor_spec is not None else "an unknown shape"
     read = f"{name} as {shape}" if via == name else f"{via} as {shape} (which has {name}'s strides)"
-    detail = f"{reader.name} ({reader.target}) reads {read} by its strides, which the replacement changes"
+    if reader.target.startswith(HIGHER_ORDER):
+        read = name if via == name else f"{via} (which has {name}'s strides)"
+        read = f"{read} in a graph of its own, which may read it by its strides (fxpure does not look in)"
+    else:
+        read = f"{read} by its strides"
+    detail = f"{reader.name} ({reader.target}) reads {read}, which the replacement changes"
     return Declined(code=CODE, node=name, detail=detail, path=path)
 
 
@@ -112,6 +120,12 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
         if isinstance(x, NodeRef) and x.name not in out and _sensitive(r, snap.node(x.name).tensor_spec):
             out[x.name] = (r.name, x.name)
             todo.append(x.name)
+    for r in snap.calls(t for t in snap.targets if t.startswith(HIGHER_ORDER)):
+        for name in ref_list(r):
+            spec = snap.node(name).tensor_spec
+            if name not in out and not (spec is not None and spec.shape == ()):  # (a predicate has no strides)
+                out[name] = (r.name, name)
+                todo.append(name)
     while todo:
         m = snap.node(todo.pop())
         if m.target in FRESH or m.target in _SIZES or m.op != "call_function":

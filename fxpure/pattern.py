@@ -74,7 +74,18 @@ from fxpure.reasons import (
     WrongOp,
 )
 from fxpure.schema import TENSOR_KINDS, Schema, arguments, fits, respell
-from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, TensorSpec, ref_list, refs
+from fxpure.snapshot import (
+    Arg,
+    ConstantKind,
+    DTypeArg,
+    GraphSnapshot,
+    NodeRef,
+    NodeSnapshot,
+    Spec,
+    TensorSpec,
+    ref_list,
+    refs,
+)
 from fxpure.weights import EXPR_NODE, Reshape, WeightExpr, infer_spec, out_channels
 
 ONE: Literal["one"] = "one"
@@ -107,8 +118,8 @@ class Scalar:
 @final
 @dataclass(frozen=True, slots=True, init=False)
 class Lit:
-    """A non-tensor argument that must equal one of ``values`` (type and value: ``False`` is not
-    ``0``). ``code`` and ``text`` (a message with ``{node}``, ``{role}``, ``{value}``, ``{expected}``)
+    """A non-tensor argument that must equal one of ``values`` (``0`` and ``0.0`` are equal, but
+    ``False`` is not ``0``). ``code`` and ``text`` (a message with ``{node}``, ``{role}``, ``{value}``, ``{expected}``)
     name the reason; ``name`` binds the value."""
 
     values: tuple[Arg, ...]
@@ -284,6 +295,7 @@ class Bound:
     family: Family = field(compare=False)
     args: Mapping[str, Arg] = field(hash=False)
     uses: tuple[str, ...]
+    out: int | None = None  # the element of a tuple output the pattern reads (``Op(..., out=i)``)
 
     @property
     def name(self) -> str:
@@ -292,7 +304,10 @@ class Bound:
 
     @property
     def spec(self) -> TensorSpec | None:
-        """The node's output spec when it is one tensor."""
+        """The node's output spec when it is one tensor, or the spec of the element it is read as."""
+        spec = self.node.spec
+        if isinstance(spec, tuple) and self.out is not None and 0 <= self.out < len(spec):
+            return spec[self.out]
         return self.node.tensor_spec
 
     def int(self, arg: str) -> int:
@@ -362,6 +377,9 @@ class Match:
     sites: Mapping[str, Site] = field(hash=False)
     erase: tuple[str, ...]
     prune: tuple[str, ...]
+    sized: Mapping[str, OutputShared] = field(default_factory=dict, hash=False)
+    """Inner nodes read otherwise only for their sizes (``sym_size``: a dynamic program's
+    ``x.shape``), with the reason to decline if no replacement of their shape can answer them."""
 
     def spec(self, name: str) -> TensorSpec | None:
         """Shape and dtype of a bound value (a constant expression, an op's output, a node)."""
@@ -410,10 +428,18 @@ class _State:
     prune: list[str] = field(default_factory=list)
     depth: int = 0
     kept: bool = False  # below a node others read too: what matches here is pruned, never erased
+    sized: dict[str, OutputShared] = field(default_factory=dict)  # see Match.sized
 
     def fork(self) -> _State:
         return _State(
-            self.snap, dict(self.bindings), dict(self.sites), list(self.erase), list(self.prune), self.depth, self.kept
+            self.snap,
+            dict(self.bindings),
+            dict(self.sites),
+            list(self.erase),
+            list(self.prune),
+            self.depth,
+            self.kept,
+            dict(self.sized),
         )
 
     def bind(
@@ -453,8 +479,13 @@ def _show(value: Binding) -> str:
 
 
 def _strict_equal(a: Arg, b: Arg) -> bool:
+    """Equal in type and value, except that an int and a float of one value are equal (export
+    writes ``hardtanh``'s 0.0 as 0 once ``to_edge`` ran); a bool equals only a bool."""
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(_strict_equal(x, y) for x, y in zip(a, b, strict=True))
+    numbers = (int, float)
+    if type(a) in numbers and type(b) in numbers:
+        return a == b
     return type(a) is type(b) and a == b
 
 
@@ -540,21 +571,31 @@ def _op(
     st.depth += 1  # the op itself matched: an alternative that gets here got further than a wrong op
     uses: tuple[str, ...] = (node.name,)
     stray: NodeSnapshot | None = None  # a user reading another tuple element (reported after the arguments)
+    dead: tuple[str, ...] = ()
     if p.out is not None and p.family.schemas[node.target].tuple_output:
         items = st.snap.users_of(node.name)
-        stray = next((u for u in items if u.target != "getitem" or u.args[1:2] != (p.out,)), None)
-        uses = tuple(u.name for u in items if u is not stray)
+        # another element read by nothing (export writes max_pool2d's unused indices so): no use
+        dead = tuple(
+            u.name for u in items if u.target == "getitem" and u.args[1:2] != (p.out,) and not st.snap.users[u.name]
+        )
+        stray = next(
+            (u for u in items if u.name not in dead and (u.target != "getitem" or u.args[1:2] != (p.out,))), None
+        )
+        uses = tuple(u.name for u in items if u is not stray and u.name not in dead)
     if reader is not None and p.users == ONE:
         others = tuple(u for u in st.snap.users[node.name] if u != reader)
-        if others:
+        sizes = tuple(u for u in others if st.snap.node(u).target in SIZE_READERS)
+        if len(sizes) < len(others):
             return OutputShared(code=p.shared, node=node.name, users=others, path=path)
-    bound_op = Bound(node=node, family=p.family, args=args, uses=uses)
+        if sizes:  # a size read of it (a dynamic program's x.shape): a replacement of its shape answers it
+            st.sized[node.name] = OutputShared(code=p.shared, node=node.name, users=sizes, path=path)
+    bound_op = Bound(node=node, family=p.family, args=args, uses=uses, out=p.out)
     err = st.bind(p.name, bound_op, node.name, "output", path, count=False)  # counted on matching
     if err is not None:
         return err
     outer = st.kept
     st.kept = outer or (reader is not None and p.users != ONE)
-    (st.prune if st.kept else st.erase).extend((node.name, *uses))  # (repeats dropped in _matched)
+    (st.prune if st.kept else st.erase).extend((node.name, *uses, *dead))  # (repeats dropped in _matched)
     err = _arguments(p, args, node, path, st, seen_as)
     st.kept = outer
     if err is None and stray is not None and p.out is not None:
@@ -660,6 +701,7 @@ def _matched(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Ma
         sites=MappingProxyType(st.sites),
         erase=tuple(dict.fromkeys(st.erase)),
         prune=tuple(dict.fromkeys(n for n in st.prune if n not in st.erase)),
+        sized=MappingProxyType(st.sized),
     )
     return m, None, st
 
@@ -727,10 +769,12 @@ def _declared(reason: Reason, codes: frozenset[str], kind: str, label: str) -> R
 
 
 def _locate(reason: Reason, m: Match, reads: tuple[str, ...], label: str) -> Reason:
-    """A check's reason without a path is located at the first binding it reads."""
+    """A check's reason without a path is located at the first binding it reads at the node the
+    reason names (the node itself, or one of its operands), else at the first binding it reads."""
     if reason.path:
         return reason
-    site = next((m.sites[r] for r in reads if r in m.sites), None)
+    sites = [m.sites[r] for r in reads if r in m.sites]
+    site = next((s for s in sites if s.node == reason.node), sites[0] if sites else None)
     return replace(reason, path=site.path if site is not None else f"need.{label}")
 
 
@@ -945,6 +989,29 @@ need = _Need()
 # --- planning --------------------------------------------------------------------------------------
 
 
+# ops that read only a value's sizes: such a reader of a matched inner node is no reason to keep it
+SIZE_READERS = frozenset({"aten.sym_size.int", "aten.sym_numel.default"})
+_QD = "quantized_decomposed"
+_PER_TENSOR = frozenset(
+    f"{_QD}.{op}_per_tensor.{overload}" for op in ("quantize", "dequantize") for overload in ("default", "tensor")
+)
+
+
+def quantized_as(snap: GraphSnapshot, name: str) -> NodeSnapshot | None:
+    """Whose parameters :meth:`Planner.requantize` copies for node ``name``: the per-tensor
+    dequantize it is, else the per-tensor quantize that is its only reader, or its relu's only
+    reader (a relu of a value rounded to those parameters' grid is on it: zero is). None if none."""
+    node = snap.node(name)
+    if node.target in _PER_TENSOR and "dequantize" in node.target:
+        return node
+    users = snap.users_of(name)
+    if len(users) == 1 and users[0].target == "aten.relu.default":
+        users = snap.users_of(users[0].name)
+    if len(users) == 1 and users[0].target in _PER_TENSOR and "dequantize" not in users[0].target:
+        return users[0]
+    return None
+
+
 @final
 class Planner:
     """Builds the plan for one match: new constants and nodes by name, then ``replace``.
@@ -1001,6 +1068,21 @@ class Planner:
             )
         )
         return NodeRef(name)
+
+    def requantize(self, value: NodeRef, like: NodeSnapshot, *, name: str, spec: TensorSpec) -> NodeRef:
+        """``value`` (of ``spec``) quantized and dequantized again with the parameters of ``like``,
+        a per-tensor quantize or dequantize (:func:`quantized_as`). A view put between a
+        dequantize and the op it feeds, or between the op and its quantize, breaks the
+        ``dequantize -> op -> quantize`` pattern a quantized backend lowers; this pair after it
+        restores it. Where ``value`` is already so rounded (it views a dequantize's result), or
+        will be (a quantize with these parameters reads it), the values do not change."""
+        params, dtype = like.args[1:6], like.args[5] if len(like.args) > 5 else None
+        if len(params) != 5 or not isinstance(dtype, DTypeArg):
+            raise TypeError(f"{like.name} is no per-tensor quantize or dequantize: it has no (scale, ..., dtype)")
+        overload = like.target.rsplit(".", 1)[-1]  # ``tensor``: the scale and zero point are nodes
+        q_spec = TensorSpec(shape=spec.shape, dtype=dtype.name)
+        q = self.node(f"{_QD}.quantize_per_tensor.{overload}", (value, *params), name=f"{name}_q", spec=q_spec)
+        return self.node(f"{_QD}.dequantize_per_tensor.{overload}", (q, *params), name=f"{name}_dq", spec=spec)
 
     def call(
         self,
@@ -1107,10 +1189,26 @@ class Planner:
             anchor=self.anchor,
             constants=tuple(self._constants),
             nodes=tuple(self._nodes),
-            replace=tuple((u, new.name) for op, new in moves for u in op.uses),
+            replace=(*((u, new.name) for op, new in moves for u in op.uses), *self._sizes(matches, moves, gone)),
             erase=gone,
             prune=tuple(dict.fromkeys(n for n in (*shared, *prune) if n not in gone)),
         )
+
+    def _sizes(
+        self, matches: Sequence[Match], moves: Sequence[tuple[Bound, NodeRef]], gone: tuple[str, ...]
+    ) -> tuple[tuple[str, str], ...]:
+        """Moves of the size reads of erased inner nodes (:attr:`Match.sized`) to a new value of the
+        same shape; where there is none, the plan is refused with the node's output-shared reason."""
+        shapes = {n.name: n.spec.shape for n in self._nodes if isinstance(n.spec, TensorSpec)}
+        out = []
+        for inner, why in ((k, v) for m in matches for k, v in m.sized.items() if k in gone):
+            spec = self.match.snap.node(inner).tensor_spec
+            to = next((new.name for _, new in moves if spec is not None and shapes.get(new.name) == spec.shape), None)
+            if to is None:
+                self.refused = self.refused or why
+            else:
+                out.append((inner, to))
+        return tuple(out)
 
     def _unread(self, matched: tuple[str, ...], moves: Sequence[tuple[Bound, NodeRef]]) -> tuple[str, ...]:
         """The matched nodes nothing left reads: not the new nodes, not a node uses move to (an op

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +25,7 @@ from fxpure.snapshot import (
     Spec,
     derive,
     ref_list,
+    refs,
 )
 from fxpure.weights import Reshape, Source, WeightExpr, infer_spec
 
@@ -124,7 +125,9 @@ class Rule(Protocol):
 
 
 # ops that lay a tensor's elements out in another shape, in the same order (a layer scale's
-# ``gamma[:, None, None]`` or ``gamma.view(1, -1, 1, 1)``): of a constant, a constant
+# ``gamma[:, None, None]`` or ``gamma.view(1, -1, 1, 1)``), or copy them as they are (a
+# ``torch.tensor(...)`` made in forward is read through ``lift_fresh_copy`` and ``detach_``, on edge
+# through ``_clone_dim_order``): of a constant, a constant
 RESHAPES = frozenset(
     {
         f"aten.{op}{copy}.{overload}"
@@ -134,10 +137,13 @@ RESHAPES = frozenset(
             ("squeeze", "default"),
             ("squeeze", "dim"),
             ("squeeze", "dims"),
+            ("alias", "default"),
+            ("detach", "default"),
         )
         for copy in ("", "_copy")
     }
-    | {"aten._unsafe_view.default", "aten.reshape.default"}
+    | {"aten._unsafe_view.default", "aten.reshape.default", "aten.lift_fresh_copy.default", "aten.detach_.default"}
+    | {"aten.clone.default", "dim_order_ops._clone_dim_order.default"}
 )
 
 
@@ -314,13 +320,57 @@ class _Batch:
                 if old in ref_list(m):
                     self.keep[m.name] = self.keep.get(m.name, frozenset()) | {old}
                     after.add(old)
-        at = max(snap.index[s] + 1 for s in after) if after else min(snap.index[s] for s in sources)
-        self.before.setdefault(at, []).extend(made)
+        self.before.setdefault(placement(snap, p, read=after), []).extend(made)
         for old, new in p.replace:
             self.redirect[old] = local.get(new, new)
         self.erase.update(p.erase)
         self.prune.update(p.prune)
         return None
+
+
+def _reads(p: RewritePlan) -> dict[str, None]:
+    """The existing nodes the plan's new nodes read, in order (a local name is the plan's own)."""
+    local = {n.name for n in p.nodes} | {c.name for c in p.constants}
+    return {r: None for n in p.nodes for r in refs((n.args, tuple(n.kwargs.values()))) if r not in local}
+
+
+def placement(snap: GraphSnapshot, p: RewritePlan, *, read: Collection[str] | None = None) -> int:
+    """The index in ``snap`` of the node ``p``'s new nodes go just before: the earliest node whose
+    uses they take, or the node after the last of those that one of them reads (``read``: the
+    nodes they read, where the caller knows them)."""
+    read = _reads(p) if read is None else read
+    after = [old for old, _ in p.replace if old in read]
+    if after:
+        return max(snap.index[s] for s in after) + 1
+    return min(snap.index[s] for s in [old for old, _ in p.replace] or [p.anchor])
+
+
+def read_spans(snap: GraphSnapshot, p: RewritePlan) -> tuple[tuple[str, int, int], ...]:
+    """``(node, start, stop)`` for each node that ``p``'s new nodes read and a node ``p`` consumes
+    read too: the nodes of ``snap`` from index ``start`` up to ``stop`` run between the old reads
+    and the new one (at :func:`placement`). A node there writing it in place (an aten program
+    may hold ``x.mul_(2)``) would change what the rewrite computes.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> x = g.input("x", (2,))
+    >>> y = g.call("aten.relu.default", name="y", self=x, out=(2,))
+    >>> w = g.node("aten.mul_.Tensor", (x, 2.0), name="w")
+    >>> z = g.call("aten.mul.Tensor", name="z", self=y, other=2.0, out=(2,))
+    >>> g.output(z)
+    >>> fused = NewNode(name="f", target="aten.sigmoid.default", args=(x,))
+    >>> p = RewritePlan(rule="r", anchor="z", nodes=(fused,), replace=(("z", "f"),), erase=("z", "y"))
+    >>> snap = g.build()
+    >>> placement(snap, p), read_spans(snap, p), snap.nodes[2].name
+    (3, (('x', 2, 3),), 'w')
+    """
+    at, consumed = placement(snap, p), {*p.erase, *(old for old, _ in p.replace), *p.prune}
+    out = []
+    for r in _reads(p):
+        old = [snap.index[u] for u in snap.users.get(r, ()) if u in consumed]
+        if old:
+            out.append((r, min(min(old) + 1, at), max(max(old), at)))
+    return tuple(out)
 
 
 def _root(snap: GraphSnapshot, name: str | None) -> str | None:

@@ -320,12 +320,14 @@ GENERIC_CODES = frozenset(
         "in-subgraph",
         "preserved-signature",
         "op-not-allowed",
+        "written-between",
     }
 )
 """Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
 overlaps another, a derived weight that is ill-typed; and, found by the adapter, a weight that
 computes to inf or NaN, a candidate that is an ``nn.Module`` call (``symbolic_trace``), one in
 a control-flow branch, one whose plan would remove a node a preserved module call signature
-names (``torch.export``'s ``preserve_module_call_signature``), or one whose plan writes an op the
+names (``torch.export``'s ``preserve_module_call_signature``), one whose plan writes an op the
 program's own verifier refuses (``op-not-allowed``: an edge program takes Core ATen ops and the
-exceptions it was made with)."""
+exceptions it was made with), or one whose new nodes would read a tensor on the other side of an
+in-place write to it than the nodes they replace did (``written-between``)."""

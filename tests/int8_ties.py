@@ -20,10 +20,11 @@ def assert_int8_equal(original: ExportedProgram, rewritten: ExportedProgram, x: 
     """Every int8 activation of ``rewritten`` equals ``original``'s, bit for bit, except where the
     float being quantized lies on a rounding tie (``x / scale`` within 1e-4 of ``k + 0.5``) and the
     two float values differ only by float32 rounding: there, one step either way is the same
-    answer. Returns the number of such ties (the caller bounds it)."""
+    answer. The rewrite's own quantizes (the views it requantizes) are not compared. Returns the
+    number of such ties (the caller bounds it)."""
     want, got = values(original, x), values(rewritten, x)
     before, after = quantizes(original), quantizes(rewritten)
-    assert before and sorted(before) == sorted(after)
+    assert before and set(before) <= set(after)
     ties = 0
     for name, node in before.items():
         a, b = want[name], got[name]
@@ -37,9 +38,20 @@ def assert_int8_equal(original: ExportedProgram, rewritten: ExportedProgram, x: 
         scaled = fa / float(scale)
         assert int((a.int() - b.int()).abs().max()) == 1, name
         assert bool(((scaled - scaled.floor() - 0.5).abs() < 1e-4).all()), f"{name}: a mismatch off a rounding tie"
-        assert bool(((fa - fb).abs() <= 1e-6 * want[source.name].abs().max()).all()), name
+        # the rewrite's quantize may read a value its own requantized views already rounded (half a
+        # step off the float at a tie) where the original's read the float itself
+        limit = 1e-6 * want[source.name].abs().max() + (0.5 * float(scale) if _rounded(after[name]) else 0.0)
+        assert bool(((fa - fb).abs() <= limit).all()), name
         ties += int(off.sum())
     return ties
+
+
+def _rounded(quantize: torch.fx.Node) -> bool:
+    """Whether a quantize reads, through views, a dequantize's result (a value on its grid)."""
+    source: Any = quantize.args[0]
+    while any(v in str(source.target) for v in ("permute", "squeeze", "view")):
+        source = source.args[0]
+    return "dequantize_per_tensor" in str(source.target)
 
 
 def _input(node: torch.fx.Node) -> str:

@@ -573,3 +573,28 @@ def test_a_layer_scale_reshaped_in_the_graph_folds_and_its_reshapes_go(form: str
     # the reshapes of the folded scales are gone; the one returned stays, and so does its parameter
     assert count(program, "unsqueeze") == 2 and count(program, "view") == 0
     assert_sound(program, x, want)
+
+
+class MadeInForward(nn.Module):
+    """Tensors made in forward, which export lifts as constants read through copies
+    (``lift_fresh_copy`` and ``detach_``; on edge ``_clone_dim_order``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.conv = nn.Linear(4, 4), nn.Conv2d(3, 4, 1)
+
+    def forward(self, z: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shift = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        return self.lin(z) + shift, self.conv(x) * torch.tensor([0.5, 2.0, 3.0, 4.0]).view(4, 1, 1)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_tensor_made_in_forward_folds_and_its_copies_go(form: str) -> None:
+    model, x = MadeInForward().eval(), (torch.randn(2, 4), torch.randn(1, 3, 4, 4))
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program: Program = ep.module() if form == "gm" else ep if form == "aten" else to_edge(ep).exported_program()
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 2 and outcome.report.rejections == ()
+    assert binary_ops(program) == 0
+    assert count(program, "lift_fresh") == count(program, "detach") == count(program, "clone") == 0
+    assert_sound(program, x, eager(model, x))

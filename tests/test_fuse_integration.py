@@ -176,3 +176,38 @@ def test_not_a_program_is_a_clean_error() -> None:
     result = adapters.transform(torch.nn.Linear(2, 2), [fuse_conv_bn()])  # type: ignore[arg-type]
     assert not is_successful(result)
     assert result.failure().code == "unsupported-program"
+
+
+class Crnn(torch.nn.Module):
+    """An OCR feature extractor: conv + batch norm, then ``B, C, H, W = f.shape`` to read the
+    columns as a sequence; with a dynamic width, export reads W from the conv's own size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.conv, self.bn = (
+            torch.nn.Conv2d(1, 4, 3, padding=1),
+            torch.nn.Conv2d(4, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.relu(self.bn(self.conv(torch.nn.functional.max_pool2d(self.c1(x), 2))))
+        b, c, h, w = f.shape
+        return f.permute(0, 3, 1, 2).reshape(b, w, c * h)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_conv_whose_size_a_dynamic_program_reads_still_fuses(form: str) -> None:
+    model, x = randomize_bn(Crnn()).eval(), (torch.randn(2, 1, 8, 32),)
+    dims = {"x": {0: torch.export.Dim("B", min=2, max=64), 3: 2 * torch.export.Dim("W2", min=4, max=64)}}
+    ep = torch.export.export(model, x, dynamic_shapes=dims)
+    program = ep.module() if form == "gm" else ep if form == "aten" else to_edge(ep).exported_program()
+    assert any("sym_size" in str(n.target) for n in program.graph.nodes)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    for shape in [(2, 1, 8, 32), (3, 1, 8, 20)]:
+        y = (torch.randn(*shape),)
+        with torch.no_grad():
+            want = [model(*y)]
+        assert_close(run(program, y), want)
+    assert count(program, "batch_norm") == 0

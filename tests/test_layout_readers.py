@@ -129,3 +129,34 @@ def test_a_grouped_conv_read_by_strides_is_not_split(form: str) -> None:
     report = adapters.transform(program, [RULES["split-group-conv"]()]).unwrap().report
     assert not report.plans and [j.reason.code for j in report.rejections] == ["layout-sensitive-reader"]
     assert_sound(program, x, want)
+
+
+class ViewedInBranch(torch.nn.Module):
+    """Two linears on one input; K merged by a view inside a ``torch.cond`` branch, or inside a
+    ``torch.no_grad()`` region (which export makes a graph of its own)."""
+
+    def __init__(self, cond: bool) -> None:
+        super().__init__()
+        self.cond = cond
+        self.k, self.v = torch.nn.Linear(8, 6), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.k(x)
+        if self.cond:
+            flat: torch.Tensor = torch.cond(x.sum() > 0, lambda a: a.view(-1) + 1, lambda a: a.view(-1) - 1, (k,))
+        else:
+            with torch.no_grad():
+                flat = k.view(-1)
+        return flat, self.v(x)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("cond", [True, False], ids=["cond", "no-grad"])
+def test_a_value_a_graph_of_its_own_reads_keeps_its_strides_and_the_program_runs(cond: bool, form: str) -> None:
+    model, x = ViewedInBranch(cond).eval(), (torch.randn(5, 8),)
+    program = build(model, x, form)
+    want = run(build(model, x, "aten"), x)
+    report = adapters.transform(program, [RULES["concat-parallel-linears"]()]).unwrap().report
+    (declined,) = [j.reason for j in report.rejections if j.reason.code == "layout-sensitive-reader"]
+    assert "in a graph of its own" in declined.message and not report.plans
+    assert_sound(program, x, want)

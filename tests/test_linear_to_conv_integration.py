@@ -373,6 +373,22 @@ def test_quantized_mlp_int8_outputs_equal_the_originals(form: str) -> None:
         assert_close(run_pte(manager.to_executorch().buffer, x), run(p, x))
 
 
+def test_on_a_graph_module_the_new_int8_weights_are_buffers_it_saves_and_moves() -> None:
+    gm = quantized().module()
+    outcome = adapters.transform(gm, [linear_to_conv2d()]).unwrap()
+    assert len(outcome.added) == 2
+    buffers, state = dict(gm.named_buffers()), gm.state_dict()
+    assert all(name in buffers and state[name].dtype == torch.int8 for name in outcome.added)
+    x = inputs(TokenMLP, (2, 6, 16))
+    want = run(gm, x)
+    again = quantized().module()
+    adapters.transform(again, [linear_to_conv2d()]).unwrap()
+    for name in outcome.added:  # the saved weights are what the copy runs on
+        getattr(again, name).zero_()
+    again.load_state_dict(state)
+    assert_close(run(again, x), want)
+
+
 # --- Qualcomm's ConvertLinearToConv2d on the same programs --------------------------------------------
 
 

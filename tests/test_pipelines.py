@@ -15,7 +15,8 @@ from executorch.exir.pass_manager import ExportedProgramPassManager
 
 import adapters
 from adapters.passes import FuseConvBatchNormPass, QuantizedConvolutionPass, RulesPass, SplitGroupConvolutionPass
-from fxpure.rules import fuse_conv_bn, split_group_conv
+from adapters.torchnames import target_name
+from fxpure.rules import RULES, fuse_conv_bn, split_group_conv
 from fxpure.rules.quantized_conv import DEQUANTIZE_WEIGHT
 from tests.models import QGrouped, QMobile, QOddDepthwise, QResNet, QTransposed, QTwin, ResNeXtish, randomize_bn
 from tests.programs import assert_close, run, run_pte
@@ -153,3 +154,41 @@ def test_the_fallback_is_exact(name: str) -> None:
     assert not any("dequantize_per_channel" in str(n.target) for n in ep.graph.nodes)
     got, want = run(ep, x), run(original, x)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+class _Head(torch.nn.Module):
+    """A TCN head: conv1d + relu, pooled, and a linear: one of each rule's ops, quantized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv1d(8, 16, 3, padding=1), torch.nn.Linear(16, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(torch.relu(self.conv(x)).mean(-1))
+        return out
+
+
+@pytest.mark.parametrize("name", ["conv1d-to-conv2d", "linear-to-conv2d"])
+def test_a_quantized_op_moved_by_views_stays_quantized_and_delegated(name: str) -> None:
+    """The views around the new conv are requantized (dequantize -> conv -> quantize), so XNNPACK
+    still takes the quantized conv: nothing but the views and the pooling stays outside it."""
+    x = (torch.randn(2, 8, 32),)
+    program = pt2e(_Head().eval(), x)
+
+    def lower(rules: list[RulesPass]) -> tuple[set[str], list[torch.Tensor]]:
+        manager = to_edge_transform_and_lower(
+            copy.deepcopy(program), transform_passes=rules, partitioner=[XnnpackPartitioner()]
+        )
+        outside = {
+            target_name(n.target).split(".")[1]
+            for n in manager.exported_program().graph.nodes
+            if n.op == "call_function" and "delegate" not in str(n.target) and "getitem" not in str(n.target)
+        }
+        return outside, run_pte(manager.to_executorch().buffer, x)
+
+    rules = RulesPass([RULES[name]()])
+    outside, got = lower([rules])
+    assert rules.last is not None and len(rules.last.report.plans) == 1
+    assert outside <= {"mean", "unsqueeze_copy", "squeeze_copy", "permute_copy"}, outside
+    _, want = lower([])
+    assert_close(got, want, rel=1e-6)

@@ -27,6 +27,7 @@ COMMON = {
     "module-call",
     "preserved-signature",
     "op-not-allowed",
+    "written-between",
 }
 
 

@@ -604,3 +604,41 @@ def test_a_dry_runs_report_applies_stage_by_stage_as_transform_would(form: str) 
     same = build(model, x, form)
     adapters.transform(same, rules).unwrap()
     assert gm.code == (same if isinstance(same, torch.fx.GraphModule) else same.graph_module).code
+
+
+class _Attn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.q(z) + self.k(z)
+        return out
+
+
+class _Top(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.att, self.head = _Attn(), nn.Linear(4, 2)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.att(z))
+        return out
+
+
+def test_no_weight_is_added_inside_a_module_whose_signature_is_preserved() -> None:
+    """A new weight inside ``att`` would be the program's: unflatten would pass it to ``att`` as an
+    input, and swapping the eager module in (what preserving its signature is for) would fail."""
+    model, z = _Top().eval(), (torch.randn(2, 3, 4),)
+    ep = torch.export.export(model, z, preserve_module_call_signature=("att",))
+    outcome = adapters.transform(ep, [RULES["linear-to-conv2d"]()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["linear_2"]  # the head, outside att
+    declined = [(j.node, j.reason.code) for j in outcome.report.rejections]
+    assert declined == [("linear", "preserved-signature"), ("linear_1", "preserved-signature")]
+    unflat = torch.export.unflatten(ep)
+    unflat.set_submodule("att", model.att)
+    with torch.no_grad():
+        assert_close([unflat(*z)], [model(*z)])
+    again = torch.export.export(model, z, preserve_module_call_signature=("att",))
+    plans = fxpure.plan(adapters.capture(again), [RULES["linear-to-conv2d"]()]).plans
+    assert adapters.apply(again, plans).failure().code == "preserved-signature"

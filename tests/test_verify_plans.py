@@ -13,10 +13,11 @@ from torch import nn
 import adapters
 from adapters.cli import main
 from adapters.validate import check_plans
-from fxpure.families import BATCH_NORM, CONV
-from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, rule
+from fxpure.families import BATCH_NORM, CONV, RELU
+from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, Var, rule
 from fxpure.plan import RewritePlan
 from fxpure.rules import RULES, fuse_conv_bn
+from fxpure.snapshot import NodeRef, TensorSpec
 from fxpure.weights import WeightExpr, fold_batch_norm
 from tests.models import ResNetish, example, randomize_bn
 from tests.programs import build
@@ -58,6 +59,31 @@ def test_a_wrong_plan_is_named_and_the_right_ones_pass() -> None:
     assert {c.anchor for c in checks} == {p.anchor for p in bad.plans}
     assert all("max relative difference" in c.note for c in checks)
     assert adapters.capture(program) == before  # checking changes nothing
+
+
+def _clamp(high: float | None, spec: str = "same") -> PatternRule:
+    """relu(x) -> clamp(x, 0, high): right with no upper bound; the new node declares ``spec``."""
+
+    def plan(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        declared = {"same": r.spec, "none": None, "half": TensorSpec(shape=(2, 64), dtype="float16")}[spec]
+        return p.replace(r, p.node("aten.clamp.default", (x, 0.0, high), name="c", spec=declared))
+
+    return rule("relu-to-clamp", Op(RELU, name="r", self=Var("x")), plan=plan)
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_plan_wrong_only_for_large_inputs_or_in_its_declared_spec_is_named(form: str) -> None:
+    program = build(nn.ReLU(), (torch.randn(2, 64),), form)
+
+    def check(r: PatternRule) -> tuple[bool | None, str]:
+        (c,) = check_plans(program, adapters.transform(program, [r], dry_run=True).unwrap().report)
+        return c.ok, c.note
+
+    assert check(_clamp(None)) == (True, "")
+    ok, note = check(_clamp(5.0))  # differs from relu above 5 only: the inputs reach past it
+    assert ok is False and note.startswith("max relative difference")
+    assert check(_clamp(None, "half")) == (False, "c declares (2, 64) float16, and computes (2, 64) float32")
+    assert check(_clamp(None, "none")) == (False, "c declares no shape or dtype, and computes (2, 64) float32")
 
 
 @pytest.fixture

@@ -16,7 +16,20 @@ from collections.abc import Mapping
 from fxpure import layout
 from fxpure.families import CONV
 from fxpure.layout import layout_reader
-from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Var, dequantized, need, rule
+from fxpure.pattern import (
+    Bound,
+    Const,
+    Match,
+    OneOf,
+    Op,
+    PatternRule,
+    Planner,
+    Var,
+    dequantized,
+    need,
+    quantized_as,
+    rule,
+)
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, Spec, TensorSpec
@@ -113,7 +126,12 @@ def _plan(
     base = conv.name
     # KIT-GAP: adapters.torchnames.SOURCE_FNS has no unsqueeze/squeeze (nor conv_transpose2d), so the
     # view nodes keep the conv's source_fn_stack (nn.Conv1d) instead of naming their own function
-    x2 = p.call(unsqueeze, name=f"{base}_in_2d", spec=_at2(p.match.spec("x")), self=x, dim=2)
+    snap, x_spec = p.match.snap, _at2(p.match.spec("x"))
+    x2 = p.call(unsqueeze, name=f"{base}_in_2d", spec=x_spec, self=x, dim=2)
+    # a quantized program keeps dequantize -> conv -> quantize around the views (a backend lowers that)
+    dq, q, y_spec = quantized_as(snap, x.name), quantized_as(snap, base), _at2(conv.spec)
+    if dq is not None and x_spec is not None:
+        x2 = p.requantize(x2, dq, name=f"{base}_in_2d", spec=x_spec)
     args: dict[str, Arg] = {
         "input": x2,
         "weight": _weight(p, conv, w, wq, dqw),
@@ -127,9 +145,9 @@ def _plan(
         args["output_padding"] = _lead(a["output_padding"], 0)
     if target == EDGE_CONV:
         args["transposed"] = a["transposed"]
-    y2 = p.call(
-        target, name=f"{base}_2d", spec=_at2(conv.spec), provenance=base, source_fn=SOURCE_FN.get(target), **args
-    )
+    y2 = p.call(target, name=f"{base}_2d", spec=y_spec, provenance=base, source_fn=SOURCE_FN.get(target), **args)
+    if q is not None and y_spec is not None:
+        y2 = p.requantize(y2, q, name=f"{base}_2d", spec=y_spec)
     return p.replace(conv, p.call(squeeze, name=f"{base}_out_1d", spec=conv.spec, self=y2, dim=(2,)))
 
 

@@ -20,7 +20,7 @@ from returns.result import Failure, Result, Success
 from fxpure import layout
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, linear_of, linear_root
-from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, rule
+from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
 from fxpure.snapshot import Arg, Dim, NodeRef, TensorSpec, refs
@@ -202,8 +202,14 @@ def _plan(
     lin, spec, out, own = site.lin, site.spec, site.out, site.own
     rank, base = len(spec.shape), lin.op.name
     nchw, conv_in = _steps(p, site.x, spec.shape, spec.dtype, TO_NCHW[rank], f"{base}_nchw")
+    # a quantized program keeps dequantize -> conv -> quantize around the views (a backend lowers that)
+    dq, q = quantized_as(p.match.snap, site.x.name), quantized_as(p.match.snap, lin.outer.name)
+    if dq is not None:
+        nchw = p.requantize(nchw, dq, name=f"{base}_nchw", spec=TensorSpec(shape=conv_in, dtype=spec.dtype))
     conv_spec = TensorSpec(shape=(conv_in[0], out.shape[-1], *conv_in[2:]), dtype=out.dtype)
     conv = _conv(p, nchw, _weight(p, lin, w, wq, dqw), b, f"{base}_conv", conv_spec)
+    if q is not None:
+        conv = p.requantize(conv, q, name=f"{base}_conv", spec=conv_spec)
     result, _ = _steps(p, conv, conv_spec.shape, out.dtype, FROM_NCHW[rank], f"{base}_back")
     if lin.view_out is not None and not own:  # the model's reshape, on the new result
         result = p.respell(lin.view_out, name=f"{lin.view_out.name}_new", self=result)

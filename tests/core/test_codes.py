@@ -449,6 +449,7 @@ ADAPTER = {
     "non-finite-weight": "found by the adapter: a folded weight computed with torch is inf or NaN",
     "preserved-signature": "found by the adapter: a node a preserved module call signature names",
     "op-not-allowed": "found by the adapter: a new node's op the program's verifier refuses",
+    "written-between": "found by the adapter: an in-place write between a tensor's old reads and the new one",
 }
 NO_OVERLAP = "a rule's plans claim only nodes its match alone reads (shared ones are declined): never two at once"
 UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: {**ADAPTER, "plan-conflict": NO_OVERLAP} for name in RULES} | {

@@ -316,3 +316,41 @@ def test_after_split_group_conv_the_sliced_weights_are_constants() -> None:
     # only the live, twice-derived weights are left: no slice is materialised on its own
     assert sorted(c for c in after.constants if "weight" in c) == ["conv_g0_weight_2d", "conv_g1_weight_2d"]
     assert not [n for n in after.nodes if n.target.startswith("aten.conv1d")]
+
+
+def _quantized(after: str) -> GraphSnapshot:
+    """int8 x -> dequantize -> conv1d -> ``after`` ("q": a quantize; "relu": relu, quantize;
+    "two": a quantize and another reader) -> output."""
+    g = GraphBuilder()
+    params: tuple[Arg, ...] = (0.05, 3, -128, 127, DTypeArg("int8"))
+    xq, w = g.input("xq", (2, 4, 16), "int8"), g.parameter("w", (6, 4, 3))
+    x = g.node("quantized_decomposed.dequantize_per_tensor.default", (xq, *params), name="x", out=(2, 4, 16))
+    y: Arg = g.call("aten.conv1d.default", name="conv", out=(2, 6, 14), input=x, weight=w)
+    if after == "relu":
+        y = g.call("aten.relu.default", name="relu", out=(2, 6, 14), self=y)
+    out = (0.1, -2, -128, 127, DTypeArg("int8"))
+    q = g.node("quantized_decomposed.quantize_per_tensor.default", (y, *out), name="q", out=(2, 6, 14))
+    g.output(q, *((y,) if after == "two" else ()))
+    return g.build()
+
+
+@pytest.mark.parametrize("after", ["q", "relu", "two"])
+def test_a_quantized_conv_keeps_dequantize_conv_quantize_around_its_views(after: str) -> None:
+    snap = _quantized(after)
+    new = plan(snap, [RULE]).after
+    calls = [n for n in new.nodes if n.op == "call_function"]
+    names = [n.name for n in calls]
+    want = ["x", "conv_in_2d", "conv_in_2d_q", "conv_in_2d_dq", "conv_2d", "conv_2d_q", "conv_2d_dq", "conv_out_1d"]
+    if after == "two":  # the conv's value is read unquantized too: no parameters to round it with
+        want = [n for n in want if not n.startswith("conv_2d_")]
+    assert names[: len(want)] == want
+    by = {n.name: n for n in calls}
+    assert by["conv_in_2d_q"].args == (NodeRef("conv_in_2d"), *snap.node("x").args[1:])
+    assert by["conv_in_2d_q"].target == "quantized_decomposed.quantize_per_tensor.default"
+    assert by["conv_in_2d_q"].spec == spec(2, 4, 1, 16, dtype="int8")
+    assert by["conv_in_2d_dq"].args == (NodeRef("conv_in_2d_q"), *snap.node("x").args[1:])
+    assert by["conv_in_2d_dq"].spec == spec(2, 4, 1, 16)
+    assert by["conv_2d"].args[0] == NodeRef("conv_in_2d_dq")
+    if after != "two":
+        assert by["conv_2d_q"].args == (NodeRef("conv_2d"), *snap.node("q").args[1:])
+        assert by["conv_out_1d"].args[0] == NodeRef("conv_2d_dq")

@@ -263,3 +263,22 @@ def test_views_false_counts_only_readers_by_strides() -> None:
     g.output(g.node("aten.as_strided_copy.default", (r, (3, 2), (2, 1)), name="s", out=(3, 2)))
     reason = layout_reader(g.build(), "r", views=False)
     assert reason is not None and reason.message.startswith("s (aten.as_strided_copy.default) reads r as (3, 2)")
+
+
+def test_a_control_flow_op_reads_its_operands_strides_and_not_its_predicates() -> None:
+    # relu(x) is an operand of a cond (its branches may view it): the cond counts as a reader, through
+    # what passed the strides on; its predicate, a 0-d value, has none to pass
+    g = GraphBuilder()
+    x = g.input("x", (2, 3, 4))
+    r = g.call("aten.relu.default", name="r", self=x, out=(2, 3, 4))
+    pred = g.node("aten.gt.Scalar", (g.node("aten.sum.default", (x,), name="s", out=()), 0), name="p", out=())
+    branch = g.node("get_attr_like", (), name="true_graph_0")
+    g.output(g.node("higher_order.cond", (pred, branch, branch, (r,)), name="cond", out=(2, 3, 4)))
+    snap = g.build()
+    reason = layout_reader(snap, "r")
+    assert reason is not None and reason.message == (
+        "cond (higher_order.cond) reads r in a graph of its own, which may read it by its strides (fxpure does"
+        " not look in), which the replacement changes"
+    )
+    assert layout_reader(snap, "x") is not None  # behind r
+    assert layout_reader(snap, "s") is None and layout_reader(snap, "p") is None

@@ -378,3 +378,26 @@ def test_a_product_whose_weight_is_not_transposed_is_not_a_linear() -> None:
     (r,) = plan(g.build(), [RULE]).rejections
     assert (r.reason.code, r.reason.path) == ("wrong-op", "lin.mat2/lin_t")
     assert "mat2 of lin comes from w" in r.reason.message
+
+
+def test_a_quantized_linear_keeps_dequantize_conv_quantize_around_its_views() -> None:
+    g = GraphBuilder()
+    params: tuple[Arg, ...] = (0.05, 3, -128, 127, DTypeArg("int8"))
+    xq, w = g.input("xq", (2, 5, 8), "int8"), g.parameter("w", (6, 8))
+    x = g.node("quantized_decomposed.dequantize_per_tensor.default", (xq, *params), name="x", out=(2, 5, 8))
+    y = g.call("aten.linear.default", name="lin", out=(2, 5, 6), input=x, weight=w, bias=None)
+    out = (0.1, -2, -128, 127, DTypeArg("int8"))
+    g.output(g.node("quantized_decomposed.quantize_per_tensor.default", (y, *out), name="q", out=(2, 5, 6)))
+    snap = g.build()
+    new = plan(snap, [linear_to_conv2d()]).after
+    names = [n.name for n in new.nodes if n.op == "call_function"]
+    assert names == [
+        "x",
+        *("lin_nchw0", "lin_nchw1", "lin_nchw_q", "lin_nchw_dq"),
+        *("lin_conv", "lin_conv_q", "lin_conv_dq"),
+        *("lin_back0", "lin_back1", "q"),
+    ]
+    assert new.node("lin_nchw_q").args == (NodeRef("lin_nchw1"), *params)
+    assert new.node("lin_nchw_dq").spec == spec(2, 8, 1, 5)
+    assert new.node("lin_conv_dq").args == (NodeRef("lin_conv_q"), *out)
+    assert new.node("lin_conv_q").spec == spec(2, 6, 1, 5, dtype="int8")

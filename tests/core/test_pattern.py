@@ -29,13 +29,14 @@ from fxpure.pattern import (
     explain,
     match,
     need,
+    quantized_as,
     rule,
 )
 from fxpure.plan import RewritePlan, Rule, constant_expr, reshapes_of
 from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, GraphSnapshot, NodeRef
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Binary, Permute, Reshape, Source, Unary, WeightExpr, infer_spec
 
@@ -254,7 +255,7 @@ def test_the_failed_alternative_reported_is_the_one_that_got_furthest() -> None:
     assert text == json.dumps(to_data(explain(g.build(), keep, g.build().node("m"))), sort_keys=True)
 
 
-def bn_graph(*, stats_used: bool) -> GraphSnapshot:
+def bn_graph(*, stats_used: bool, stats_read: bool = True) -> GraphSnapshot:
     g = GraphBuilder()
     x = g.input("x", (1, 4, 6, 6))
     m, v = g.buffer("m", (4,)), g.buffer("v", (4,))
@@ -271,7 +272,8 @@ def bn_graph(*, stats_used: bool) -> GraphSnapshot:
         momentum=0.1,
         eps=1e-5,
     )
-    g.output(g.getitem(bn, 0, name="y", out=out), *((g.getitem(bn, 1, name="s"),) if stats_used else ()))
+    stats = g.getitem(bn, 1, name="s") if stats_used else None
+    g.output(g.getitem(bn, 0, name="y", out=out), *((stats,) if stats is not None and stats_read else ()))
     return g.build()
 
 
@@ -287,6 +289,11 @@ def test_tuple_output_projection() -> None:
     assert (reason.code, reason.path, reason.node) == ("tuple-output-used", "bn.out", "bn")
     (p,) = plan(bn_graph(stats_used=False), [BN_ONLY]).plans
     assert p.replace == (("y", "x"),) and set(p.erase) == {"bn", "y"}
+    m = match(BN_ONLY.pattern, bn_graph(stats_used=False), bn_graph(stats_used=False).node("bn")).unwrap()
+    assert m.spec("bn") == spec(1, 4, 6, 6)  # the element it is read as
+    # another element that nothing reads (export writes max_pool2d's unused indices so) is no use: it goes
+    (p,) = plan(bn_graph(stats_used=True, stats_read=False), [BN_ONLY]).plans
+    assert p.replace == (("y", "x"),) and set(p.erase) == {"bn", "y", "s"}
 
 
 def test_repeated_variable_must_bind_the_same_node() -> None:
@@ -461,6 +468,24 @@ def test_a_computed_value_reaches_the_checks_after_it_and_the_planner() -> None:
     assert seen == [("check", (3, 3)), ("plan", (3, 3))]  # computed once, read by both
     big = only_rejection(scaled(w_shape=(4, 3, 5, 5)), r)
     assert (big.code, big.path) == ("big-kernel", "mul.self/conv.weight")  # at the first binding it reads
+
+
+@pytest.mark.parametrize("order", ["conv, mul", "mul, conv"])
+def test_a_checks_reason_is_located_at_the_node_it_names_whatever_the_order_it_reads_in(order: str) -> None:
+    def at_mul(conv: Bound, mul: Bound, w: WeightExpr) -> Reason | None:
+        return Declined(code="no", node="mul", detail="")
+
+    def at_conv(w: WeightExpr, mul: Bound, conv: Bound) -> Reason | None:
+        return Declined(code="no", node="conv", detail="")
+
+    for check, path in (
+        (at_mul, "mul"),
+        (at_conv, "mul.self/conv.weight" if order == "mul, conv" else "mul.self/conv"),
+    ):
+        reads = ("conv", "mul", "w") if order == "conv, mul" else ("mul", "w", "conv")
+        r = rule("r", SCALED, need.check(check, codes=["no"], at=reads[0]), plan=_scale)
+        assert need.check(check, codes=["no"], at=reads[0]).reads[0] == reads[0]
+        assert only_rejection(scaled(), r).path == path
 
 
 def test_a_compute_that_fails_declines_with_its_located_reason() -> None:
@@ -735,20 +760,25 @@ def test_checks_must_return_a_typed_reason_not_a_bool() -> None:
         need.check(fine, codes=())
 
 
-def test_lit_is_strict_about_types() -> None:
-    # alpha=1 does not match alpha=1.0 (nor would False match 0): list every spelling you accept
-    def graph() -> GraphSnapshot:
+def test_lit_takes_a_number_of_either_type_and_a_bool_only_as_a_bool() -> None:
+    # alpha=1 matches alpha=1.0 (to_edge writes hardtanh's 0.0 as 0); False does not match 0
+    def graph(alpha: float | bool) -> GraphSnapshot:
         g = GraphBuilder()
         x = g.input("x", (2,))
-        g.output(g.call("aten.add.Tensor", name="add", self=x, other=x, alpha=1.0))
+        g.output(g.node("aten.add.Tensor", (x, x), {"alpha": alpha}, name="add", out=(2,)))
         return g.build()
 
-    strict = rule("s", Op(ADD, name="add", self=Var("x"), alpha=Lit(1)), plan=lambda p, add, x: p.replace(add, x))
-    reason = only_rejection(graph(), strict)
-    assert (reason.code, reason.path) == ("arg-mismatch", "add.alpha")
-    assert reason.message == "alpha of add is 1.0, expected 1"
-    loose = rule("l", Op(ADD, name="add", self=Var("x"), alpha=Lit(1, 1.0)), plan=lambda p, add, x: p.replace(add, x))
-    assert len(plan(graph(), [loose]).plans) == 1
+    one = rule("s", Op(ADD, name="add", self=Var("x"), alpha=Lit(1)), plan=lambda p, add, x: p.replace(add, x))
+    assert len(plan(graph(1.0), [one]).plans) == 1
+    assert only_rejection(graph(1.5), one).message == "alpha of add is 1.5, expected 1"
+    zero = rule("z", Op(ADD, name="add", self=Var("x"), alpha=Lit(0)), plan=lambda p, add, x: p.replace(add, x))
+    assert len(plan(graph(0.0), [zero]).plans) == 1
+    reason = only_rejection(graph(False), zero)
+    assert (reason.code, reason.path, reason.message) == (
+        "arg-mismatch",
+        "add.alpha",
+        "alpha of add is False, expected 0",
+    )
 
 
 # --- what a planner writes must be a program: author mistakes raise, data-dependent ones decline ---
@@ -1028,3 +1058,45 @@ def test_a_reshape_of_a_folded_constant_read_elsewhere_stays() -> None:
     assert len(report.plans) == 1
     after = verify(report.after).unwrap()
     assert {"u1", "u2"} <= set(after.index) and "gamma" in after.constants
+
+
+def test_requantize_copies_a_per_tensor_quantizes_parameters_and_refuses_another_node() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    params: tuple[Arg, ...] = (NodeRef("s"), NodeRef("z"), 0, 255, DTypeArg("uint8"))
+    s, z = g.input("s", ()), g.input("z", (), "int64")
+    q = g.node("quantized_decomposed.quantize_per_tensor.tensor", (x, *params), name="q", out=(2,))
+    r = g.call("aten.relu.default", name="r", self=x, out=(2,))
+    g.output(q, r, s, z)
+    snap = g.build()
+    assert quantized_as(snap, "x") is None  # two readers
+    assert quantized_as(snap, "r") is None and quantized_as(snap, "q") is None  # output; a quantize itself
+    m = match(Op(RELU, name="relu", self=Var("x")), snap, snap.node("r")).unwrap()
+    p = Planner("r", m)
+    dq = p.requantize(NodeRef("r"), snap.node("q"), name="rq", spec=spec(2))
+    quant, back = p.finish([]).nodes
+    assert dq == NodeRef("rq_dq") and (quant.name, back.name) == ("rq_q", "rq_dq")
+    assert quant.target == "quantized_decomposed.quantize_per_tensor.tensor" and quant.args == (NodeRef("r"), *params)
+    assert back.target == "quantized_decomposed.dequantize_per_tensor.tensor" and back.args[1:] == params
+    assert (quant.spec, back.spec) == (spec(2, dtype="uint8"), spec(2))
+    with pytest.raises(TypeError, match=r"^r is no per-tensor quantize or dequantize"):
+        p.requantize(NodeRef("r"), snap.node("r"), name="bad", spec=spec(2))
+
+
+def test_a_size_read_of_an_erased_node_no_new_value_of_its_shape_answers_declines() -> None:
+    # relu(conv(x)) -> a flat view of x: nothing new has the conv's shape for its size reader
+    g = GraphBuilder()
+    x, w = g.input("x", (1, 3, 4, 4)), g.parameter("w", (3, 3, 1, 1))
+    conv = g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 3, 4, 4))
+    g.output(
+        g.call("aten.relu.default", name="r", self=conv, out=(1, 3, 4, 4)),
+        g.node("aten.sym_size.int", (conv, 2), name="h"),
+    )
+    pattern = Op(RELU, name="r", self=Op(CONV, name="conv", input=Var("x"), weight=Const("w")))
+
+    def flat(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten.view.default", name="v", spec=spec(48), self=x, size=(48,)))
+
+    (no,) = plan(g.build(), [rule("flat", pattern, plan=flat)]).rejections
+    assert (no.reason.code, no.reason.node, no.reason.path) == ("output-shared", "conv", "r.self/conv")
+    assert no.reason.message == "output of conv is also used by h"

@@ -12,7 +12,7 @@ from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure import plan
-from fxpure.plan import NewConstant, NewNode, Rejection, RewritePlan, rewrite
+from fxpure.plan import NewConstant, NewNode, Rejection, RewritePlan, placement, read_spans, rewrite
 from fxpure.reasons import PlanConflict, Reason
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
@@ -402,3 +402,45 @@ def test_a_plan_that_removes_the_programs_output_or_an_input_is_refused(
     assert rewrite(chain(), [p]) == Failure(
         PlanConflict(node="a", detail=f"plan removes {removed}, the program's {what}")
     )
+
+
+def spans_graph() -> GraphSnapshot:
+    """x -> a = f(x) -> (x written by m) -> b = g(a), e = k(x) -> output(b, e)."""
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    a = g.node("f", (x,), name="a", out=(2,))
+    g.node("m", (x,), name="m", out=(2,))
+    b = g.node("g", (a,), name="b", out=(2,))
+    e = g.node("k", (), {"self": x}, name="e", out=(2,))
+    g.output((b, e))
+    return g.build()
+
+
+def test_a_fused_node_reads_at_its_place_the_tensors_its_nodes_read_earlier() -> None:
+    snap = spans_graph()
+    p = RewritePlan(rule="r", anchor="b", nodes=(new("ab", NodeRef("x")),), replace=(("b", "ab"),), erase=("b", "a"))
+    assert placement(snap, p) == 3 and snap.nodes[3].name == "b"
+    assert read_spans(snap, p) == (("x", 2, 3),)  # m (index 2) runs between
+
+
+def test_a_merged_node_at_the_first_reads_what_the_later_read_after_it() -> None:
+    snap = spans_graph()
+    merged = NewNode(name="ae", target="h", args=(), kwargs=pmap({"self": NodeRef("x")}), spec=spec(2))
+    p = RewritePlan(rule="r", anchor="a", nodes=(merged,), replace=(("a", "ae"), ("e", "ae")), erase=("a", "e"))
+    assert placement(snap, p) == 1
+    assert read_spans(snap, p) == (("x", 1, 4),)  # from the merged node (before a) to e
+
+
+def test_nodes_inserted_after_a_node_they_read_go_after_it_and_read_nothing_it_did() -> None:
+    snap = spans_graph()
+    c = NewConstant(name="one", expr=ONES)
+    clamp = new("clamp", NodeRef("b"), NodeRef("one"))
+    twice = new("twice", NodeRef("clamp"), NodeRef("x"))
+    p = RewritePlan(rule="r", anchor="b", constants=(c,), nodes=(clamp, twice), replace=(("b", "twice"),))
+    assert placement(snap, p) == 4
+    names = [n.name for n in after(snap, [p]).nodes]
+    assert names[names.index("b") + 1] == "clamp"
+    # b is read just after it is made, x anew (no node the plan consumes read either): no span
+    assert read_spans(snap, p) == ()
+    only_new = replace(p, nodes=(new("twice", NodeRef("x")),))
+    assert placement(snap, only_new) == 3 and read_spans(snap, only_new) == ()
