@@ -510,6 +510,7 @@ def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Rea
 
 def _adopt(st: _State, fork: _State) -> None:
     st.bindings, st.sites, st.erase, st.prune, st.depth = fork.bindings, fork.sites, fork.erase, fork.prune, fork.depth
+    st.sized = fork.sized
 
 
 def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State) -> Reason | None:

@@ -401,3 +401,4 @@ def test_a_quantized_linear_keeps_dequantize_conv_quantize_around_its_views() ->
     assert new.node("lin_nchw_dq").spec == spec(2, 8, 1, 5)
     assert new.node("lin_conv_dq").args == (NodeRef("lin_conv_q"), *out)
     assert new.node("lin_conv_q").spec == spec(2, 6, 1, 5, dtype="int8")
+    assert new.node("lin_conv_q").args == (NodeRef("lin_conv"), *out)

@@ -36,7 +36,7 @@ from fxpure.plan import RewritePlan, Rule, constant_expr, reshapes_of
 from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Binary, Permute, Reshape, Source, Unary, WeightExpr, infer_spec
 
@@ -478,6 +478,13 @@ def test_a_checks_reason_is_located_at_the_node_it_names_whatever_the_order_it_r
     def at_conv(w: WeightExpr, mul: Bound, conv: Bound) -> Reason | None:
         return Declined(code="no", node="conv", detail="")
 
+    def elsewhere(conv: Bound, mul: Bound) -> Reason | None:
+        return Declined(code="no", node="x", detail="")  # a node it reads nothing at: its first read
+
+    r = rule(
+        "r", SCALED, need.check(elsewhere, codes=["no"], at="conv" if order == "conv, mul" else "mul"), plan=_scale
+    )
+    assert only_rejection(scaled(), r).path == ("mul.self/conv" if order == "conv, mul" else "mul")
     for check, path in (
         (at_mul, "mul"),
         (at_conv, "mul.self/conv.weight" if order == "mul, conv" else "mul.self/conv"),
@@ -1070,6 +1077,14 @@ def test_requantize_copies_a_per_tensor_quantizes_parameters_and_refuses_another
     g.output(q, r, s, z)
     snap = g.build()
     assert quantized_as(snap, "x") is None  # two readers
+    g2 = GraphBuilder()
+    xq = g2.input("xq", (2,), "int8")
+    g2.output(
+        g2.node(
+            "quantized_decomposed.dequantize_per_tensor.default", (xq, 0.1, 0, -128, 127, DTypeArg("int8")), name="d"
+        )
+    )
+    assert quantized_as(g2.build(), "xq") is None  # its reader dequantizes: no quantize to copy
     assert quantized_as(snap, "r") is None and quantized_as(snap, "q") is None  # output; a quantize itself
     m = match(Op(RELU, name="relu", self=Var("x")), snap, snap.node("r")).unwrap()
     p = Planner("r", m)
@@ -1081,6 +1096,12 @@ def test_requantize_copies_a_per_tensor_quantizes_parameters_and_refuses_another
     assert (quant.spec, back.spec) == (spec(2, dtype="uint8"), spec(2))
     with pytest.raises(TypeError, match=r"^r is no per-tensor quantize or dequantize"):
         p.requantize(NodeRef("r"), snap.node("r"), name="bad", spec=spec(2))
+    for args in [(NodeRef("x"), 0.1, 0, 0, 255), (NodeRef("x"), 0.1, 0, 0, 255, 7)]:  # no dtype last
+        odd = NodeSnapshot(
+            name="odd", op="call_function", target="quantized_decomposed.quantize_per_tensor.default", args=args
+        )
+        with pytest.raises(TypeError, match=r"^odd is no per-tensor quantize"):
+            p.requantize(NodeRef("r"), odd, name="bad", spec=spec(2))
 
 
 def test_a_size_read_of_an_erased_node_no_new_value_of_its_shape_answers_declines() -> None:
@@ -1092,11 +1113,18 @@ def test_a_size_read_of_an_erased_node_no_new_value_of_its_shape_answers_decline
         g.call("aten.relu.default", name="r", self=conv, out=(1, 3, 4, 4)),
         g.node("aten.sym_size.int", (conv, 2), name="h"),
     )
-    pattern = Op(RELU, name="r", self=Op(CONV, name="conv", input=Var("x"), weight=Const("w")))
+    conv_op = Op(CONV, name="conv", shared="conv-shared", input=Var("x"), weight=OneOf(Const("w"), Var("w")))
+    pattern = Op(RELU, name="r", self=OneOf(conv_op, Op(ADD, name="a", self=Var("x"), other=Var("y"))))
 
     def flat(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
         return p.replace(r, p.call("aten.view.default", name="v", spec=spec(48), self=x, size=(48,)))
 
+    def same(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten.relu.default", name="v", spec=spec(1, 3, 4, 4), self=x))
+
     (no,) = plan(g.build(), [rule("flat", pattern, plan=flat)]).rejections
-    assert (no.reason.code, no.reason.node, no.reason.path) == ("output-shared", "conv", "r.self/conv")
+    assert (no.reason.code, no.reason.node, no.reason.path) == ("conv-shared", "conv", "r.self/conv")
     assert no.reason.message == "output of conv is also used by h"
+    # a new value of the conv's shape answers it (what the match found before its alternatives stays)
+    (ok,) = plan(g.build(), [rule("same", pattern, plan=same)]).plans
+    assert ("conv", "v") in ok.replace

@@ -304,6 +304,10 @@ def test_a_plan_that_does_not_fit_the_graph_conflicts_with_the_reason() -> None:
     assert rewrite(chain(), [ghost]) == Failure(
         PlanConflict(node="a", detail="plan names a node the graph does not have")
     )
+    moved = RewritePlan(rule="r", anchor="a", nodes=(new("n", NodeRef("x")),), replace=(("ghost", "n"),))
+    assert rewrite(chain(), [moved]) == Failure(
+        PlanConflict(node="a", detail="plan names a node the graph does not have")
+    )
     bad = NewConstant(name="k", expr=Reshape(x=Source(key="w", spec=spec(2)), shape=(3,)))
     assert rewrite(chain(), [_reading((bad,))]) == Failure(
         PlanConflict(node="a", detail="constant k: cannot reshape (2,) to (3,)")
@@ -442,5 +446,7 @@ def test_nodes_inserted_after_a_node_they_read_go_after_it_and_read_nothing_it_d
     assert names[names.index("b") + 1] == "clamp"
     # b is read just after it is made, x anew (no node the plan consumes read either): no span
     assert read_spans(snap, p) == ()
+    unknown = replace(p, constants=(), nodes=(new("clamp", NodeRef("nowhere")),), replace=(("b", "clamp"),))
+    assert read_spans(snap, unknown) == ()  # a name the graph has not (the rewrite will refuse it)
     only_new = replace(p, nodes=(new("twice", NodeRef("x")),))
     assert placement(snap, only_new) == 3 and read_spans(snap, only_new) == ()
