@@ -14,6 +14,7 @@ is laid out afresh (a matrix product, a layer norm).
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 
 from fxpure.reasons import Declined
 from fxpure.snapshot import Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
@@ -40,10 +41,13 @@ HIGHER_ORDER = "higher_order."
 
 def only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> bool:
     """True when viewing shape ``src`` as ``dst`` only splits dims, keeps them, or adds and drops
-    1s: a view any strides allow.
+    1s: a view any strides allow. A symbolic size splits when it is a product (``4*s0`` into
+    ``s0, 2, 2``).
 
     >>> only_splits(("s0", 8, 12), ("s0", 8, 3, 4)), only_splits((2, 3), (6,)), only_splits((4,), (1, 4, 1))
     (True, False, True)
+    >>> only_splits(("4*s0", 16), ("s0", 2, 2, 4, 4)), only_splits(("s0", "s1"), ("s0*s1",))
+    (True, False)
     """
     a, b = [d for d in src if d != 1], [d for d in dst if d != 1]
     j = 0
@@ -51,16 +55,31 @@ def only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> bool:
         if j < len(b) and b[j] == d:
             j += 1
             continue
-        product = 1
-        while isinstance(d, int) and j < len(b) and product < d:
-            part = b[j]
-            if not isinstance(part, int):
+        want, have = _factors(d), (1, Counter[str]())
+        while want is not None and j < len(b) and have != want:
+            part = _factors(b[j])
+            if part is None:
                 return False
-            product *= part
+            have = (have[0] * part[0], have[1] + part[1])
             j += 1
-        if product != d:
+            if want[0] % have[0] or have[1] - want[1]:  # more than ``d`` holds: no split of it
+                return False
+        if have != want:
             return False
     return j == len(b)
+
+
+def _factors(d: Dim) -> tuple[int, Counter[str]] | None:
+    """A size as a number times a product of symbols (``4*s0``), or None if it is not one."""
+    if isinstance(d, int):
+        return d, Counter()
+    parts = d.split("*")
+    if not all(p.isdigit() or p.isidentifier() for p in parts):
+        return None
+    number = 1
+    for p in parts:
+        number *= int(p) if p.isdigit() else 1
+    return number, Counter(p for p in parts if not p.isdigit())
 
 
 def _sensitive(reader: NodeSnapshot, src: TensorSpec | None) -> bool:

@@ -11,7 +11,7 @@ import torch
 
 import adapters
 from fxpure.rules import RULES
-from tests.programs import FORMS, assert_sound, build, run
+from tests.programs import FORMS, assert_close, assert_sound, build, run
 
 
 class TransposedLinear(torch.nn.Module):
@@ -160,3 +160,29 @@ def test_a_value_a_graph_of_its_own_reads_keeps_its_strides_and_the_program_runs
     (declined,) = [j.reason for j in report.rejections if j.reason.code == "layout-sensitive-reader"]
     assert "in a graph of its own" in declined.message and not report.plans
     assert_sound(program, x, want)
+
+
+class WindowReverse(torch.nn.Module):
+    """Swin's window reverse after the output projection: a view splitting the (dynamic) batch of
+    windows into the batch and the window grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        y = self.proj(o).view(b, h // 2, w // 2, 2, 2, c)
+        out: torch.Tensor = y.permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c) + x
+        return out
+
+
+def test_a_view_splitting_a_symbolic_product_takes_any_strides() -> None:
+    model, x = WindowReverse().eval(), (torch.randn(2 * 4, 4, 8), torch.randn(2, 4, 4, 8))
+    batch = torch.export.Dim("B", min=1, max=16)
+    ep = torch.export.export(model, x, dynamic_shapes={"o": {0: 4 * batch}, "x": {0: batch}})
+    outcome = adapters.transform(ep, [RULES["linear-to-conv2d"]()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    for n in (2, 3):
+        y = (torch.randn(4 * n, 4, 8), torch.randn(n, 4, 4, 8))
+        assert_close(run(ep, y), run(torch.export.export(model, y), y))

@@ -31,6 +31,16 @@ from fxpure.testing import GraphBuilder
         ((2, 3), (2, 3, 4), False),  # more
         ((4, 6), (2, 12), False),  # the same size, other boundaries
         ((6, 5), (2, 3, 5), True),  # a split, then a dim kept
+        (("4*s0", 16), ("s0", 2, 2, 4, 4), True),  # a symbolic product split (Swin's window reverse)
+        (("4*s0",), ("2*s0", 2), True),
+        (("s0*s1", 3), ("s1", "s0", 3), True),
+        (("4*s0",), (8, "s0"), False),  # a part larger than the size
+        (("4*s0",), ("s1", 4), False),  # another symbol
+        (("s0", "s1"), ("s0*s1",), False),  # a symbolic merge
+        (("4*s0",), ("s0", 2), False),  # fewer elements
+        (("s0 + 1",), ("s0 + 1",), True),  # kept as it is
+        (("s0 + 1", 2), ("s0", 2), False),  # a sum: no product to split
+        ((6,), ("s0 + 1",), False),
     ],
 )
 def test_only_splits(src: tuple[Dim, ...], dst: tuple[Dim, ...], ok: bool) -> None:
