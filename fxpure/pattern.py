@@ -478,15 +478,17 @@ def _show(value: Binding) -> str:
     return repr(value)
 
 
+_NUMBERS = (int, float)
+
+
 def _strict_equal(a: Arg, b: Arg) -> bool:
     """Equal in type and value, except that an int and a float of one value are equal (export
     writes ``hardtanh``'s 0.0 as 0 once ``to_edge`` ran); a bool equals only a bool."""
+    if type(a) is not type(b):
+        return type(a) in _NUMBERS and type(b) in _NUMBERS and a == b
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(_strict_equal(x, y) for x, y in zip(a, b, strict=True))
-    numbers = (int, float)
-    if type(a) in numbers and type(b) in numbers:
-        return a == b
-    return type(a) is type(b) and a == b
+    return a == b
 
 
 def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Reason | None:
@@ -585,10 +587,11 @@ def _op(
         uses = tuple(u.name for u in items if u is not stray and u.name not in dead)
     if reader is not None and p.users == ONE:
         others = tuple(u for u in st.snap.users[node.name] if u != reader)
-        sizes = tuple(u for u in others if st.snap.node(u).target in SIZE_READERS)
-        if len(sizes) < len(others):
-            return OutputShared(code=p.shared, node=node.name, users=others, path=path)
-        if sizes:  # a size read of it (a dynamic program's x.shape): a replacement of its shape answers it
+        if others:
+            sizes = tuple(u for u in others if st.snap.node(u).target in SIZE_READERS)
+            if len(sizes) < len(others):
+                return OutputShared(code=p.shared, node=node.name, users=others, path=path)
+            # read for its sizes only (a dynamic program's x.shape): a replacement of its shape answers
             st.sized[node.name] = OutputShared(code=p.shared, node=node.name, users=sizes, path=path)
     bound_op = Bound(node=node, family=p.family, args=args, uses=uses, out=p.out)
     err = st.bind(p.name, bound_op, node.name, "output", path, count=False)  # counted on matching
@@ -702,7 +705,7 @@ def _matched(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Ma
         sites=MappingProxyType(st.sites),
         erase=tuple(dict.fromkeys(st.erase)),
         prune=tuple(dict.fromkeys(n for n in st.prune if n not in st.erase)),
-        sized=MappingProxyType(st.sized),
+        sized=MappingProxyType(st.sized) if st.sized else _NO_SIZES,
     )
     return m, None, st
 
@@ -990,6 +993,7 @@ need = _Need()
 # --- planning --------------------------------------------------------------------------------------
 
 
+_NO_SIZES: Mapping[str, OutputShared] = MappingProxyType({})
 # ops that read only a value's sizes: such a reader of a matched inner node is no reason to keep it
 SIZE_READERS = frozenset({"aten.sym_size.int", "aten.sym_numel.default"})
 _QD = "quantized_decomposed"
@@ -1200,9 +1204,12 @@ class Planner:
     ) -> tuple[tuple[str, str], ...]:
         """Moves of the size reads of erased inner nodes (:attr:`Match.sized`) to a new value of the
         same shape; where there is none, the plan is refused with the node's output-shared reason."""
+        sized = [(k, v) for m in matches for k, v in m.sized.items() if k in gone]
+        if not sized:
+            return ()
         shapes = {n.name: n.spec.shape for n in self._nodes if isinstance(n.spec, TensorSpec)}
         out = []
-        for inner, why in ((k, v) for m in matches for k, v in m.sized.items() if k in gone):
+        for inner, why in sized:
             spec = self.match.snap.node(inner).tensor_spec
             to = next((new.name for _, new in moves if spec is not None and shapes.get(new.name) == spec.shape), None)
             if to is None:
