@@ -614,6 +614,15 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
     return None
 
 
+# what the core cannot know of a plan, found on the program: each maps the plans it declines to why
+_CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]], ...] = (
+    _crossing,
+    _inside_preserved,
+    _refused,
+    _written_between,
+)
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
@@ -623,10 +632,7 @@ def _finite_plan(
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
-        crossing = {k: v for k, v in _crossing(cap, report).items() if k not in declined}
-        crossing.update({k: v for k, v in _refused(cap, report).items() if k not in declined})
-        crossing.update({k: v for k, v in _written_between(cap, report).items() if k not in declined})
-        crossing.update({k: v for k, v in _inside_preserved(cap, report).items() if k not in declined})
+        crossing = {k: v for check in _CHECKS for k, v in check(cap, report).items() if k not in declined}
         if crossing:
             declined.update(crossing)
             continue
@@ -733,8 +739,7 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
         flat = tuple(p for s in stages for p in s)
         report = RewriteReport(plans=flat, rejections=(), before=cap.snap, after=after, stages=stages)
         try:
-            checks = (_crossing, _inside_preserved, _refused, _written_between)
-            for found in (check(cap, report) for check in checks):
+            for found in (check(cap, report) for check in _CHECKS):
                 if found:
                     reason = next(iter(found.values()))
                     raise _ApplyError(reason.code, reason.message)

@@ -1036,7 +1036,8 @@ class Planner:
         self._nodes: list[NewNode] = []
         self.refused: Reason | None = None
         """Why the plan cannot be written for this match (a number bound where the op needs a
-        node, say): a rule declines with it (``malformed-node`` at path ``plan``); whoever makes
+        node: ``malformed-node`` at path ``plan``; an erased node whose size is read, with no new
+        value of its shape: its ``output-shared`` reason): a rule declines with it; whoever makes
         a Planner of their own reads it before using the plan."""
 
     @property
