@@ -26,7 +26,7 @@ import fxpure
 from adapters.snap import Captured, Program, capture_program, unreachable
 from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, read_spans
+from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
 from fxpure.weights import sources
@@ -560,8 +560,7 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     if not cap.writes or not report.plans:
         return {}
     out: dict[tuple[str, str], Reason] = {}
-    snap = report.before
-    for stage in report.stages or (report.plans,):
+    for snap, stage in planned_on(report):
         at: dict[str, list[tuple[int, str]]] = {}  # a tensor -> (index, node) of each write to it
         for node, value in cap.writes:
             if node in snap.index:
@@ -573,10 +572,6 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
                     detail = f"{hit} writes {name} in place between its reads by the matched nodes and the new ones"
                     out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=detail)
                     break
-        step = fxpure.rewrite(snap, stage)
-        if not isinstance(step, Success):
-            break
-        snap = step.unwrap()
     return out
 
 

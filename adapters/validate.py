@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any, final
 
 import torch
-from returns.result import Failure
 
 from adapters.snap import Captured, Program, capture_program
 from adapters.torchnames import dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import RewritePlan, RewriteReport, rewrite
+from fxpure.plan import RewritePlan, RewriteReport, planned_on
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, node_refs
 
 
@@ -245,11 +244,6 @@ def check_plans(
     """Check each plan of ``report`` (made on ``program`` before it was changed) on its own."""
     cap = program if isinstance(program, Captured) else capture_program(program)
     out: list[PlanCheck] = []
-    current = report.before
-    for i, stage in enumerate(report.stages or (report.plans,)):
+    for i, (current, stage) in enumerate(planned_on(report)):
         out.extend(_check(cap, current, p, tolerance, seed + 2 * i) for p in stage)
-        step = rewrite(current, stage)
-        if isinstance(step, Failure):
-            break
-        current = step.unwrap()
     return out

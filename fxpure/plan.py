@@ -443,6 +443,18 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     return _finish(snap, out, batch.infos, batch.erase, batch.prune)
 
 
+def planned_on(report: RewriteReport) -> Iterator[tuple[GraphSnapshot, tuple[RewritePlan, ...]]]:
+    """Each stage of ``report`` with the snapshot its plans were made on: ``report.before``, then
+    each stage's rewrite of the one before (a flat list of plans is one stage)."""
+    snap = report.before
+    for stage in report.stages or (report.plans,):
+        yield snap, stage
+        step = rewrite(snap, stage)
+        if not isinstance(step, Success):
+            return
+        snap = step.unwrap()
+
+
 def _dead(
     nodes: list[NodeSnapshot],
     users: dict[str, tuple[str, ...]],

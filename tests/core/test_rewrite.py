@@ -12,7 +12,17 @@ from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure import plan
-from fxpure.plan import NewConstant, NewNode, Rejection, RewritePlan, placement, read_spans, rewrite
+from fxpure.plan import (
+    NewConstant,
+    NewNode,
+    Rejection,
+    RewritePlan,
+    RewriteReport,
+    placement,
+    planned_on,
+    read_spans,
+    rewrite,
+)
 from fxpure.reasons import PlanConflict, Reason
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
@@ -450,3 +460,16 @@ def test_nodes_inserted_after_a_node_they_read_go_after_it_and_read_nothing_it_d
     assert read_spans(snap, unknown) == ()  # a name the graph has not (the rewrite will refuse it)
     only_new = replace(p, nodes=(new("twice", NodeRef("x")),))
     assert placement(snap, only_new) == 3 and read_spans(snap, only_new) == ()
+
+
+def test_each_stage_comes_with_the_snapshot_it_was_planned_on() -> None:
+    snap = chain()
+    first = RewritePlan(rule="r", anchor="a", nodes=(new("n", NodeRef("c")),), replace=(("a", "n"),), erase=("a",))
+    second = RewritePlan(rule="s", anchor="n", nodes=(new("m", NodeRef("c")),), replace=(("n", "m"),), erase=("n",))
+    staged = RewriteReport(plans=(first, second), rejections=(), before=snap, after=snap, stages=((first,), (second,)))
+    (s1, p1), (s2, p2) = planned_on(staged)
+    assert (s1, p1, p2) == (snap, (first,), (second,)) and s2 == after(snap, [first])
+    flat = RewriteReport(plans=(first,), rejections=(), before=snap, after=snap)
+    assert list(planned_on(flat)) == [(snap, (first,))]  # a flat list of plans is one stage
+    stuck = RewriteReport(plans=(second, first), rejections=(), before=snap, after=snap, stages=((second,), (first,)))
+    assert [p for _, p in planned_on(stuck)] == [(second,)]  # a stage that does not fit ends them
