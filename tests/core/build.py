@@ -44,6 +44,7 @@ def conv_bn(
     training: bool = False,
     weight_is_input: bool = False,
     conv_extra_user: bool = False,
+    conv_reader: str = "",  # a node "width" = conv_reader(conv, 3), also an output (aten.sym_size.int, say)
     stats_used: bool = False,
     weight_dtype: str = "float32",
     bn_channels: int = 8,
@@ -84,6 +85,8 @@ def conv_bn(
             result.append(g.getitem(bn, 1, name="bn_1"))
     if conv_extra_user:
         result.append(conv)
+    if conv_reader:
+        result.append(g.node(conv_reader, (conv, 3), name="width"))
     g.output(*result)
     return g.build()
 

@@ -224,36 +224,11 @@ def test_same_rule_twice_reports_each_candidate_once() -> None:
     assert [p.anchor for p in twice.plans] == ["bn1", "bn2"] and twice.rejections == ()
 
 
-def _sized(target: str) -> fxpure.GraphSnapshot:
-    """x -> conv -> batch norm -> output, and ``target`` reading the conv's width (a dynamic
-    program's ``B, C, H, W = f.shape``, or a use of its value)."""
-    g = GraphBuilder()
-    x, w = g.input("x", (2, 3, 8, "s0")), g.parameter("w", (4, 3, 3, 3))
-    conv = g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(2, 4, 6, "s0-2"))
-    bn = g.call(
-        "aten.batch_norm.default",
-        name="bn",
-        input=conv,
-        weight=None,
-        bias=None,
-        running_mean=g.buffer("m", (4,)),
-        running_var=g.buffer("v", (4,)),
-        training=False,
-        momentum=0.1,
-        eps=1e-5,
-        cudnn_enabled=False,
-        out=(2, 4, 6, "s0-2"),
-    )
-    width = g.node(target, (conv, 3), name="width")
-    g.output(bn, width)
-    return g.build()
-
-
 def test_a_size_read_of_the_conv_is_answered_by_the_fused_conv() -> None:
-    (p,) = plan(_sized("aten.sym_size.int"), [fuse_conv_bn()]).plans
+    (p,) = plan(conv_bn(conv_reader="aten.sym_size.int"), [fuse_conv_bn()]).plans
     assert set(p.replace) == {("bn", "conv_bn"), ("conv", "conv_bn")} and set(p.erase) == {"bn", "conv"}
-    after = rewrite(_sized("aten.sym_size.int"), [p]).unwrap()
+    after = rewrite(conv_bn(conv_reader="aten.sym_size.int"), [p]).unwrap()
     assert after.node("width").args == (NodeRef("conv_bn"), 3)
     assert verify(after).unwrap() == after
-    (no,) = plan(_sized("aten.select.int"), [fuse_conv_bn()]).rejections  # its values: the conv stays
+    (no,) = plan(conv_bn(conv_reader="aten.select.int"), [fuse_conv_bn()]).rejections  # its values: the conv stays
     assert (no.reason.code, no.reason.message) == ("conv-output-shared", "output of conv is also used by width")
