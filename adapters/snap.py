@@ -11,6 +11,7 @@ from pyrsistent import pmap
 from pyrsistent.typing import PMap
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
+from torch.utils._sympy.value_ranges import bound_sympy
 
 from adapters.torchnames import dtype_name, is_edge, target_name
 from fxpure.plan import no_cyclic_gc
@@ -69,13 +70,17 @@ def _dim(d: Any) -> int | str:
 _SPECS: dict[tuple[torch.Size, torch.dtype], TensorSpec] = {}
 
 
-def tensor_spec(value: Any) -> TensorSpec | None:
-    """Spec of a (fake) tensor, or None for anything else."""
+def tensor_spec(value: Any, symbolic: dict[str, torch.SymInt] | None = None) -> TensorSpec | None:
+    """Spec of a (fake) tensor, or None for anything else; ``symbolic`` collects its symbolic sizes
+    by name."""
     if not isinstance(value, torch.Tensor):
         return None
     try:
         return _SPECS[(value.shape, value.dtype)]
     except TypeError:  # symbolic sizes do not hash
+        if symbolic is not None:
+            sizes: tuple[Any, ...] = tuple(value.shape)  # torch.Size says int; these are SymInts
+            symbolic.update((str(d), d) for d in sizes if isinstance(d, torch.SymInt))
         return TensorSpec(shape=tuple(_dim(d) for d in value.shape), dtype=dtype_name(value.dtype))
     except KeyError:
         spec = _SPECS[(value.shape, value.dtype)] = TensorSpec(
@@ -84,10 +89,28 @@ def tensor_spec(value: Any) -> TensorSpec | None:
         return spec
 
 
-def _spec(value: Any) -> Spec:
+def _spec(value: Any, symbolic: dict[str, torch.SymInt]) -> Spec:
     if isinstance(value, (list, tuple)):
-        return tuple(tensor_spec(v) for v in value)
-    return tensor_spec(value)
+        return tuple(tensor_spec(v, symbolic) for v in value)
+    return tensor_spec(value, symbolic)
+
+
+def _least_sizes(
+    ep: ExportedProgram | None, gm: torch.fx.GraphModule, symbolic: dict[str, torch.SymInt]
+) -> dict[str, int]:
+    """The least value of each symbolic size the program declares: an exported program's range
+    constraints, and a data-dependent size's range (``inline_constraints`` of a GraphModule). The
+    tracer's own ranges are no declaration: it assumes 2 or more for a size the program lets be 0."""
+    declared = dict(ep.range_constraints) if ep is not None else dict(gm.meta.get("inline_constraints", {}))
+    out: dict[str, int] = {}
+    for name, d in symbolic.items():
+        expr = d.node.expr
+        if not expr.free_symbols <= declared.keys():
+            continue
+        low = bound_sympy(expr, declared).lower
+        if low.is_integer and low.is_finite:
+            out[name] = int(low)
+    return out
 
 
 # integer vectors up to this size are captured by value (zero points, index tables)
@@ -288,6 +311,7 @@ def _capture(program: Program) -> Captured:
     calls: list[tuple[str, str, str]] = []
     branches: list[tuple[str, torch.fx.GraphModule]] = []
     refs: dict[torch.fx.Node, NodeRef] = {}
+    symbolic: dict[str, torch.SymInt] = {}
     edge = False
     for n in gm.graph.nodes:
         name, op = n.name, n.op
@@ -316,7 +340,7 @@ def _capture(program: Program) -> Captured:
                 target=target,
                 args=tuple([_arg(a, refs) for a in n.args]),
                 kwargs=pmap({k: _arg(v, refs) for k, v in kwargs.items()}) if kwargs else _EMPTY,
-                spec=_spec(n.meta.get("val")),
+                spec=_spec(n.meta.get("val"), symbolic),
             )
         )
     writes = _writes(ep, gm)
@@ -326,7 +350,12 @@ def _capture(program: Program) -> Captured:
         for k in [k for k, c in constants.items() if k in written or c.storage in storages]:
             del constants[k], tensors[k]
     snap = snapshot(
-        nodes, constants, dialect="edge" if edge else "aten", lifted=ep is not None, reserved=_reserved(ep, gm)
+        nodes,
+        constants,
+        dialect="edge" if edge else "aten",
+        lifted=ep is not None,
+        reserved=_reserved(ep, gm),
+        least_sizes=_least_sizes(ep, gm, symbolic) if symbolic else None,
     )
     return Captured(program, gm, snap, tensors, specs, calls, branches, _pinned(ep), tuple(writes.events), writes.views)
 

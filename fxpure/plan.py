@@ -515,6 +515,7 @@ def _finish(
             index=MappingProxyType(index),
             targets=MappingProxyType({t: ns for t, ns in targets.items() if ns}),
             reserved=snap.reserved,
+            least_sizes=snap.least_sizes,
         )
     )
 

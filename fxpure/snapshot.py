@@ -188,6 +188,21 @@ class GraphSnapshot:
     # names the program already uses besides its nodes (state-dict keys, module attributes): new
     # constants must not take them
     reserved: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
+    # the least value of each symbolic size, where the program declares it (an exported program's
+    # range constraints): a size missing here may be 0
+    least_sizes: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False, hash=False, repr=False
+    )
+
+    def least(self, dim: Dim) -> int:
+        """The least value ``dim`` can take: itself when static, else what the program declares
+        (0 when it declares nothing).
+
+        >>> g = snapshot([], {}, least_sizes={"T": 1})
+        >>> g.least(3), g.least("T"), g.least("B")
+        (3, 1, 0)
+        """
+        return dim if isinstance(dim, int) else self.least_sizes.get(dim, 0)
 
     def node(self, name: str) -> NodeSnapshot:
         """The node called ``name`` (KeyError if there is none)."""
@@ -222,10 +237,12 @@ def snapshot(
     dialect: str = "aten",
     lifted: bool = True,
     reserved: Iterable[str] = (),
+    least_sizes: Mapping[str, int] | None = None,
 ) -> GraphSnapshot:
     """Build a snapshot, deriving users and the name index in one pass.
 
     ``reserved``: names a new constant must not take (the program's state-dict keys, say).
+    ``least_sizes``: the least value of each symbolic size, where known.
 
     >>> g = snapshot([NodeSnapshot(name="x", op="placeholder", target="x"),
     ...               NodeSnapshot(name="out", op="output", target="output",
@@ -244,6 +261,7 @@ def snapshot(
         index=MappingProxyType(index),
         targets=MappingProxyType(targets),
         reserved=frozenset(reserved),
+        least_sizes=MappingProxyType(dict(least_sizes or {})),
     )
 
 

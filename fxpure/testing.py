@@ -76,6 +76,7 @@ class GraphBuilder:
         self._infos: dict[str, ConstantInfo] = {}
         self._output: NodeSnapshot | None = None
         self._counts: dict[str, int] = {}
+        self._least: dict[str, int] = {}
 
     def _name(self, name: str | None, base: str) -> str:
         if name is not None:
@@ -83,6 +84,12 @@ class GraphBuilder:
         n = self._counts.get(base, 0)
         self._counts[base] = n + 1
         return base if n == 0 else f"{base}_{n}"
+
+    def size(self, name: str, *, least: int) -> str:
+        """A symbolic size the program declares to be ``least`` or more (as ``Dim(name, min=least)``
+        does); returns its name, to use in shapes. An undeclared one may be 0."""
+        self._least[name] = least
+        return name
 
     def input(self, name: str, shape: Shape, dtype: str = "float32") -> NodeRef:
         """A user input (placeholder)."""
@@ -196,7 +203,9 @@ class GraphBuilder:
         nodes of one name, a node read before it is defined or never)."""
         head = [*self._consts, *self._inputs] if self.lifted else [*self._inputs, *self._consts]
         nodes = [*head, *self._calls, *([self._output] if self._output else [])]
-        snap = snapshot(nodes, self._infos, dialect=self.dialect, lifted=self.lifted, reserved=reserved)
+        snap = snapshot(
+            nodes, self._infos, dialect=self.dialect, lifted=self.lifted, reserved=reserved, least_sizes=self._least
+        )
         bad = verify(snap)
         if isinstance(bad, Failure):
             raise ValueError(f"not a graph: {bad.failure().message}")

@@ -6,6 +6,7 @@ Qualcomm's ConvertLinearToConv2d on the same programs."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import executorch.kernels.quantized  # type: ignore[import-untyped]  # noqa: F401  (the quantize ops' out variants)
@@ -196,11 +197,46 @@ def convs(p: Program) -> int:
     return sum(t in ("aten.conv2d.default", "aten.convolution.default") for t in targets(p))
 
 
+def test_the_snapshot_holds_the_least_sizes_the_program_declares() -> None:
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return x[mask].reshape(-1, 4)
+
+    x = torch.randn(2, 5, 8)
+    shapes = ({0: Dim("b", min=1), 1: Dim("t", min=3)},)
+    ep = torch.export.export(nn.Flatten(0, 1), (x,), dynamic_shapes=shapes)
+    b, t = (str(d) for d in next(n for n in ep.graph.nodes if n.op == "placeholder").meta["val"].shape[:2])
+    least = adapters.capture(ep).least_sizes
+    assert (least[b], least[t], least[next(k for k in least if "*" in k)]) == (1, 3, 3)
+    assert adapters.capture(ep.module()).least_sizes == {}  # a GraphModule declares none
+    masked = torch.export.export(Masked(), (x, torch.ones(2, 5, dtype=torch.bool)))
+    for p in (masked, masked.module()):  # a data-dependent size: its range, from 0
+        assert list(adapters.capture(p).least_sizes.values())[:1] == [0]
+
+
+@pytest.mark.parametrize("form", ["aten", "gm"])
+def test_a_sequence_that_may_be_empty_is_declined(form: str) -> None:
+    # Dim("seq") lets the sequence be 0, where a linear returns an empty tensor and a 1x1 conv2d
+    # with an empty spatial dim fails; a GraphModule declares no ranges at all (SEQ's minimum of 2
+    # is the exported program's, not the GraphModule's)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    seq = {"aten": Dim("seq", max=32), "gm": SEQ}[form]
+    ep = torch.export.export(model, (torch.randn(2, 6, 16),), dynamic_shapes=({1: seq},))
+    p = ep.module() if form == "gm" else ep
+    outcome = adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    assert outcome.report.plans == () and not outcome.changed
+    reasons = [r.reason for r in outcome.report.rejections]
+    assert [(r.code, r.path) for r in reasons] == [("zero-size", "lin.input")] * 2
+    assert re.search(r"\(2, '(s\d+)', 16\) is empty when \1 is 0", reasons[0].message)
+    program = ep.module() if form == "aten" else p  # what transform left runs at 0
+    assert program(torch.randn(2, 0, 16)).shape == (2, 0, 4)
+
+
 @pytest.mark.parametrize(
     ("cls", "form"),
     [
         *((MLP, form) for form in FORMS),
-        (AttentionBlock, "gm"),
         (AttentionBlock, "aten"),
         (AttentionBlock, "edge"),
         (ConvNeXtBlock, "aten"),
@@ -373,15 +409,20 @@ def test_quantized_mlp_int8_outputs_equal_the_originals(form: str) -> None:
         assert_close(run_pte(manager.to_executorch().buffer, x), run(p, x))
 
 
+def static_quantized() -> torch.fx.GraphModule:
+    """The quantized program of static sizes as a GraphModule (it declares no ranges of dynamic ones)."""
+    return pt2e(make(TokenMLP), inputs(TokenMLP, (2, 6, 16))).module()
+
+
 def test_on_a_graph_module_the_new_int8_weights_are_buffers_it_saves_and_moves() -> None:
-    gm = quantized().module()
+    gm = static_quantized()
     outcome = adapters.transform(gm, [linear_to_conv2d()]).unwrap()
     assert len(outcome.added) == 2
     buffers, state = dict(gm.named_buffers()), gm.state_dict()
     assert all(name in buffers and state[name].dtype == torch.int8 for name in outcome.added)
     x = inputs(TokenMLP, (2, 6, 16))
     want = run(gm, x)
-    again = quantized().module()
+    again = static_quantized()
     adapters.transform(again, [linear_to_conv2d()]).unwrap()
     for name in outcome.added:  # the saved weights are what the copy runs on
         getattr(again, name).zero_()

@@ -117,12 +117,13 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
         return Failure(UnsupportedRank(node=node, rank=len(w.shape), allowed=(2,), of="weight dims", path=at_w))
     if not isinstance(spec.shape[-1], int):
         return Failure(SymbolicShape(node=node, role="input", shape=spec.shape, path=at_x))
-    # conv2d takes no empty channels (it would drop the bias) nor an empty spatial dim (it fails)
-    empty: list[tuple[str, str, tuple[Dim, ...]]] = [(at_w, "weight", w.shape)] if 0 in w.shape else []
-    empty += [(at_x, "input", spec.shape)] if 0 in spec.shape[1:-1] else []  # the dims moved to H, W
-    if empty:
-        at, role, shape = empty[0]
-        detail = f"{node}: the {role} {shape} is empty, which a 1x1 conv2d does not compute as a linear does"
+    # conv2d takes no empty channels (it would drop the bias) nor an empty spatial dim (it fails),
+    # nor one the program lets be empty (a symbolic size the program does not declare 1 or more)
+    moved = [d for d in spec.shape[1:-1] if match.snap.least(d) < 1]  # the dims moved to H, W
+    if 0 in w.shape or moved:
+        role, shape, at = ("weight", w.shape, at_w) if 0 in w.shape else ("input", spec.shape, at_x)
+        can = "" if 0 in shape else f" when {moved[0]} is 0 (the program declares no minimum of 1 for it)"
+        detail = f"{node}: the {role} {shape} is empty{can}, which a 1x1 conv2d does not compute as a linear does"
         return Failure(Declined(code="zero-size", node=node, detail=detail, path=at))
     bias = match.spec("b") if b is not None else None
     if b is not None and (bias is None or bias.shape != w.shape[:1]):

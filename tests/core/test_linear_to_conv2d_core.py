@@ -34,9 +34,12 @@ def linear(
     shared: str = "",  # "" | "linear" (a second linear on the weight) | "output" (the weight is an output)
     t_shared: bool = False,
     beta: float = 1.0,
+    least: dict[str, int] | None = None,  # symbolic size -> the least value the program declares
 ) -> GraphSnapshot:
     """x -> a linear in one spelling -> output, with a knob per plan shape and reason."""
     g = GraphBuilder(dialect=dialect, lifted=lifted)
+    for size, low in (least or {}).items():
+        g.size(size, least=low)
     w_shape: tuple[int | str, ...] = (features,) if weight == "vector" else (out, features)
     w = _weight(g, weight, w_shape, axis)
     b: Arg = None
@@ -168,7 +171,7 @@ def test_plan_for_every_spelling_and_rank(spelling: str, dialect: str, rank: int
 
 @pytest.mark.parametrize("dialect", ["aten", "edge"])
 def test_dynamic_batch_and_sequence_stay_symbolic(dialect: str) -> None:
-    g = linear(spelling="addmm", dialect=dialect, lead=("s0", "s1"))
+    g = linear(spelling="addmm", dialect=dialect, lead=("s0", "s1"), least={"s1": 1})  # s0 may be 0
     after = plan(g, [RULE]).after
     assert after.node("lin_nchw1").spec == spec("s0", 8, 1, "s1")
     assert after.node("lin_conv").spec == spec("s0", 6, 1, "s1")
@@ -258,6 +261,10 @@ def test_computed_bias_passes_through() -> None:
         ({"out": 0, "bias": "none"}, "zero-size", "lin.weight", "lin: the weight (0, 8) is empty"),
         ({"lead": (2, 0)}, "zero-size", "lin.input", "lin: the input (2, 0, 8) is empty"),
         ({"lead": (2, 3, 0)}, "zero-size", "lin.input", "the input (2, 3, 0, 8) is empty"),
+        # a symbolic one the program lets be 0 (Dim("T") declares no minimum)
+        ({"lead": ("s0", "s1")}, "zero-size", "lin.input", "lin: the input ('s0', 's1', 8) is empty when s1 is 0"),
+        ({"lead": ("s0", "s1"), "least": {"s1": 0}}, "zero-size", "lin.input", "when s1 is 0"),
+        ({"lead": (2, "h", "w"), "least": {"h": 1}}, "zero-size", "lin.input", "when w is 0"),
     ],
 )
 def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) -> None:
