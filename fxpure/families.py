@@ -278,6 +278,11 @@ SPLIT = family(
     ],
 )
 RELU = family("relu", "a relu", ["aten.relu.default(Tensor self) -> Tensor"])
+UNARY = family(
+    "unary",
+    "an elementwise function",
+    [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("sqrt", "rsqrt", "neg", "reciprocal")],
+)
 GETITEM = family("getitem", "a tuple projection", ["getitem(Any self, int index) -> Any"])
 
 _BINARY = "(Tensor self, {other} other{alpha}) -> Tensor"
@@ -367,6 +372,7 @@ STANDARD: tuple[Family, ...] = (
     CAT,
     SPLIT,
     RELU,
+    UNARY,
     GETITEM,
     MUL,
     DIV,

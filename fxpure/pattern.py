@@ -53,9 +53,9 @@ from fxpure.plan import (
     RewritePlan,
     RewriteReport,
     Rule,
+    computed_by,
     constant_expr,
     not_constant,
-    reshapes_of,
     rewrite,
 )
 from fxpure.reasons import (
@@ -86,7 +86,7 @@ from fxpure.snapshot import (
     ref_list,
     refs,
 )
-from fxpure.weights import EXPR_NODE, Reshape, WeightExpr, infer_spec, out_channels
+from fxpure.weights import EXPR_NODE, WeightExpr, infer_spec, out_channels
 
 ONE: Literal["one"] = "one"
 ANY: Literal["any"] = "any"
@@ -528,8 +528,8 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
             expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
             if expr is None:
                 return not_constant(parent, role, value, path)
-            if type(expr) is Reshape and isinstance(value, NodeRef):  # a reshape of a constant: dropped once unused
-                st.prune.extend(reshapes_of(st.snap, value.name))
+            if isinstance(value, NodeRef) and value.name not in st.snap.constants:  # computed: dropped once unused
+                st.prune.extend(computed_by(st.snap, value.name))
             return st.bind(p.name, expr, parent, role, path)
         case Scalar():
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, final
+from typing import Literal, Protocol, final
 
 from pyrsistent import PMap as PMapType
 from pyrsistent import pmap, pvector
@@ -23,11 +23,12 @@ from fxpure.snapshot import (
     NodeRef,
     NodeSnapshot,
     Spec,
+    TensorSpec,
     derive,
     ref_list,
     refs,
 )
-from fxpure.weights import Reshape, Source, WeightExpr, infer_spec
+from fxpure.weights import FLOAT_DTYPES, Binary, Cast, Fill, Reshape, Source, Unary, WeightExpr, infer_spec, work_dtype
 
 
 @final
@@ -147,37 +148,101 @@ RESHAPES = frozenset(
 )
 
 
+# elementwise ops on floating tensors that ``WeightExpr`` computes as torch does: one dtype (a 16-bit
+# float widened to float32 and rounded back after each op, as torch's CPU kernels compute them)
+BINARY_OPS: Mapping[str, Literal["add", "sub", "mul", "div"]] = {
+    f"aten.{op}.{overload}": op for op in ("add", "sub", "mul", "div") for overload in ("Tensor", "Scalar")
+}
+UNARY_OPS: Mapping[str, Literal["sqrt", "rsqrt", "neg", "reciprocal"]] = {
+    f"aten.{op}.default": op for op in ("sqrt", "rsqrt", "neg", "reciprocal")
+}
+
+
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     """The expression for the constant behind node ``name``, or None if it is not one: a parameter,
-    buffer or lifted constant, an earlier rule's derived one, or a reshape of one (:data:`RESHAPES`,
-    to a static shape), which :func:`reshapes_of` names."""
+    buffer or lifted constant, an earlier rule's derived one, or a node of static shape that computes
+    one from constants (and numbers): a reshape (:data:`RESHAPES`) or floating elementwise
+    arithmetic (:data:`BINARY_OPS` with ``alpha=1``, :data:`UNARY_OPS`), such as the scale
+    ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm. :func:`computed_by` names the
+    nodes that compute it.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> v = g.buffer("var", (4,))
+    >>> s = g.call("aten.rsqrt.default", self=g.call("aten.add.Tensor", self=v, other=1e-5, out=(4,)), out=(4,))
+    >>> g.output(s)
+    >>> constant_expr(g.build(), "rsqrt").op, computed_by(g.build(), "rsqrt")
+    ('rsqrt', ('rsqrt', 'add'))
+    """
+    return _constant(snap, name, {})
+
+
+def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]) -> WeightExpr | None:
+    if name in seen:  # a node the expression reads twice is found once
+        return seen[name]
     info = snap.constants.get(name)
     if info is not None:
         return info.source if info.source is not None else Source(key=name, spec=info.spec)
-    source = _reshaped(snap, name)
-    spec = snap.node(name).tensor_spec if source is not None else None
-    if source is None or spec is None or not spec.is_static:
-        return None
-    inner = constant_expr(snap, source)
-    return None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
-
-
-def reshapes_of(snap: GraphSnapshot, name: str) -> tuple[str, ...]:
-    """The reshape nodes between node ``name`` and the constant :func:`constant_expr` finds behind
-    it (none for a constant itself): a rule that folds the constant drops them once unused."""
-    out: list[str] = []
-    while name not in snap.constants and (source := _reshaped(snap, name)) is not None:
-        out.append(name)
-        name = source
-    return tuple(out)
-
-
-def _reshaped(snap: GraphSnapshot, name: str) -> str | None:
-    """The node that node ``name`` reshapes (:data:`RESHAPES`), or None if it is no reshape."""
     node = snap.nodes[snap.index[name]] if name in snap.index else None
-    if node is None or node.target not in RESHAPES or not node.args or type(node.args[0]) is not NodeRef:
+    spec = node.tensor_spec if node is not None and node.op == "call_function" else None
+    if node is None or spec is None or not spec.is_static:
         return None
-    return node.args[0].name
+    out: WeightExpr | None = None
+    if node.target in RESHAPES:
+        source = node.args[0] if node.args else None
+        inner = _constant(snap, source.name, seen) if type(source) is NodeRef else None
+        out = None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
+    elif node.target in BINARY_OPS or node.target in UNARY_OPS:
+        out = _arithmetic(snap, node, spec, seen)
+    seen[name] = out
+    return out
+
+
+def _arithmetic(
+    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None]
+) -> WeightExpr | None:
+    """A floating elementwise op of constants and numbers as an expression, or None."""
+    if spec.dtype not in FLOAT_DTYPES:
+        return None
+    work = work_dtype(spec.dtype)
+    operands: list[WeightExpr] = []
+    for arg in (node.arg(0, "self"),) if node.target in UNARY_OPS else (node.arg(0, "self"), node.arg(1, "other")):
+        if type(arg) is NodeRef:
+            expr = _constant(snap, arg.name, seen)
+            found = infer_spec(expr) if expr is not None else None
+            if expr is None or not isinstance(found, Success) or found.unwrap().dtype != spec.dtype:
+                return None  # not a constant, or another dtype (torch would promote)
+            operands.append(expr if work == spec.dtype else Cast(x=expr, dtype=work))
+        elif isinstance(arg, int | float) and not isinstance(arg, bool):
+            operands.append(Fill(shape=(), value=float(arg), dtype=work))
+        else:
+            return None
+    if node.target in UNARY_OPS:
+        out: WeightExpr = Unary(op=UNARY_OPS[node.target], x=operands[0])
+    elif node.arg(2, "alpha") not in (None, 1):  # torch computes a + alpha * b in one rounding
+        return None
+    else:
+        out = Binary(op=BINARY_OPS[node.target], a=operands[0], b=operands[1])
+    out = out if work == spec.dtype else Cast(x=out, dtype=spec.dtype)
+    found = infer_spec(out)
+    return out if isinstance(found, Success) and found.unwrap() == spec else None
+
+
+def computed_by(snap: GraphSnapshot, name: str) -> tuple[str, ...]:
+    """The nodes that compute the constant :func:`constant_expr` finds behind node ``name`` (none
+    for a constant itself), from ``name`` back: a rule that folds the constant drops them once
+    unused."""
+    if constant_expr(snap, name) is None:
+        return ()
+    out: dict[str, None] = {}
+    todo = [name]
+    while todo:
+        n = todo.pop()
+        if n in out or n in snap.constants:
+            continue
+        out[n] = None
+        todo.extend(r for r in ref_list(snap.nodes[snap.index[n]]) if r not in snap.constants)
+    return tuple(out)
 
 
 def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Result[WeightExpr, NotConstant]:

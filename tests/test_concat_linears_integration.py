@@ -104,7 +104,8 @@ class Pair(nn.Module):
 
 
 class Computed(nn.Module):
-    """K's weight is computed at run time, so k cannot join; q and v (``lonely``: only q) can."""
+    """K's weight is computed at run time from the input, so k cannot join; q and v (``lonely``:
+    only q) can. (A weight computed from constants alone, ``self.wk * 2.0``, is a constant.)"""
 
     def __init__(self, lonely: bool = False) -> None:
         super().__init__()
@@ -112,7 +113,7 @@ class Computed(nn.Module):
         self.v = nn.ModuleList([] if lonely else [nn.Linear(16, 4, bias=False)])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (self.q(x), F.linear(x, self.wk * 2.0), *(v(x) for v in self.v))
+        return (self.q(x), F.linear(x, self.wk * x.mean()), *(v(x) for v in self.v))
 
 
 class Tied(nn.Module):
@@ -275,7 +276,7 @@ def test_a_linear_that_cannot_join_is_rejected_and_the_rest_join(form: str) -> N
     outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
     assert len(outcome.report.plans) == 1
     (rejection,) = outcome.report.rejections
-    assert isinstance(rejection.reason, NotConstant) and "mul" in rejection.reason.source  # w * 2.0
+    assert isinstance(rejection.reason, NotConstant) and "mul" in rejection.reason.source  # w * x.mean()
     assert products(p) == 2  # q and v as one, k as it was
     assert_sound(p, x, eager(model, x))
 

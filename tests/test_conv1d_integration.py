@@ -113,7 +113,20 @@ class WeightAlsoRead(nn.Module):
 
 
 class ComputedWeight(nn.Module):
-    """One conv1d with a weight computed at run time, one with a parameter."""
+    """One conv1d with a weight computed at run time (from the input), one with a parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scaled = nn.functional.conv1d(x, self.conv.weight * x.mean(), padding=1)
+        out: torch.Tensor = self.conv(scaled)
+        return out
+
+
+class GainWeight(nn.Module):
+    """One conv1d with a weight the graph computes from constants (a parameter times a gain)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -121,8 +134,7 @@ class ComputedWeight(nn.Module):
         self.gain = nn.Parameter(torch.tensor(1.5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scaled = nn.functional.conv1d(x, self.conv.weight * self.gain, padding=1)
-        out: torch.Tensor = self.conv(scaled)
+        out: torch.Tensor = nn.functional.conv1d(x, self.conv.weight * self.gain, padding=1)
         return out
 
 
@@ -349,6 +361,17 @@ def test_upstream_xnnpack_raises_on_a_computed_weight() -> None:
     ours = edge(ComputedWeight, dynamic=False).exported_program()
     outcome = adapters.transform(ours, [conv1d_to_conv2d()]).unwrap()
     assert [r.reason.code for r in outcome.report.rejections] == ["not-constant"]
+
+
+def test_upstream_xnnpack_raises_on_a_weight_computed_from_constants_which_fxpure_converts() -> None:
+    with pytest.raises(Exception, match="Conv1dUnsqueezePass"):
+        _upstream(GainWeight, Conv1dUnsqueezePass)
+    ours = edge(GainWeight, dynamic=False).exported_program()
+    outcome = adapters.transform(ours, [conv1d_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert conv_weight_ranks(ours) == [4] and "gain" not in str(ours.state_dict.keys())
+    x = example(GainWeight)
+    assert_sound(ours, x, eager(GainWeight, x))
 
 
 class _StandIn(types.ModuleType):

@@ -22,6 +22,7 @@ from adapters.weights import materialize
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.rules.fuse_linear_bn import fuse_linear_bn
 from fxpure.weights import Source, WeightExpr, subexpressions
+from tests import programs
 from tests.linear_fold_support import arm_stand_in, assert_symbolic, nxp_stand_in
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, assert_sound, count, run, run_pte
@@ -598,3 +599,60 @@ def test_a_tensor_made_in_forward_folds_and_its_copies_go(form: str) -> None:
     assert binary_ops(program) == 0
     assert count(program, "lift_fresh") == count(program, "detach") == count(program, "clone") == 0
     assert_sound(program, x, eager(model, x))
+
+
+class FrozenBatchNorm2d(nn.Module):
+    """torchvision's frozen batch norm (the norm of its detection backbones): the scale and shift
+    are computed in forward from four buffers."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
+    def __init__(self, n: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.rand(n) + 0.5)
+        self.register_buffer("bias", torch.randn(n))
+        self.register_buffer("running_mean", torch.randn(n))
+        self.register_buffer("running_var", torch.rand(n) + 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight.reshape(1, -1, 1, 1), self.bias.reshape(1, -1, 1, 1)
+        rv, rm = self.running_var.reshape(1, -1, 1, 1), self.running_mean.reshape(1, -1, 1, 1)
+        scale = w * (rv + self.eps).rsqrt()
+        bias = b - rm * scale
+        return x * scale + bias
+
+
+class FrozenStem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), FrozenBatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, groups=2), FrozenBatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_frozen_batch_norm_computed_from_buffers_folds_into_its_conv(form: str) -> None:
+    # the scale and shift the graph computes from constants are constants: the mul folds in the first
+    # run, the add (reading the folded conv) in the second
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 10, 10),)
+    model = FrozenStem().eval()
+    p = programs.build(model, x, form)
+    want = run(p, x)
+    outcome = adapters.transform(p, [fold_binary(), fold_binary()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == []
+    assert len(outcome.report.plans) == 4
+    for op in ("mul", "add", "sub", "rsqrt"):
+        assert count(p, f"aten.{op}") == 0, op
+    assert count(p, "conv") == 2
+    assert_sound(p, x, want)
+    assert_close(run(p, x), eager(model, x), rel=1e-5)
+    state = p.state_dict if isinstance(p, ExportedProgram) else p.state_dict()
+    assert not any("running" in k for k in state)  # the frozen norms' buffers are gone

@@ -32,13 +32,13 @@ from fxpure.pattern import (
     quantized_as,
     rule,
 )
-from fxpure.plan import RewritePlan, Rule, constant_expr, reshapes_of
+from fxpure.plan import RewritePlan, Rule, computed_by, constant_expr
 from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Permute, Reshape, Source, Unary, WeightExpr, infer_spec
+from fxpure.weights import Binary, Cast, Fill, Permute, Reshape, Source, Unary, WeightExpr, infer_spec
 
 GUIDE = Path(__file__).parent.parent.parent / "docs" / "writing-rules.md"
 
@@ -1035,15 +1035,112 @@ def test_a_reshape_of_a_constant_is_a_constant_whose_reshapes_a_fold_drops() -> 
     snap = _scaled_by_reshape()
     inner = Reshape(x=Source(key="gamma", spec=spec(4)), shape=(4, 1))
     assert constant_expr(snap, "u2") == Reshape(x=inner, shape=(4, 1, 1))
-    assert reshapes_of(snap, "u2") == ("u2", "u1") and reshapes_of(snap, "gamma") == ()
+    assert computed_by(snap, "u2") == ("u2", "u1") and computed_by(snap, "gamma") == ()
     assert constant_expr(snap, "conv") is None and constant_expr(snap, "mul") is None
-    assert reshapes_of(snap, "conv") == () and reshapes_of(snap, "mul") == ()
+    assert computed_by(snap, "conv") == () and computed_by(snap, "mul") == ()
     assert constant_expr(_scaled_by_reshape(symbolic=True), "u1") is None  # no static shape to take
     report = plan(snap, [fold_binary()])
     (p,) = report.plans
     assert set(p.prune) >= {"u1", "u2"}
     after = verify(report.after).unwrap()
     assert "u1" not in after.index and "u2" not in after.index and "gamma" not in after.constants
+
+
+def _computed(target: str, dtype: str = "float32", values: dict[str, Arg] | None = None) -> GraphSnapshot:
+    """One op ``c`` on a buffer ``v`` of ``dtype`` (and whatever else ``values`` gives)."""
+    g = GraphBuilder()
+    v = g.buffer("v", (4,), dtype)
+    c = g.call(target, name="c", out=spec(4, dtype=dtype), **{"self": v, **(values or {})})
+    g.output(c)
+    return g.build()
+
+
+V = Source(key="v", spec=spec(4))
+
+
+@pytest.mark.parametrize(
+    ("target", "values", "want"),
+    [
+        ("aten.add.Tensor", {"other": 2}, Binary(op="add", a=V, b=Fill(shape=(), value=2.0, dtype="float32"))),
+        ("aten.sub.Scalar", {"other": 0.5}, Binary(op="sub", a=V, b=Fill(shape=(), value=0.5, dtype="float32"))),
+        ("aten.mul.Tensor", {"other": NodeRef("v")}, Binary(op="mul", a=V, b=V)),
+        ("aten.div.Tensor", {"other": 3.0}, Binary(op="div", a=V, b=Fill(shape=(), value=3.0, dtype="float32"))),
+        ("aten.rsqrt.default", {}, Unary(op="rsqrt", x=V)),
+        ("aten.neg.default", {}, Unary(op="neg", x=V)),
+        (
+            "aten.add.Tensor",
+            {"other": 2, "alpha": 1},
+            Binary(op="add", a=V, b=Fill(shape=(), value=2.0, dtype="float32")),
+        ),
+        # torch computes a + alpha * b rounding once; a number that is a bool; not a constant
+        ("aten.add.Tensor", {"other": 2, "alpha": 2}, None),
+        ("aten.mul.Tensor", {"other": True}, None),
+        ("aten.relu.default", {}, None),
+    ],
+)
+def test_floating_arithmetic_of_constants_is_a_constant(target: str, values: dict[str, Arg], want: object) -> None:
+    snap = _computed(target, values=values)
+    assert constant_expr(snap, "c") == want
+    assert computed_by(snap, "c") == (("c",) if want is not None else ())
+
+
+def test_arithmetic_torch_would_promote_or_that_is_not_floating_is_no_constant() -> None:
+    g = GraphBuilder()
+    v, d = g.buffer("v", (4,)), g.buffer("d", (4,), "float64")
+    i = g.buffer("i", (4,), "int64")
+    mixed = g.call("aten.mul.Tensor", name="mixed", out=spec(4), self=v, other=d)
+    ints = g.call("aten.add.Tensor", name="ints", out=spec(4, dtype="int64"), self=i, other=1)
+    wrong = g.call("aten.add.Tensor", name="wrong", out=spec(2, 4), self=v, other=1.0)  # not what it computes
+    g.output(mixed, ints, wrong)
+    snap = g.build()
+    assert [constant_expr(snap, n) for n in ("mixed", "ints", "wrong")] == [None, None, None]
+
+
+def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
+    snap = _computed("aten.mul.Tensor", "float16", {"other": 0.1})
+    v16 = Source(key="v", spec=spec(4, dtype="float16"))
+    product = Binary(op="mul", a=Cast(x=v16, dtype="float32"), b=Fill(shape=(), value=0.1, dtype="float32"))
+    assert constant_expr(snap, "c") == Cast(x=product, dtype="float16")
+
+
+def test_a_frozen_norms_scale_and_shift_are_constants_computed_once() -> None:
+    # scale = w * rsqrt(var + eps); shift = b - mean * scale: scale read twice, found once
+    g = GraphBuilder()
+    w, b, mean, var = (g.buffer(n, (4,)) for n in ("w", "b", "mean", "var"))
+    x = g.input("x", (1, 4))
+    add = g.call("aten.add.Tensor", name="add", out=(4,), self=var, other=1e-5)
+    scale = g.call(
+        "aten.mul.Tensor", name="scale", out=(4,), self=w, other=g.call("aten.rsqrt.default", self=add, out=(4,))
+    )
+    shift = g.call(
+        "aten.sub.Tensor",
+        name="shift",
+        out=(4,),
+        self=b,
+        other=g.call("aten.mul.Tensor", self=mean, other=scale, out=(4,)),
+    )
+    y = g.call(
+        "aten.add.Tensor",
+        name="y",
+        out=(1, 4),
+        self=g.call("aten.mul.Tensor", self=x, other=scale, out=(1, 4)),
+        other=shift,
+    )
+    g.output(y)
+    snap = g.build()
+    s = Binary(
+        op="mul",
+        a=Source(key="w", spec=spec(4)),
+        b=Unary(
+            op="rsqrt",
+            x=Binary(op="add", a=Source(key="var", spec=spec(4)), b=Fill(shape=(), value=1e-5, dtype="float32")),
+        ),
+    )
+    assert constant_expr(snap, "scale") == s
+    shift_expr = constant_expr(snap, "shift")
+    assert isinstance(shift_expr, Binary) and isinstance(shift_expr.b, Binary) and shift_expr.b.b == s
+    assert set(computed_by(snap, "shift")) == {"shift", "mul", "scale", "rsqrt", "add"}
+    assert constant_expr(snap, "y") is None and computed_by(snap, "y") == ()
 
 
 def test_a_reshape_of_what_is_no_constant_is_none() -> None:
@@ -1057,7 +1154,7 @@ def test_a_reshape_of_what_is_no_constant_is_none() -> None:
     snap = g.build()
     for name in ("v", "lit", "unknown"):  # (a reshape of a constant to a shape nobody knows: none)
         assert constant_expr(snap, name) is None
-    assert reshapes_of(snap, "lit") == ()
+    assert computed_by(snap, "lit") == ()
 
 
 def test_a_reshape_of_a_folded_constant_read_elsewhere_stays() -> None:
