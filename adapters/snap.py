@@ -356,6 +356,7 @@ def _capture(program: Program) -> Captured:
         lifted=ep is not None,
         reserved=_reserved(ep, gm),
         least_sizes=_least_sizes(ep, gm, symbolic) if symbolic else None,
+        written=written,
     )
     return Captured(program, gm, snap, tensors, specs, calls, branches, _pinned(ep), tuple(writes.events), writes.views)
 

@@ -163,8 +163,8 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     buffer or lifted constant, an earlier rule's derived one, or a node of static shape that computes
     one from constants (and numbers): a reshape (:data:`RESHAPES`) or floating elementwise
     arithmetic (:data:`BINARY_OPS` with ``alpha=1``, :data:`UNARY_OPS`), such as the scale
-    ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm. :func:`computed_by` names the
-    nodes that compute it.
+    ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, and that the program does not
+    write in place (``snap.written``). :func:`computed_by` names the nodes that compute it.
 
     >>> from fxpure.testing import GraphBuilder
     >>> g = GraphBuilder()
@@ -183,7 +183,7 @@ def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]
     info = snap.constants.get(name)
     if info is not None:
         return info.source if info.source is not None else Source(key=name, spec=info.spec)
-    node = snap.nodes[snap.index[name]] if name in snap.index else None
+    node = snap.nodes[snap.index[name]] if name in snap.index and name not in snap.written else None
     spec = node.tensor_spec if node is not None and node.op == "call_function" else None
     if node is None or spec is None or not spec.is_static:
         return None
@@ -581,6 +581,7 @@ def _finish(
             targets=MappingProxyType({t: ns for t, ns in targets.items() if ns}),
             reserved=snap.reserved,
             least_sizes=snap.least_sizes,
+            written=snap.written,
         )
     )
 

@@ -193,6 +193,9 @@ class GraphSnapshot:
     least_sizes: Mapping[str, int] = field(
         default_factory=lambda: MappingProxyType({}), compare=False, hash=False, repr=False
     )
+    # the nodes whose tensor the program writes in place (directly, or through a view of it): what
+    # they compute is no constant, whatever they read
+    written: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
 
     def least(self, dim: Dim) -> int:
         """The least value ``dim`` can take: itself when static, else what the program declares
@@ -238,11 +241,13 @@ def snapshot(
     lifted: bool = True,
     reserved: Iterable[str] = (),
     least_sizes: Mapping[str, int] | None = None,
+    written: Iterable[str] = (),
 ) -> GraphSnapshot:
     """Build a snapshot, deriving users and the name index in one pass.
 
     ``reserved``: names a new constant must not take (the program's state-dict keys, say).
-    ``least_sizes``: the least value of each symbolic size, where known.
+    ``least_sizes``: the least value of each symbolic size, where known. ``written``: the nodes
+    whose tensor the program writes in place.
 
     >>> g = snapshot([NodeSnapshot(name="x", op="placeholder", target="x"),
     ...               NodeSnapshot(name="out", op="output", target="output",
@@ -262,6 +267,7 @@ def snapshot(
         targets=MappingProxyType(targets),
         reserved=frozenset(reserved),
         least_sizes=MappingProxyType(dict(least_sizes or {})),
+        written=frozenset(written),
     )
 
 

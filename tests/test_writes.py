@@ -201,3 +201,29 @@ def test_a_weight_a_branch_only_reads_is_still_a_constant(form: str) -> None:
     outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
     assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
     assert_close(_runs(program, x, 1) + _runs(program, (-x[0],), 1), want)
+
+
+class WrittenScale(nn.Module):
+    """A scale computed from a parameter, then written in place through a view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.gamma = nn.Conv2d(3, 4, 3), nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gamma * 2.0
+        g.view(-1).add_(1.0)  # g is no longer gamma * 2
+        out: torch.Tensor = self.c(x) * g
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_value_computed_from_constants_that_the_program_writes_is_no_constant(form: str) -> None:
+    torch.manual_seed(0)
+    model, x = WrittenScale().eval(), (torch.randn(1, 3, 8, 8),)
+    p = build(model, x, form)
+    want = run(p, x)
+    outcome = adapters.transform(p, [fold_binary()]).unwrap()
+    assert [(r.reason.code, r.reason.path) for r in outcome.report.rejections] == [("not-constant", "bin.other")]
+    assert not outcome.changed
+    assert_close(run(p, x), want)

@@ -12,7 +12,7 @@ from typing import Optional
 import pytest
 from returns.result import Failure, Result, Success
 
-from fxpure import plan, verify
+from fxpure import plan, snapshot, verify
 from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE
 from fxpure.pattern import (
     ANY,
@@ -1094,6 +1094,19 @@ def test_arithmetic_torch_would_promote_or_that_is_not_floating_is_no_constant()
     g.output(mixed, ints, wrong)
     snap = g.build()
     assert [constant_expr(snap, n) for n in ("mixed", "ints", "wrong")] == [None, None, None]
+
+
+def test_a_computed_value_the_program_writes_is_no_constant_nor_what_is_computed_from_it() -> None:
+    g = GraphBuilder()
+    v = g.buffer("v", (4,))
+    c = g.call("aten.mul.Tensor", name="c", out=(4,), self=v, other=2.0)
+    d = g.call("aten.neg.default", name="d", out=(4,), self=c)
+    g.output(d)
+    snap = g.build()
+    assert constant_expr(snap, "d") is not None
+    written = snapshot(snap.nodes, snap.constants, written=["c"])
+    assert constant_expr(written, "c") is None and constant_expr(written, "d") is None
+    assert computed_by(written, "d") == ()
 
 
 def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
