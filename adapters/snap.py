@@ -231,6 +231,10 @@ def _aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None
         )
+        # ``detach_`` (export reads a tensor made in forward through ``lift_fresh_copy`` and it)
+        # writes autograd's metadata, not the data: no write, still a view
+        writes = schema.name != "aten::detach_"
+        args = tuple((i, name, write and writes) for i, name, write in args)
         found = (any(r.alias_info is not None for r in schema.returns), args)
     _ALIASES[target] = found
     return found

@@ -57,6 +57,7 @@ from fxpure.plan import (
     constant_expr,
     not_constant,
     rewrite,
+    runs,
 )
 from fxpure.reasons import (
     GENERIC_CODES,
@@ -1424,6 +1425,7 @@ class PatternRule:
     candidate: Callable[[Bound, GraphSnapshot], bool] | None = field(default=None, compare=False)
     fallback: PatternRule | None = None
     plan_codes: frozenset[str] = frozenset()  # what the planner itself may decline with (also in codes)
+    repeat: bool = False  # run again on its own result while it plans (fxpure.plan.runs)
 
     def anchors(self, snap: GraphSnapshot) -> Iterable[NodeSnapshot]:
         """Every call of the root's family (through the snapshot's index by target) that is a candidate."""
@@ -1524,6 +1526,7 @@ def rule(
     candidate: Callable[[Bound, GraphSnapshot], bool] | None = None,
     fallback: PatternRule | None = None,
     codes: Iterable[str] = (),
+    repeat: bool = False,
 ) -> PatternRule:
     """A rule from a pattern, checks (``need.*``) run in order after it matches, and a planner.
     A ``need.compute`` step among the checks binds a value the checks after it and the planner read.
@@ -1536,7 +1539,11 @@ def rule(
     reported as this rule's, with ``instead_of`` the reason it stands in for (a quantized conv no
     kernel takes is dequantized to run in float, say). ``codes``: the codes the planner itself may
     decline with (``Failure(reason)``), besides the generic ones; ``rule.codes`` lists them with the
-    pattern's and the checks'. Everything is checked here, when the rule is built.
+    pattern's and the checks'. ``repeat``: ``plan`` runs the rule again on its own result while it
+    plans (up to ``fxpure.plan.MAX_RUNS`` runs), for a rewrite that makes another candidate of it
+    (the ``add`` of ``conv(x) * s + t`` reads the conv the ``mul`` folded into); a later run reports
+    no rejection at a node an earlier one reported, nor at a node the rule made. Everything is
+    checked here, when the rule is built.
     """
     if not _rooted(pattern):
         raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {pattern!r}")
@@ -1564,7 +1571,7 @@ def rule(
     if any(v > 1 for v in _bound_twice(pattern).values()):
         every.add("binding-conflict")
     return PatternRule(
-        name, pattern, tuple(checks), plan, tuple(reads), frozenset(every), candidate, fallback, plan_codes
+        name, pattern, tuple(checks), plan, tuple(reads), frozenset(every), candidate, fallback, plan_codes, repeat
     )
 
 
@@ -1631,13 +1638,19 @@ def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[A
     later stage considers, in place of ``node``, the nodes an earlier stage made from it (each
     attempt names its ``anchor``)."""
     current, out = report.before, []
-    stages = report.stages or tuple(() for _ in rules)
-    for r, stage in zip(rules, stages, strict=False):
-        for a in r.anchors(current):
-            if a.name != node and a.provenance != node:
-                continue
-            attempt = explain(current, r, a)
-            late = next((j.reason for j in report.rejections if j.rule == r.name and j.node == a.name), None)
-            out.append(attempt if attempt.reason is not None or late is None else replace(attempt, reason=late))
-        current = rewrite(current, stage).value_or(current)
+    stages = iter(report.stages)  # a report without stages: each rule looks at the snapshot planned on
+    for r in rules:
+        for _ in range(runs(r)):  # a rule with ``repeat``: its runs, up to the first that planned nothing
+            stage = next(stages, ())
+            for a in r.anchors(current):
+                if a.name != node and a.provenance != node:
+                    continue
+                attempt = explain(current, r, a)
+                late = next((j.reason for j in report.rejections if j.rule == r.name and j.node == a.name), None)
+                attempt = attempt if attempt.reason is not None or late is None else replace(attempt, reason=late)
+                if attempt not in out:  # a later run that got as far as an earlier one
+                    out.append(attempt)
+            current = rewrite(current, stage).value_or(current)
+            if not stage:
+                break
     return tuple(out)

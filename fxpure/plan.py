@@ -109,7 +109,8 @@ class RewriteReport:
 
 
 class Rule(Protocol):
-    """A rewrite rule: candidate anchors, and a pure planner per anchor."""
+    """A rewrite rule: candidate anchors, and a pure planner per anchor. A rule whose ``repeat``
+    attribute is True runs again on its own result while it plans (:func:`runs`)."""
 
     @property
     def name(self) -> str:
@@ -640,39 +641,60 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+MAX_RUNS = 8
+"""How many times :func:`plan` runs a rule with ``repeat`` at most (each run is one stage)."""
+
+
+def runs(rule: Rule) -> int:
+    """How many times :func:`plan` may run ``rule`` in a row: :data:`MAX_RUNS` for a rule with
+    ``repeat`` (it runs again while it plans: a fold whose result another of its candidates reads,
+    such as the ``add`` of ``conv(x) * s + t``), else 1."""
+    return MAX_RUNS if getattr(rule, "repeat", False) is True else 1
+
+
 def _stages(
     snap: GraphSnapshot, rules: Sequence[Rule], declined: Mapping[tuple[str, str], Reason] | None
 ) -> RewriteReport:
     current, stages, rejections = snap, [], []
     for rule in rules:
-        accepted: list[RewritePlan] = []
-        claimed: dict[str, str] = {}
-        for node in rule.anchors(current):
-            known = declined.get((rule.name, node.name)) if declined else None
-            result = Failure(known) if known is not None else rule.plan_at(current, node)
-            if not isinstance(result, Success):
-                rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
-                continue
-            p = result.unwrap()
-            overlap = sorted(c for c in p.claims if c in claimed)
-            if overlap:
-                reason = PlanConflict(
-                    node=node.name, detail=f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
-                )
-                rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
-                continue
-            claimed.update((c, p.anchor) for c in p.claims)
-            accepted.append(p)
-        step = rewrite(current, accepted)
-        if isinstance(step, Failure):
-            rejections.extend(Rejection(rule=rule.name, node=p.anchor, reason=step.failure()) for p in accepted)
-            accepted = []
-        else:
-            current = step.unwrap()
-        stages.append(tuple(accepted))
-        # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
-        done = {(rule.name, p.anchor) for p in accepted}
-        rejections = [r for r in rejections if (r.rule, r.node) not in done]
+        first = current  # the nodes a rule's later runs report: those of its first run's snapshot
+        reported: set[str] = set()
+        for run in range(runs(rule)):
+            accepted: list[RewritePlan] = []
+            claimed: dict[str, str] = {}
+            for node in rule.anchors(current):
+                # a later run reports a candidate only once, and none of the rule's own new nodes
+                report = run == 0 or (node.name in first.index and node.name not in reported)
+                known = declined.get((rule.name, node.name)) if declined else None
+                result = Failure(known) if known is not None else rule.plan_at(current, node)
+                if not isinstance(result, Success):
+                    if report:
+                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
+                        reported.add(node.name)
+                    continue
+                p = result.unwrap()
+                overlap = sorted(c for c in p.claims if c in claimed)
+                if overlap:
+                    if report:
+                        detail = f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
+                        reason = PlanConflict(node=node.name, detail=detail)
+                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
+                        reported.add(node.name)
+                    continue
+                claimed.update((c, p.anchor) for c in p.claims)
+                accepted.append(p)
+            step = rewrite(current, accepted)
+            if isinstance(step, Failure):
+                rejections.extend(Rejection(rule=rule.name, node=p.anchor, reason=step.failure()) for p in accepted)
+                accepted = []
+            else:
+                current = step.unwrap()
+            stages.append(tuple(accepted))
+            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
+            done = {(rule.name, p.anchor) for p in accepted}
+            rejections = [r for r in rejections if (r.rule, r.node) not in done]
+            if not accepted:
+                break
     return RewriteReport(
         plans=tuple(p for s in stages for p in s),
         rejections=tuple(rejections),

@@ -8,9 +8,9 @@ weight) and cast back, as ``fold_batch_norm`` does.
 
 The candidates are the mul, div, add, sub and rsub ops with an operand computed by a conv or a
 linear whose other operand is not another activation of the op's shape: neither a residual
-``x + y`` of two other ops nor ``x + conv(x)`` is one. A chain ``conv * s + t`` folds one op
-per run, since a run plans on one snapshot: list the rule twice and the second run folds into
-the first one's (still unmaterialised) weights.
+``x + y`` of two other ops nor ``x + conv(x)`` is one. A chain ``conv * s + t`` (a frozen batch
+norm) folds whole: the rule runs again while it folds (``repeat``), and the second run folds the
+``add`` into the first one's (still unmaterialised) weights.
 """
 
 from __future__ import annotations
@@ -294,6 +294,7 @@ FOLD_BINARY = rule(
     need.check(_per_channel, codes=(PER_CHANNEL, "malformed-node")),
     plan=_plan,
     candidate=_candidate,
+    repeat=True,
 )
 
 

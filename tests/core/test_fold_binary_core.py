@@ -461,22 +461,22 @@ def test_float64_weights_fold_in_float64() -> None:
         assert all(infer_spec(e).unwrap().dtype == "float64" for e in subexpressions(info.source))
 
 
-def test_a_chain_folds_one_op_per_run_and_composes() -> None:
-    # (conv * c) + 2.5: each run plans on one snapshot, so the add sees a mul, not a conv; a second
-    # run folds it into the already folded (still unmaterialised) weight and bias
+def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
+    # (conv * c) + 2.5: a run plans on one snapshot, so the add sees a mul, not a conv; the rule's
+    # second run folds it into the already folded (still unmaterialised) weight and bias, and a third
+    # finds nothing
     g = GraphBuilder()
     w, b, c = g.parameter("w", (OC, IC, 3, 3)), g.parameter("b", (OC,)), g.buffer("c", (OC, 1, 1))
     x = g.input("x", (B, IC, 8, 8))
     y = g.call("aten.conv2d.default", name="conv", out=(B, OC, 6, 6), input=x, weight=w, bias=b)
     m = g.call("aten.mul.Tensor", name="mul", out=(B, OC, 6, 6), self=y, other=c)
     g.output(g.call("aten.add.Tensor", name="add", out=(B, OC, 6, 6), self=m, other=2.5))
-    first = plan(g.build(), [RULE])
-    assert [p.anchor for p in first.plans] == ["mul"]
-    assert first.rejections == ()  # the add reads the mul: no candidate
-    second = plan(first.after, [RULE])
-    assert [p.anchor for p in second.plans] == ["add"] and second.rejections == ()
-    both = plan(g.build(), [RULE, RULE])
-    assert both.after == second.after and calls(both.after) == ["conv2d.default"]
+    both = plan(g.build(), [RULE])
+    assert [[p.anchor for p in s] for s in both.stages] == [["mul"], ["add"], []]
+    assert both.rejections == () and calls(both.after) == ["conv2d.default"]
+    once = plan(g.build(), [replace(RULE, repeat=False)])  # a rule without repeat runs once
+    assert [p.anchor for p in once.plans] == ["mul"] and once.rejections == ()  # the add reads the mul
+    assert plan(once.after, [RULE]).after == both.after
     env = {
         "w": values_for((OC, IC, 3, 3), 0.5, 0.01),
         "b": values_for((OC,), 0.6, 0.01),

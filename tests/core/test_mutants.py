@@ -40,7 +40,7 @@ from fxpure.pattern import (
     need,
     rule,
 )
-from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_operand, rewrite
+from fxpure.plan import MAX_RUNS, NewConstant, NewNode, RewritePlan, constant_operand, rewrite
 from fxpure.reasons import (
     GENERIC_CODES,
     BindingConflict,
@@ -353,6 +353,43 @@ def test_attempts_follow_the_stages() -> None:
     declined = plan(snap, rules, declined={("conv-f16", "conv"): no})
     assert declined.rejections[-1].reason == no
     assert attempts(declined, rules, "conv")[0].reason == conv.reason
+
+
+def _not_mine(relu: Bound) -> Reason | None:
+    if relu.name == "b" or relu.name.endswith("_again"):
+        return Declined(code="no", node=relu.name, detail="not this one")
+    return None
+
+
+def _again(p: Planner, relu: Bound) -> RewritePlan:
+    return p.replace(relu, p.respell(relu, name=f"{relu.name}_again"))
+
+
+def two_relus() -> GraphSnapshot:
+    g = GraphBuilder()
+    x = g.input("x", (2, 4))
+    g.output(
+        g.call("aten.relu.default", name="a", self=x, out=(2, 4)),
+        g.call("aten.relu.default", name="b", self=x, out=(2, 4)),
+    )
+    return g.build()
+
+
+def test_a_rule_with_repeat_runs_again_while_it_plans_and_reports_each_candidate_once() -> None:
+    again = rule("again", Op(RELU, name="relu"), need.check(_not_mine, codes=["no"]), plan=_again, repeat=True)
+    report = plan(two_relus(), [again])
+    # run 1 re-spells a and declines b; run 2 declines b again and a_again (its own node): neither is
+    # listed again; it planned nothing, so it stops
+    assert [[p.anchor for p in s] for s in report.stages] == [["a"], []]
+    assert [(r.node, r.reason.code) for r in report.rejections] == [("b", "no")]
+    assert [(a.anchor, a.reason is None) for a in attempts(report, [again], "a")] == [("a", True), ("a_again", False)]
+    assert [a.anchor for a in attempts(report, [again], "b")] == ["b"]  # the same attempt, once
+    # a rule that always plans again stops after MAX_RUNS runs
+    loop = rule("loop", Op(RELU, name="relu"), plan=_again, repeat=True)
+    looped = plan(two_relus(), [loop])
+    assert len(looped.stages) == MAX_RUNS and all(len(s) == 2 for s in looped.stages)
+    assert len(attempts(looped, [loop, again], "a")) == MAX_RUNS + 1  # each run's, then the next rule's
+    assert len(plan(two_relus(), [replace(loop, repeat=False)]).stages) == 1
 
 
 def test_a_later_stage_is_asked_about_the_node_an_earlier_one_made() -> None:
