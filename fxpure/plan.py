@@ -175,10 +175,15 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     >>> constant_expr(g.build(), "rsqrt").op, computed_by(g.build(), "rsqrt")
     ('rsqrt', ('rsqrt', 'add'))
     """
-    return _constant(snap, name, {})
+    return _constant(snap, name, {}, 0)
 
 
-def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]) -> WeightExpr | None:
+# how many computing nodes deep a constant may be: a long chain of elementwise ops on an activation
+# is given up on this far from where it was asked about, not followed to the input
+MAX_DEPTH = 32
+
+
+def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None], depth: int) -> WeightExpr | None:
     if name in seen:  # a node the expression reads twice is found once
         return seen[name]
     info = snap.constants.get(name)
@@ -186,21 +191,21 @@ def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]
         return info.source if info.source is not None else Source(key=name, spec=info.spec)
     node = snap.nodes[snap.index[name]] if name in snap.index and name not in snap.written else None
     spec = node.tensor_spec if node is not None and node.op == "call_function" else None
-    if node is None or spec is None or not spec.is_static:
+    if node is None or spec is None or not spec.is_static or depth == MAX_DEPTH:
         return None
     out: WeightExpr | None = None
     if node.target in RESHAPES:
         source = node.args[0] if node.args else None
-        inner = _constant(snap, source.name, seen) if type(source) is NodeRef else None
+        inner = _constant(snap, source.name, seen, depth + 1) if type(source) is NodeRef else None
         out = None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
     elif node.target in BINARY_OPS or node.target in UNARY_OPS:
-        out = _arithmetic(snap, node, spec, seen)
+        out = _arithmetic(snap, node, spec, seen, depth + 1)
     seen[name] = out
     return out
 
 
 def _arithmetic(
-    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None]
+    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
 ) -> WeightExpr | None:
     """A floating elementwise op of constants and numbers as an expression, or None."""
     if spec.dtype not in FLOAT_DTYPES:
@@ -209,7 +214,7 @@ def _arithmetic(
     operands: list[WeightExpr] = []
     for arg in (node.arg(0, "self"),) if node.target in UNARY_OPS else (node.arg(0, "self"), node.arg(1, "other")):
         if type(arg) is NodeRef:
-            expr = _constant(snap, arg.name, seen)
+            expr = _constant(snap, arg.name, seen, depth)
             found = infer_spec(expr) if expr is not None else None
             if expr is None or not isinstance(found, Success) or found.unwrap().dtype != spec.dtype:
                 return None  # not a constant, or another dtype (torch would promote)

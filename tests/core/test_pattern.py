@@ -32,7 +32,7 @@ from fxpure.pattern import (
     quantized_as,
     rule,
 )
-from fxpure.plan import RewritePlan, Rule, computed_by, constant_expr
+from fxpure.plan import MAX_DEPTH, RewritePlan, Rule, computed_by, constant_expr
 from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
@@ -1107,6 +1107,19 @@ def test_a_computed_value_the_program_writes_is_no_constant_nor_what_is_computed
     written = snapshot(snap.nodes, snap.constants, written=["c"])
     assert constant_expr(written, "c") is None and constant_expr(written, "d") is None
     assert computed_by(written, "d") == ()
+
+
+@pytest.mark.parametrize(
+    ("start", "ops", "constant"), [("v", 10, True), ("v", MAX_DEPTH + 1, False), ("x", 3000, False)]
+)
+def test_a_chain_of_arithmetic_is_followed_only_so_deep(start: str, ops: int, constant: bool) -> None:
+    # a constant computed by MAX_DEPTH ops at most; a long chain of ops on an input is no recursion error
+    g = GraphBuilder()
+    y = g.buffer("v", (4,)) if start == "v" else g.input("x", (4,))
+    for i in range(ops):
+        y = g.call("aten.mul.Tensor", name=f"m{i}", out=(4,), self=y, other=1.01)
+    g.output(y)
+    assert (constant_expr(g.build(), f"m{ops - 1}") is not None) is constant
 
 
 def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
