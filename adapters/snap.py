@@ -107,7 +107,10 @@ def _least_sizes(
         expr = d.node.expr
         if not expr.free_symbols <= declared.keys():
             continue
-        low = bound_sympy(expr, declared).lower
+        try:
+            low = bound_sympy(expr, declared).lower
+        except Exception:  # sympy cannot bound it: not known to be 1 or more, which is safe
+            continue
         if low.is_integer and low.is_finite:
             out[name] = int(low)
     return out
