@@ -663,12 +663,12 @@ def _stages(
     current, stages, rejections = snap, [], []
     for rule in rules:
         first = current  # the nodes a rule's later runs report: those of its first run's snapshot
-        reported: set[str] = set()
+        reported: set[str] = set()  # planned or declined by an earlier run
         for run in range(runs(rule)):
             accepted: list[RewritePlan] = []
             claimed: dict[str, str] = {}
             for node in rule.anchors(current):
-                # a later run reports a candidate only once, and none of the rule's own new nodes
+                # a later run declines no candidate an earlier one decided, nor one of the rule's new nodes
                 report = run == 0 or (node.name in first.index and node.name not in reported)
                 known = declined.get((rule.name, node.name)) if declined else None
                 result = Failure(known) if known is not None else rule.plan_at(current, node)
@@ -695,6 +695,7 @@ def _stages(
             else:
                 current = step.unwrap()
             stages.append(tuple(accepted))
+            reported.update(p.anchor for p in accepted)
             # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
             done = {(rule.name, p.anchor) for p in accepted}
             rejections = [r for r in rejections if (r.rule, r.node) not in done]

@@ -15,6 +15,7 @@ remain; the shared input ends as the plan or as a rejection (``too-few-linears``
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import final
@@ -184,11 +185,34 @@ class _Found:
         return self._kept(snap, node, x).swap().value_or(None)
 
 
+# the operand of each product that is the linear's input (or the flattening of it)
+_OPERAND: Mapping[str, tuple[int, str]] = {
+    **{t: (0, "input") for t in LINEAR.targets},
+    **{t: (1, "mat1") for t in ADDMM.targets},
+    **{t: (0, "self") for t in MM.targets},
+}
+
+
+def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
+    """What the input of the product at ``node`` can be: its operand, and what that reshapes."""
+    operand = node.arg(*_OPERAND[node.target])
+    if type(operand) is not NodeRef or operand.name not in snap.index:
+        return ()
+    source = snap.node(operand.name)
+    inner = source.args[0] if source.target in VIEW.targets and source.args else None
+    return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
+
+
 def _find(snap: GraphSnapshot) -> _Found:
     owners: dict[str, tuple[str, Reason | None]] = {}
     groups: dict[str, list[NodeSnapshot]] = {}
     joins: dict[str, Result[Match, Reason]] = {}
-    for n in snap.calls(PRODUCTS):
+    products = snap.calls(PRODUCTS)
+    # a product whose input no other product can share is matched not at all (each match costs)
+    readers = Counter(x for n in products for x in set(_inputs(snap, n)))
+    for n in products:
+        if all(readers[x] < 2 for x in _inputs(snap, n)):
+            continue
         joined = match(JOINS, snap, n)  # one match per linear: it also says which input it reads
         owner = _owner(snap, n, joined)
         if owner is not None:
@@ -263,6 +287,9 @@ class ConcatParallelLinears:
     split: bool = False
     name: str = NAME
     codes: frozenset[str] = CODES
+    # runs again while it joins: a linear whose output is the input of another group joins its own
+    # group once that group's plan has taken the reshape that read its strides (``fxpure.plan.runs``)
+    repeat: bool = True
     # the linears of the last snapshot planned on (anchors, then plan_at at each of them, all read
     # it); the snapshot is weakly held, and what was found on it is dropped when it goes: a rule
     # kept for years keeps no snapshot, nor anything of one, alive

@@ -567,7 +567,9 @@ def test_each_linear_is_matched_once_on_a_snapshot(
 
     monkeypatch.setattr(module, "match", counted)
     monkeypatch.setattr(module, "_join", counted_join)
-    rule, g = concat_parallel_linears(), parallel(weight_input=1, outs=(6, 4, 4, 2), bias=(True, True, True, False))
+    # (one run: a second, on the joined snapshot, matches again there)
+    g = parallel(weight_input=1, outs=(6, 4, 4, 2), bias=(True, True, True, False))
+    rule = replace(concat_parallel_linears(), repeat=False)
     report = plan(g, [rule])
     assert len(report.plans) == 1 and [r.node for r in report.rejections] == ["lin1"]
     for node in ("x", "lin0", "lin1"):
@@ -610,8 +612,9 @@ def test_one_rule_object_in_two_threads_answers_each_for_its_own_snapshot() -> N
 
 def test_what_the_rule_found_goes_with_its_snapshot() -> None:
     rule, g = concat_parallel_linears(), parallel()
-    assert len(plan(g, [rule]).plans) == 1
+    report = plan(g, [rule])
+    assert len(report.plans) == 1
     assert len(rule._last) == 1  # what anchors and plan_at read (private: nothing public shows it)
-    del g
+    del g, report
     gc.collect()
     assert rule._last == []

@@ -39,9 +39,9 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from returns.result import Success
 
-from fxpure import GraphSnapshot, NodeRef, RewritePlan, RewriteReport, plan, rewrite, snapshot, verify
+from fxpure import GraphSnapshot, NodeRef, RewriteReport, plan, rewrite, snapshot, verify
 from fxpure.families import BATCH_NORM, CONV, SCHEMAS
-from fxpure.plan import Rule
+from fxpure.plan import Rule, planned_on
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, ConstantKind, DTypeArg, TensorSpec, node_refs, refs
@@ -609,17 +609,21 @@ def _rules() -> Iterator[Rule]:
         yield factory()
 
 
-def _touched(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> set[str]:
-    """Existing nodes the plans change or depend on: claims, erased and pruned nodes and what they read,
-    what the new nodes read, and the readers of every node whose uses move."""
+def _touched(report: RewriteReport) -> set[str]:
+    """Existing nodes the plans change or depend on (each run's, on the snapshot it planned on):
+    claims, erased and pruned nodes and what they read, what the new nodes read, and the readers of
+    every node whose uses move."""
     out: set[str] = set()
-    for p in plans:
-        gone = {*p.claims, *p.erase, *p.prune}
-        out |= gone
-        out.update(r for name in gone if name in snap.index for r in node_refs(snap.node(name)))
-        out.update(r for n in p.nodes for a in (*n.args, *n.kwargs.values()) for r in refs(a) if r in snap.index)
-        out.update(u for old, _ in p.replace for u in snap.users.get(old, ()))
-    return {n for n in out if snap.node(n).op != "output"}  # plans redirect different outputs
+    for snap, plans in planned_on(report):
+        found: set[str] = set()
+        for p in plans:
+            gone = {*p.claims, *p.erase, *p.prune}
+            found |= gone
+            found.update(r for name in gone if name in snap.index for r in node_refs(snap.node(name)))
+            found.update(r for n in p.nodes for a in (*n.args, *n.kwargs.values()) for r in refs(a) if r in snap.index)
+            found.update(u for old, _ in p.replace for u in snap.users.get(old, ()))
+        out |= {n for n in found if snap.node(n).op != "output"}  # plans redirect different outputs
+    return out
 
 
 def _considered(report: RewriteReport) -> set[str]:
@@ -646,17 +650,28 @@ def _check_report(snap: GraphSnapshot, rule: Rule) -> RewriteReport:
     assert plan(_copy(snap), [rule]) == report, "planning twice gave different reports"
     after = report.after
     assert isinstance(verify(after), Success), verify(after)
-    assert rewrite(snap, report.plans).unwrap() == after, "rewrite(snap, plans) differs from report.after"
+    step = snap
+    for stage in report.stages:  # one stage per run of the rule
+        step = rewrite(step, stage).unwrap()
+    assert step == after, "rewriting each stage in turn differs from report.after"
     assert all(p.rule == rule.name for p in report.plans)
     codes = getattr(rule, "codes", None)
+    # each run of the rule (one, or more for a rule with repeat) with the snapshot it planned on
+    runs = list(planned_on(report))
     for r in report.rejections:
         assert r.rule == rule.name
         assert codes is None or r.reason.code in codes, f"{r.reason.code} not in {rule.name}'s codes"
         assert r.reason.message, f"empty message for {r.reason.code}"
-        assert r.node in snap.index and r.reason.node in snap.index, r
-    anchors = Counter(n.name for n in rule.anchors(snap))
-    decided = Counter([p.anchor for p in report.plans] + [r.node for r in report.rejections])
-    assert decided == anchors, f"candidates {dict(anchors)}, decided {dict(decided)}"
+        assert r.node in snap.index and any(r.reason.node in s.index for s, _ in runs), r
+    # the candidates: the first run's, and a later run's that were in the graph or that it planned
+    anchors = {n.name for n in rule.anchors(snap)}
+    for s, stage in runs[1:]:
+        anchors |= {n.name for n in rule.anchors(s) if n.name in snap.index} | {p.anchor for p in stage}
+    declined = Counter(r.node for r in report.rejections)
+    decided = {p.anchor for p in report.plans} | set(declined)
+    assert decided == anchors and all(v == 1 for v in declined.values()), f"candidates {anchors}, decided {decided}"
+    if not getattr(rule, "repeat", False):
+        assert len(runs) == 1 and len(decided) == len(report.plans) + len(declined), "a rule without repeat runs once"
     if not report.plans:
         assert after == snap, "no plan, yet the snapshot changed"
     return report
@@ -698,10 +713,7 @@ def _independent(snap: GraphSnapshot, reports: dict[str, tuple[Rule, RewriteRepo
     other decided on or would consider after it; with how many of the two planned. (A rule may rightly
     enable another where it rewrites: once fuse-conv-bn has made ``add(bn(conv(x)), 2)`` an
     ``add(conv(x), 2)``, fold-binary folds the add; such pairs are not compared.)"""
-    reach = {
-        name: (_touched(snap, r.plans), {n.name for n in r.after.nodes} - set(snap.index))
-        for name, (_, r) in reports.items()
-    }
+    reach = {name: (_touched(r), {n.name for n in r.after.nodes} - set(snap.index)) for name, (_, r) in reports.items()}
     pairs = []
     for (ra, a), (rb, b) in combinations(reports.values(), 2):
         (ta, new_a), (tb, new_b) = reach[ra.name], reach[rb.name]
