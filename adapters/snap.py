@@ -64,6 +64,11 @@ def _arg(value: Any, refs: dict[torch.fx.Node, NodeRef]) -> Arg:
 
 
 def _dim(d: Any) -> int | str:
+    """A size: an int, the int a symbolic size is pinned to (``Dim.AUTO`` on a dim the model fixes
+    leaves a SymInt of value 3), or the symbolic size's name."""
+    if isinstance(d, torch.SymInt):
+        pinned = d.node.maybe_as_int()
+        return str(d) if pinned is None else int(pinned)
     return int(d) if isinstance(d, int) else str(d)
 
 
@@ -80,7 +85,7 @@ def tensor_spec(value: Any, symbolic: dict[str, torch.SymInt] | None = None) -> 
     except TypeError:  # symbolic sizes do not hash
         if symbolic is not None:
             sizes: tuple[Any, ...] = tuple(value.shape)  # torch.Size says int; these are SymInts
-            symbolic.update((str(d), d) for d in sizes if isinstance(d, torch.SymInt))
+            symbolic.update((str(d), d) for d in sizes if isinstance(d, torch.SymInt) and d.node.maybe_as_int() is None)
         return TensorSpec(shape=tuple(_dim(d) for d in value.shape), dtype=dtype_name(value.dtype))
     except KeyError:
         spec = _SPECS[(value.shape, value.dtype)] = TensorSpec(

@@ -339,3 +339,30 @@ def test_run_on_its_own_output_finds_nothing_more() -> None:
     again = adapters.transform(p, [concat_parallel_linears()]).unwrap()
     assert again.report.plans == () and again.report.rejections == () and not again.changed
     assert_close(run(p, x), eager(model, x))
+
+
+class PinnedFlatten(nn.Module):
+    """Two linears of a flatten whose size the model pins: with ``Dim.AUTO`` on the last dim, export
+    keeps the features (4 * 3) as a SymInt of value 12."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(12, 4), nn.Linear(12, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x.flatten(1)
+        return self.q(h), self.k(h)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_size_export_pins_to_a_number_is_that_number(form: str) -> None:
+    torch.manual_seed(0)
+    model, x = PinnedFlatten().eval(), (torch.randn(2, 4, 3),)
+    dims = ({0: torch.export.Dim("batch"), 2: torch.export.Dim.AUTO},)
+    ep = torch.export.export(model, x, dynamic_shapes=dims)
+    p: Program = ep.module() if form == "gm" else ep
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    for batch in (2, 5):
+        other = (torch.randn(batch, 4, 3),)
+        assert_close(run(p, other), list(model(*other)))
