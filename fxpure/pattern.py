@@ -1542,7 +1542,7 @@ def rule(
     pattern's and the checks'. ``repeat``: ``plan`` runs the rule again on its own result while it
     plans (up to ``fxpure.plan.MAX_RUNS`` runs), for a rewrite that makes another candidate of it
     (the ``add`` of ``conv(x) * s + t`` reads the conv the ``mul`` folded into); a later run reports
-    no rejection at a node an earlier one reported, nor at a node the rule made. Everything is
+    no rejection at a node an earlier run decided, nor at a node the rule made. Everything is
     checked here, when the rule is built.
     """
     if not _rooted(pattern):

@@ -122,7 +122,8 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     moved = [d for d in spec.shape[1:-1] if match.snap.least(d) < 1]  # the dims moved to H, W
     if 0 in w.shape or moved:
         role, shape, at = ("weight", w.shape, at_w) if 0 in w.shape else ("input", spec.shape, at_x)
-        can = "" if 0 in shape else f" when {moved[0]} is 0 (the program declares no minimum of 1 for it)"
+        symbolic = [d for d in moved if isinstance(d, str)] if role == "input" and 0 not in moved else []
+        can = f" when {symbolic[0]} is 0 (the program declares no minimum of 1 for it)" if symbolic else ""
         detail = f"{node}: the {role} {shape} is empty{can}, which a 1x1 conv2d does not compute as a linear does"
         return Failure(Declined(code="zero-size", node=node, detail=detail, path=at))
     bias = match.spec("b") if b is not None else None

@@ -265,6 +265,7 @@ def test_computed_bias_passes_through() -> None:
         ({"lead": ("s0", "s1")}, "zero-size", "lin.input", "lin: the input ('s0', 's1', 8) is empty when s1 is 0"),
         ({"lead": ("s0", "s1"), "least": {"s1": 0}}, "zero-size", "lin.input", "when s1 is 0"),
         ({"lead": (2, "h", "w"), "least": {"h": 1}}, "zero-size", "lin.input", "when w is 0"),
+        ({"lead": (0, "s1")}, "zero-size", "lin.input", "the input (0, 's1', 8) is empty when s1 is 0"),
     ],
 )
 def test_each_reason(knobs: dict[str, Any], code: str, path: str, message: str) -> None:
