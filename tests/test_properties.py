@@ -35,7 +35,7 @@ DECLINES = {
     "training": "bn-training-mode",  # the batch norm in training mode (batch statistics)
     "shared": "conv-output-shared",  # the conv's output is returned too
     "relu": "producer-not-conv",  # a relu between them
-    "computed": "not-constant",  # the conv's weight computed at run time (w * 2)
+    "computed": "not-constant",  # the conv's weight computed at run time (w * x.mean(); w * 2 is a constant)
 }
 F_CONV = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}
 
@@ -126,7 +126,7 @@ class ConvBN(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> Any:
         c, conv = self.c, self.conv
         if c.decline == "computed":
-            y = F_CONV[c.rank](x, conv.weight * 2.0, conv.bias, c.stride, c.padding, c.dilation, c.groups)
+            y = F_CONV[c.rank](x, conv.weight * x.mean(), conv.bias, c.stride, c.padding, c.dilation, c.groups)
         else:
             y = conv(x)
         z = self.bn(torch.relu(y) if c.decline == "relu" else y)
