@@ -618,3 +618,19 @@ def test_what_the_rule_found_goes_with_its_snapshot() -> None:
     del g, report
     gc.collect()
     assert rule._last == []
+
+
+def test_linears_no_other_can_share_an_input_with_leave_the_rest_to_join() -> None:
+    # a lone linear first (its input read by no other product), then a product of a literal (hand-made),
+    # then the three of x: the three join
+    g = GraphBuilder()
+    y, x = g.input("y", (2, 8)), g.input("x", (2, 8))
+    lone = g.call("aten.linear.default", name="lone", out=(2, 4), input=y, weight=g.parameter("wl", (4, 8)))
+    lit = g.node("aten.linear.default", (2.0, g.parameter("wt", (4, 8))), name="lit", out=(2, 4))
+    outs = [
+        g.call("aten.linear.default", name=f"lin{i}", out=(2, 4), input=x, weight=g.parameter(f"w{i}", (4, 8)))
+        for i in range(3)
+    ]
+    g.output(lone, lit, *outs)
+    report = plan(g.build(), [concat_parallel_linears()])
+    assert [p.anchor for p in report.plans] == ["x"] and report.rejections == ()

@@ -488,6 +488,19 @@ def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
     assert set(both.after.constants) == {"conv_mul_weight", "conv_mul_add_bias"}
 
 
+def test_a_candidate_a_later_run_declines_is_reported_there() -> None:
+    # (conv * c) + d, d not per channel: the add becomes a candidate in the second run, which declines it
+    g = GraphBuilder()
+    w, c, d = g.parameter("w", (OC, IC, 3, 3)), g.buffer("c", (OC, 1, 1)), g.buffer("d", (1, 1, 6, 1))
+    x = g.input("x", (B, IC, 8, 8))
+    y = g.call("aten.conv2d.default", name="conv", out=(B, OC, 6, 6), input=x, weight=w)
+    m = g.call("aten.mul.Tensor", name="mul", out=(B, OC, 6, 6), self=y, other=c)
+    g.output(g.call("aten.add.Tensor", name="add", out=(B, OC, 6, 6), self=m, other=d))
+    report = plan(g.build(), [RULE])
+    assert [[p.anchor for p in s] for s in report.stages] == [["mul"], []]
+    assert [(r.node, r.reason.code) for r in report.rejections] == [("add", "not-per-channel")]
+
+
 def test_every_code_is_stable() -> None:
     assert sorted(RULE.codes - GENERIC_CODES) == [
         "arg-mismatch",

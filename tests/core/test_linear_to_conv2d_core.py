@@ -257,10 +257,13 @@ def test_computed_bias_passes_through() -> None:
         ({"beta": 2.0, "spelling": "addmm"}, "arg-mismatch", "lin.beta", "beta of lin is 2.0"),
         # conv2d of no input channels is empty (no bias); of no output channels, or an empty
         # spatial dim, it fails: a linear of them is not a 1x1 conv
-        ({"features": 0}, "zero-size", "lin.weight", "lin: the weight (6, 0) is empty"),
-        ({"out": 0, "bias": "none"}, "zero-size", "lin.weight", "lin: the weight (0, 8) is empty"),
-        ({"lead": (2, 0)}, "zero-size", "lin.input", "lin: the input (2, 0, 8) is empty"),
-        ({"lead": (2, 3, 0)}, "zero-size", "lin.input", "the input (2, 3, 0, 8) is empty"),
+        ({"features": 0}, "zero-size", "lin.weight", "lin: the weight (6, 0) is empty, which"),
+        ({"out": 0, "bias": "none"}, "zero-size", "lin.weight", "lin: the weight (0, 8) is empty, which"),
+        ({"lead": (2, 0)}, "zero-size", "lin.input", "lin: the input (2, 0, 8) is empty, which"),
+        ({"lead": (2, 3, 0)}, "zero-size", "lin.input", "the input (2, 3, 0, 8) is empty, which"),
+        # an empty weight, or a static empty dim, is empty whatever a symbolic size is
+        ({"features": 0, "lead": ("s0", "s1")}, "zero-size", "lin.weight", "the weight (6, 0) is empty, which"),
+        ({"lead": (2, 0, "w")}, "zero-size", "lin.input", "the input (2, 0, 'w', 8) is empty, which"),
         # a symbolic one the program lets be 0 (Dim("T") declares no minimum)
         ({"lead": ("s0", "s1")}, "zero-size", "lin.input", "lin: the input ('s0', 's1', 8) is empty when s1 is 0"),
         ({"lead": ("s0", "s1"), "least": {"s1": 0}}, "zero-size", "lin.input", "when s1 is 0"),

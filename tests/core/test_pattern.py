@@ -1110,16 +1110,69 @@ def test_a_computed_value_the_program_writes_is_no_constant_nor_what_is_computed
 
 
 @pytest.mark.parametrize(
-    ("start", "ops", "constant"), [("v", 10, True), ("v", MAX_DEPTH + 1, False), ("x", 3000, False)]
+    ("start", "ops", "constant", "target"),
+    [
+        ("v", MAX_DEPTH, True, "aten.mul.Tensor"),
+        ("v", MAX_DEPTH + 1, False, "aten.mul.Tensor"),
+        ("v", MAX_DEPTH, True, "aten.unsqueeze.default"),
+        ("v", MAX_DEPTH + 1, False, "aten.unsqueeze.default"),
+        ("x", 3000, False, "aten.mul.Tensor"),
+    ],
 )
-def test_a_chain_of_arithmetic_is_followed_only_so_deep(start: str, ops: int, constant: bool) -> None:
-    # a constant computed by MAX_DEPTH ops at most; a long chain of ops on an input is no recursion error
+def test_a_chain_of_arithmetic_is_followed_only_so_deep(start: str, ops: int, constant: bool, target: str) -> None:
+    # a constant computed by MAX_DEPTH ops (or reshapes) at most; a long chain of ops on an input is no
+    # recursion error
     g = GraphBuilder()
     y = g.buffer("v", (4,)) if start == "v" else g.input("x", (4,))
     for i in range(ops):
-        y = g.call("aten.mul.Tensor", name=f"m{i}", out=(4,), self=y, other=1.01)
+        if target == "aten.mul.Tensor":
+            y = g.call(target, name=f"m{i}", out=(4,), self=y, other=1.01)
+        else:  # (4,) -> (4, 1) -> (4, 1, 1) ...: a reshape of a reshape
+            y = g.call(target, name=f"m{i}", out=(4, *(1,) * (i + 1)), self=y, dim=-1)
     g.output(y)
     assert (constant_expr(g.build(), f"m{ops - 1}") is not None) is constant
+
+
+def test_arithmetic_reads_operands_given_by_keyword_and_alpha_by_position() -> None:
+    g = GraphBuilder()
+    v = g.buffer("v", (4,), "float64")
+    n = g.node("aten.neg.default", (), {"self": v}, name="n", out=spec(4, dtype="float64"))
+    m = g.node("aten.mul.Tensor", (), {"self": n, "other": 2.0}, name="m", out=spec(4, dtype="float64"))
+    a = g.node("aten.add.Scalar", (m, 1.0, 2), name="a", out=spec(4, dtype="float64"))  # alpha=2, by position
+    g.output(m, a)
+    snap = g.build()
+    v64 = Source(key="v", spec=spec(4, dtype="float64"))  # float64 is computed in float64: no casts
+    assert constant_expr(snap, "m") == Binary(
+        op="mul", a=Unary(op="neg", x=v64), b=Fill(shape=(), value=2.0, dtype="float64")
+    )
+    assert constant_expr(snap, "a") is None
+
+
+def test_a_half_op_of_a_float32_tensor_is_no_constant() -> None:
+    # a 0-d float32 tensor times a float16 one is float16: torch reads the float32 value unrounded
+    g = GraphBuilder()
+    v, k = g.buffer("v", (4,), "float16"), g.buffer("k", ())
+    g.output(g.call("aten.mul.Tensor", name="m", out=spec(4, dtype="float16"), self=v, other=k))
+    assert constant_expr(g.build(), "m") is None
+
+
+def test_a_value_read_twice_is_one_constant_and_each_node_that_computes_it_is_named() -> None:
+    # d = e + c * c: c found once for both reads, and every node named once
+    g = GraphBuilder()
+    v = g.buffer("v", (4,))
+    c = g.call("aten.add.Tensor", name="c", out=(4,), self=v, other=1.0)
+    e = g.call("aten.neg.default", name="e", out=(4,), self=v)
+    sq = g.call("aten.mul.Tensor", name="sq", out=(4,), self=c, other=c)
+    d = g.call("aten.add.Tensor", name="d", out=(4,), self=e, other=sq)
+    bad = g.node("aten.view.default", (), name="bad", out=(4,))  # a reshape of nothing (hand-made)
+    g.output(d, bad)
+    snap = g.build()
+    c_expr = Binary(op="add", a=Source(key="v", spec=spec(4)), b=Fill(shape=(), value=1.0, dtype="float32"))
+    assert constant_expr(snap, "d") == Binary(
+        op="add", a=Unary(op="neg", x=Source(key="v", spec=spec(4))), b=Binary(op="mul", a=c_expr, b=c_expr)
+    )
+    assert sorted(computed_by(snap, "d")) == ["c", "d", "e", "sq"]
+    assert constant_expr(snap, "bad") is None
 
 
 def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
