@@ -12,7 +12,7 @@ from typing import Optional
 import pytest
 from returns.result import Failure, Result, Success
 
-from fxpure import plan, snapshot, verify
+from fxpure import plan, rewrite, snapshot, verify
 from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE
 from fxpure.pattern import (
     ANY,
@@ -32,7 +32,7 @@ from fxpure.pattern import (
     quantized_as,
     rule,
 )
-from fxpure.plan import MAX_DEPTH, RewritePlan, Rule, computed_by, constant_expr
+from fxpure.plan import MAX_DEPTH, NewNode, RewritePlan, Rule, computed_by, constant_expr
 from fxpure.reasons import BadExpr, Declined, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
@@ -1173,6 +1173,25 @@ def test_a_value_read_twice_is_one_constant_and_each_node_that_computes_it_is_na
     )
     assert sorted(computed_by(snap, "d")) == ["c", "d", "e", "sq"]
     assert constant_expr(snap, "bad") is None
+
+
+def test_a_rewrite_keeps_the_declared_sizes_and_the_written_nodes() -> None:
+    # a later stage plans on the rewritten snapshot: what the program declares and writes still holds
+    g = GraphBuilder()
+    v = g.buffer("v", (4,))
+    c = g.call("aten.mul.Tensor", name="c", out=(4,), self=v, other=2.0)
+    g.output(g.call("aten.relu.default", name="r", self=c, out=(4,)), c)
+    built = g.build()
+    snap = snapshot(built.nodes, built.constants, least_sizes={"T": 1}, written=["c"])
+    keep = RewritePlan(
+        rule="r",
+        anchor="r",
+        nodes=(NewNode(name="r2", target="aten.relu.default", args=(NodeRef("c"),)),),
+        replace=(("r", "r2"),),
+        erase=("r",),
+    )
+    after = rewrite(snap, [keep]).unwrap()
+    assert "r2" in after.index and dict(after.least_sizes) == {"T": 1} and after.written == {"c"}
 
 
 def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
