@@ -28,7 +28,19 @@ from fxpure.snapshot import (
     ref_list,
     refs,
 )
-from fxpure.weights import FLOAT_DTYPES, Binary, Cast, Fill, Reshape, Source, Unary, WeightExpr, infer_spec, work_dtype
+from fxpure.weights import (
+    FLOAT_DTYPES,
+    Binary,
+    Cast,
+    Fill,
+    Reshape,
+    Source,
+    SumOver,
+    Unary,
+    WeightExpr,
+    infer_spec,
+    work_dtype,
+)
 
 
 @final
@@ -157,15 +169,25 @@ BINARY_OPS: Mapping[str, Literal["add", "sub", "mul", "div"]] = {
 UNARY_OPS: Mapping[str, Literal["sqrt", "rsqrt", "neg", "reciprocal"]] = {
     f"aten.{op}.default": op for op in ("sqrt", "rsqrt", "neg", "reciprocal")
 }
+# the powers torch's CPU kernel computes as these ops (``x ** 2`` as ``x * x``)
+POWERS: Mapping[float, Literal["square", "sqrt", "rsqrt", "reciprocal"]] = {
+    2: "square",
+    0.5: "sqrt",
+    -0.5: "rsqrt",
+    -1: "reciprocal",
+}
+# a sum over dims, and weight normalisation (``v * (g / ||v||)``, the norm over every dim but ``dim``)
+POW, SUM, WEIGHT_NORM = "aten.pow.Tensor_Scalar", "aten.sum.dim_IntList", "aten._weight_norm.default"
 
 
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     """The expression for the constant behind node ``name``, or None if it is not one: a parameter,
     buffer or lifted constant, an earlier rule's derived one, or a node of static shape that computes
-    one from constants (and numbers): a reshape (:data:`RESHAPES`) or floating elementwise
-    arithmetic (:data:`BINARY_OPS` with ``alpha=1``, :data:`UNARY_OPS`), such as the scale
-    ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, and that the program does not
-    write in place (``snap.written``). :func:`computed_by` names the nodes that compute it.
+    one from constants (and numbers): a reshape (:data:`RESHAPES`), floating elementwise
+    arithmetic (:data:`BINARY_OPS` with ``alpha=1``, :data:`UNARY_OPS`, the :data:`POWERS`), such
+    as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a sum over dims
+    or a weight normalisation (float32 or float64), and that the program does not write in place
+    (``snap.written``). :func:`computed_by` names the nodes that compute it.
 
     >>> from fxpure.testing import GraphBuilder
     >>> g = GraphBuilder()
@@ -198,10 +220,57 @@ def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]
         source = node.args[0] if node.args else None
         inner = _constant(snap, source.name, seen, depth + 1) if type(source) is NodeRef else None
         out = None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
-    elif node.target in BINARY_OPS or node.target in UNARY_OPS:
+    elif node.target in BINARY_OPS or node.target in UNARY_OPS or node.target == POW:
         out = _arithmetic(snap, node, spec, seen, depth + 1)
+    elif node.target in (SUM, WEIGHT_NORM) and spec.dtype in ("float32", "float64"):
+        out = _reduced(snap, node, spec, seen, depth + 1)
     seen[name] = out
     return out
+
+
+def _operand(
+    snap: GraphSnapshot, arg: Arg, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
+) -> WeightExpr | None:
+    """A tensor operand of ``spec``'s dtype as an expression, or None (not a constant, or another
+    dtype: torch would promote)."""
+    expr = _constant(snap, arg.name, seen, depth) if type(arg) is NodeRef else None
+    found = infer_spec(expr) if expr is not None else None
+    return expr if isinstance(found, Success) and found.unwrap().dtype == spec.dtype else None
+
+
+def _reduced(
+    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
+) -> WeightExpr | None:
+    """A float32 or float64 sum over dims (``dtype`` not given), or a weight normalisation, of constants."""
+    x = _operand(snap, node.arg(0, "self" if node.target == SUM else "v"), spec, seen, depth)
+    rank = len(infer_spec(x).unwrap().shape) if x is not None else 0
+    if node.target == SUM:
+        dims, keep = node.arg(1, "dim"), node.arg(2, "keepdim")
+        if x is None or node.arg(3, "dtype") is not None or type(dims) is not tuple or not dims:
+            return None
+        whole: WeightExpr = SumOver(x=x, dims=tuple(d % rank for d in dims if type(d) is int), dtype=spec.dtype)
+    else:
+        g, dim = _operand(snap, node.arg(1, "g"), spec, seen, depth), node.arg(2, "dim")
+        dim = 0 if dim is None else dim  # the schema's default
+        if x is None or g is None or type(dim) is not int or not 0 <= dim < rank:  # -1: the whole tensor's norm
+            return None
+        # v * (g / sqrt(sum(v * v) over every dim but ``dim``)), the norm kept as a dim of 1
+        kept = tuple(1 if i != dim else d for i, d in enumerate(infer_spec(x).unwrap().shape))
+        others = tuple(i for i in range(rank) if i != dim)
+        squares = (
+            SumOver(x=Binary(op="mul", a=x, b=x), dims=others, dtype=spec.dtype)
+            if others
+            else Binary(op="mul", a=x, b=x)
+        )
+        norm = Reshape(x=Unary(op="sqrt", x=squares), shape=tuple(d for d in kept if isinstance(d, int)))
+        whole = Binary(op="mul", a=x, b=Binary(op="div", a=g, b=norm))
+    out = (
+        Reshape(x=whole, shape=tuple(d for d in spec.shape if isinstance(d, int)))
+        if node.target == SUM and keep
+        else whole
+    )
+    found = infer_spec(out)
+    return out if isinstance(found, Success) and found.unwrap() == spec else None
 
 
 def _arithmetic(
@@ -212,19 +281,26 @@ def _arithmetic(
         return None
     work = work_dtype(spec.dtype)
     operands: list[WeightExpr] = []
-    for arg in (node.arg(0, "self"),) if node.target in UNARY_OPS else (node.arg(0, "self"), node.arg(1, "other")):
+    unary = node.target in UNARY_OPS or node.target == POW
+    for arg in (node.arg(0, "self"),) if unary else (node.arg(0, "self"), node.arg(1, "other")):
         if type(arg) is NodeRef:
-            expr = _constant(snap, arg.name, seen, depth)
-            found = infer_spec(expr) if expr is not None else None
-            if expr is None or not isinstance(found, Success) or found.unwrap().dtype != spec.dtype:
-                return None  # not a constant, or another dtype (torch would promote)
+            expr = _operand(snap, arg, spec, seen, depth)
+            if expr is None:
+                return None
             operands.append(expr if work == spec.dtype else Cast(x=expr, dtype=work))
         elif isinstance(arg, int | float) and not isinstance(arg, bool):
             operands.append(Fill(shape=(), value=float(arg), dtype=work))
         else:
             return None
+    exponent = node.arg(1, "exponent")
+    power = POWERS.get(exponent) if node.target == POW and isinstance(exponent, int | float) else None
     if node.target in UNARY_OPS:
         out: WeightExpr = Unary(op=UNARY_OPS[node.target], x=operands[0])
+    elif node.target == POW:
+        if power is None:
+            return None
+        x = operands[0]
+        out = Binary(op="mul", a=x, b=x) if power == "square" else Unary(op=power, x=x)
     elif node.arg(2, "alpha") not in (None, 1):  # torch computes a + alpha * b in one rounding
         return None
     else:

@@ -27,7 +27,7 @@ import adapters
 from fxpure.rules import split_group_conv
 from fxpure.rules.conv1d_to_conv2d import conv1d_to_conv2d
 from tests.int8_ties import assert_int8_equal
-from tests.programs import Program, assert_close, assert_sound, dead_constants, run, run_pte
+from tests.programs import Program, assert_close, assert_sound, build, dead_constants, run, run_pte
 from tests.quantized import pt2e
 
 
@@ -405,3 +405,28 @@ def test_upstream_arm_split_then_common_pass_leaves_the_split_convs_1d() -> None
     ours = edge(GroupedTCN).exported_program()
     adapters.transform(ours, [split_group_conv(), conv1d_to_conv2d()]).unwrap()
     assert conv_weight_ranks(ours) == [4] * 7
+
+
+class WeightNormed(nn.Module):
+    """A vocoder's conv1d under weight normalisation: its weight is ``g * v / ||v||``, computed in
+    forward (aten: ``_weight_norm``; edge: ``pow``, ``sum``, ``pow``, ``div``, ``mul``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv(x)
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_weight_normalised_conv_has_a_constant_weight_and_converts(form: str) -> None:
+    torch.manual_seed(0)
+    model, x = WeightNormed().eval(), (torch.randn(2, 4, 16),)
+    p = build(model, x, form)
+    want = run(p, x)
+    outcome = adapters.transform(p, [conv1d_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert conv_weight_ranks(p) == [4]
+    assert_sound(p, x, want)

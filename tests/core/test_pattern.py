@@ -38,7 +38,7 @@ from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Cast, Fill, Permute, Reshape, Source, Unary, WeightExpr, infer_spec
+from fxpure.weights import Binary, Cast, Fill, Permute, Reshape, Source, SumOver, Unary, WeightExpr, infer_spec
 
 GUIDE = Path(__file__).parent.parent.parent / "docs" / "writing-rules.md"
 
@@ -1192,6 +1192,33 @@ def test_a_rewrite_keeps_the_declared_sizes_and_the_written_nodes() -> None:
     )
     after = rewrite(snap, [keep]).unwrap()
     assert "r2" in after.index and dict(after.least_sizes) == {"T": 1} and after.written == {"c"}
+
+
+def test_powers_sums_and_a_weight_normalisation_of_constants_are_constants() -> None:
+    g = GraphBuilder()
+    v, gain = g.parameter("v", (6, 4, 3)), g.parameter("g", (6, 1, 1))
+    sq = g.node("aten.pow.Tensor_Scalar", (v, 2), name="sq", out=(6, 4, 3))
+    cube = g.node("aten.pow.Tensor_Scalar", (v, 3), name="cube", out=(6, 4, 3))  # no op of its own
+    s = g.node("aten.sum.dim_IntList", (sq, (1, -1), True), name="s", out=(6, 1, 1))
+    flat = g.node("aten.sum.dim_IntList", (sq, (1, 2)), name="flat", out=(6,))
+    typed = g.node(
+        "aten.sum.dim_IntList", (sq, (1, 2), False, DTypeArg("float64")), name="typed", out=spec(6, dtype="float64")
+    )
+    root = g.node("aten.pow.Tensor_Scalar", (s, 0.5), name="root", out=(6, 1, 1))
+    wn = g.node("aten._weight_norm.default", (v, gain), name="wn", out=(6, 4, 3))
+    whole = g.node("aten._weight_norm.default", (v, gain, -1), name="whole", out=(6, 4, 3))
+    g.output(cube, flat, typed, root, wn, whole)
+    snap = g.build()
+    V = Source(key="v", spec=spec(6, 4, 3))
+    sums = SumOver(x=Binary(op="mul", a=V, b=V), dims=(1, 2), dtype="float32")
+    assert constant_expr(snap, "flat") == sums
+    assert constant_expr(snap, "root") == Unary(op="sqrt", x=Reshape(x=sums, shape=(6, 1, 1)))
+    norm = Reshape(x=Unary(op="sqrt", x=sums), shape=(6, 1, 1))
+    assert constant_expr(snap, "wn") == Binary(
+        op="mul", a=V, b=Binary(op="div", a=Source(key="g", spec=spec(6, 1, 1)), b=norm)
+    )
+    # x ** 3, a sum to another dtype, the norm of the whole tensor: not computed here
+    assert [constant_expr(snap, n) for n in ("cube", "typed", "whole")] == [None, None, None]
 
 
 def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
