@@ -1221,6 +1221,59 @@ def test_powers_sums_and_a_weight_normalisation_of_constants_are_constants() -> 
     assert [constant_expr(snap, n) for n in ("cube", "typed", "whole")] == [None, None, None]
 
 
+def test_powers_sums_and_weight_norms_read_their_arguments_by_keyword_too() -> None:
+    g = GraphBuilder()
+    v, gain, w1, g1 = (
+        g.parameter("v", (6, 4, 3)),
+        g.parameter("g", (1, 4, 1)),
+        g.parameter("w1", (5,)),
+        g.parameter("g1", (5,)),
+    )
+    x = g.input("x", (6, 4, 3))
+    sq = g.node("aten.pow.Tensor_Scalar", (), {"self": v, "exponent": 2}, name="sq", out=(6, 4, 3))
+    kept = g.node("aten.sum.dim_IntList", (), {"self": sq, "dim": (0, 2), "keepdim": True}, name="kept", out=(1, 4, 1))
+    typed = g.node(
+        "aten.sum.dim_IntList", (sq, (0, 2)), {"dtype": DTypeArg("float64")}, name="typed", out=spec(4, dtype="float64")
+    )
+    wn = g.node("aten._weight_norm.default", (), {"v": v, "g": gain, "dim": 1}, name="wn", out=(6, 4, 3))
+    vec = g.node("aten._weight_norm.default", (w1, g1), name="vec", out=(5,))  # rank 1: no dim to sum over
+    past = g.node("aten._weight_norm.default", (v, gain, 3), name="past", out=(6, 4, 3))  # no dim 3
+    of_x = g.node("aten._weight_norm.default", (x, gain, 1), name="of_x", out=(6, 4, 3))
+    by_x = g.node("aten._weight_norm.default", (v, x, 1), name="by_x", out=(6, 4, 3))
+    lit = g.node("aten._weight_norm.default", (2.0, gain, 1), name="lit", out=(6, 4, 3))
+    sum_x = g.node("aten.sum.dim_IntList", (x, (0, 2)), name="sum_x", out=(4,))
+    wrong = g.node("aten.sum.dim_IntList", (v, (0, 2)), name="wrong", out=(3,))  # not what it computes
+    half = g.node(
+        "aten.sum.dim_IntList", (g.parameter("h", (4,), "float16"), (0,)), name="half", out=spec(dtype="float16")
+    )
+    g.output(kept, typed, wn, vec, past, of_x, by_x, lit, sum_x, wrong, half)
+    snap = g.build()
+    V = Source(key="v", spec=spec(6, 4, 3))
+    sums = SumOver(x=Binary(op="mul", a=V, b=V), dims=(0, 2), dtype="float32")
+    assert constant_expr(snap, "kept") == Reshape(x=sums, shape=(1, 4, 1))
+    norm = Reshape(x=Unary(op="sqrt", x=sums), shape=(1, 4, 1))
+    assert constant_expr(snap, "wn") == Binary(
+        op="mul", a=V, b=Binary(op="div", a=Source(key="g", spec=spec(1, 4, 1)), b=norm)
+    )
+    W1 = Source(key="w1", spec=spec(5))
+    root = Reshape(x=Unary(op="sqrt", x=Binary(op="mul", a=W1, b=W1)), shape=(5,))
+    assert constant_expr(snap, "vec") == Binary(
+        op="mul", a=W1, b=Binary(op="div", a=Source(key="g1", spec=spec(5)), b=root)
+    )
+    for name in ("typed", "past", "of_x", "by_x", "lit", "sum_x", "wrong", "half"):
+        assert constant_expr(snap, name) is None, name
+
+
+@pytest.mark.parametrize(("muls", "constant"), [(MAX_DEPTH - 1, True), (MAX_DEPTH, False)])
+def test_a_sum_counts_towards_the_depth(muls: int, constant: bool) -> None:
+    g = GraphBuilder()
+    y = g.parameter("v", (4,), "float64")  # (a float64 sum: computed as float64)
+    for i in range(muls):
+        y = g.call("aten.mul.Tensor", name=f"m{i}", out=spec(4, dtype="float64"), self=y, other=1.01)
+    g.output(g.node("aten.sum.dim_IntList", (y, (0,)), name="s", out=spec(dtype="float64")))
+    assert (constant_expr(g.build(), "s") is not None) is constant
+
+
 def test_half_arithmetic_is_computed_in_float32_and_rounded_after_each_op() -> None:
     snap = _computed("aten.mul.Tensor", "float16", {"other": 0.1})
     v16 = Source(key="v", spec=spec(4, dtype="float16"))
