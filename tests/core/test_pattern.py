@@ -1246,7 +1246,9 @@ def test_powers_sums_and_weight_norms_read_their_arguments_by_keyword_too() -> N
     half = g.node(
         "aten.sum.dim_IntList", (g.parameter("h", (4,), "float16"), (0,)), name="half", out=spec(dtype="float16")
     )
-    g.output(kept, typed, wn, vec, past, of_x, by_x, lit, sum_x, wrong, half)
+    doubled = g.call("aten.mul.Tensor", name="doubled", out=(1, 4, 1), self=gain, other=2.0)
+    by_doubled = g.node("aten._weight_norm.default", (v, doubled, 1), name="by_doubled", out=(6, 4, 3))
+    g.output(kept, typed, wn, vec, past, of_x, by_x, lit, sum_x, wrong, half, by_doubled)
     snap = g.build()
     V = Source(key="v", spec=spec(6, 4, 3))
     sums = SumOver(x=Binary(op="mul", a=V, b=V), dims=(0, 2), dtype="float32")
@@ -1260,6 +1262,7 @@ def test_powers_sums_and_weight_norms_read_their_arguments_by_keyword_too() -> N
     assert constant_expr(snap, "vec") == Binary(
         op="mul", a=W1, b=Binary(op="div", a=Source(key="g1", spec=spec(5)), b=root)
     )
+    assert constant_expr(snap, "by_doubled") is not None  # a computed gain
     for name in ("typed", "past", "of_x", "by_x", "lit", "sum_x", "wrong", "half"):
         assert constant_expr(snap, name) is None, name
 
