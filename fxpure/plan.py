@@ -292,11 +292,11 @@ def _arithmetic(
             operands.append(Fill(shape=(), value=float(arg), dtype=work))
         else:
             return None
-    exponent = node.arg(1, "exponent")
-    power = POWERS.get(exponent) if node.target == POW and isinstance(exponent, int | float) else None
     if node.target in UNARY_OPS:
         out: WeightExpr = Unary(op=UNARY_OPS[node.target], x=operands[0])
     elif node.target == POW:
+        exponent = node.arg(1, "exponent")
+        power = POWERS.get(exponent) if isinstance(exponent, int | float) else None
         if power is None:
             return None
         x = operands[0]
