@@ -314,6 +314,28 @@ SUB = family(
         f"aten.sub.Scalar{_BINARY.format(other='Scalar', alpha=', Scalar alpha=1')}",
     ],
 )
+
+
+def in_place(f: Family) -> Family:
+    """The in-place spellings of a functional family (``aten.mul_.Tensor`` for ``aten.mul.Tensor``):
+    the same arguments, ``self`` written and returned. An aten program may hold them (``y.mul_(c)``);
+    an edge program does not. Their operands never commute (``self`` is the one written).
+
+    >>> sorted(in_place(MUL).targets), in_place(MUL).commutes
+    (['aten.mul_.Scalar', 'aten.mul_.Tensor'], None)
+    """
+
+    def spelling(s: Schema) -> Schema:
+        ns, op, overload = s.target.split(".")
+        return replace(s, target=f"{ns}.{op}_.{overload}")
+
+    schemas = [spelling(s) for s in f.schemas.values()]
+    return Family(f"{f.name}_", f"{f.noun} in place", {s.target: s for s in schemas}, f.normalize)
+
+
+MUL_, DIV_, ADD_, SUB_ = in_place(MUL), in_place(DIV), in_place(ADD), in_place(SUB)
+
+
 RSUB = family(
     "rsub",
     "a reversed subtraction",
@@ -379,6 +401,10 @@ STANDARD: tuple[Family, ...] = (
     ADD,
     SUB,
     RSUB,
+    MUL_,
+    DIV_,
+    ADD_,
+    SUB_,
     DEQUANTIZE,
     QUANTIZE_PER_TENSOR,
 )

@@ -1093,7 +1093,7 @@ class Planner:
 
     def call(
         self,
-        target: str,
+        target: str | Schema,
         /,
         *,
         name: str,
@@ -1102,13 +1102,20 @@ class Planner:
         source_fn: str | None = None,
         **values: Arg,
     ) -> NodeRef:
-        """A new call of a known target (``fxpure.families.SCHEMAS``) with arguments by schema name."""
-        schema = SCHEMAS.get(target)
+        """A new call with arguments by schema name. ``target``: a canonical target of a family
+        fxpure ships (``fxpure.families.SCHEMAS``) or of a family the match bound, or the
+        ``Schema`` of any op (``MY_FAMILY.schemas[target]``, ``parse_schema(...)``)."""
+        schema = target if isinstance(target, Schema) else SCHEMAS.get(target) or self._bound_schema(target)
         if schema is None:
-            raise PatternError(f"no schema for {target}: use Planner.node with positional arguments")
+            raise PatternError(f"no schema for {target}: pass its Schema, or use Planner.node (positional arguments)")
         self._fit(f"call {name}", name, schema, values, complete=True)
         args, kwargs = arguments(schema, values)
-        return self.node(target, args, kwargs, name=name, spec=spec, provenance=provenance, source_fn=source_fn)
+        return self.node(schema.target, args, kwargs, name=name, spec=spec, provenance=provenance, source_fn=source_fn)
+
+    def _bound_schema(self, target: str) -> Schema | None:
+        """The schema of ``target`` in a family of an op the match bound."""
+        bound = (b for b in self.match.bindings.values() if isinstance(b, Bound))
+        return next((b.family.schemas[target] for b in bound if target in b.family.schemas), None)
 
     def respell(
         self,

@@ -144,17 +144,18 @@ class GraphBuilder:
 
     def call(
         self,
-        target: str,
+        target: str | Schema,
         /,
         *,
         name: str | None = None,
         out: Out = None,
         **values: Arg,
     ) -> NodeRef:
-        """A ``call_function`` node; arguments by schema name (ValueError for one the schema has
+        """A ``call_function`` node of a known target (or of the ``Schema`` given, such as
+        ``MY_FAMILY.schemas[target]``); arguments by schema name (ValueError for one the schema has
         not, or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
         of specs for a tuple-output op."""
-        known = self.schemas.get(target)
+        known = target if isinstance(target, Schema) else self.schemas.get(target)
         if known is None:
             raise KeyError(f"no schema for {target}: give GraphBuilder(schemas=[parse_schema(...)]) or use node()")
         unknown = [a for a in values if a not in known.family_params]
@@ -162,10 +163,11 @@ class GraphBuilder:
         if unknown or missing:
             wrong = [*(f"no argument {a!r}" for a in unknown), *(f"missing {a!r}" for a in missing)]
             has = ", ".join(sorted(known.family_params))
-            raise ValueError(f"{target}: {', '.join(wrong)} (it has: {has}); node() takes any")
+            raise ValueError(f"{known.target}: {', '.join(wrong)} (it has: {has}); node() takes any")
         args, kwargs = arguments(known, values)
-        base = target.split(".")[-2] if target.count(".") >= 2 else target
-        return self.node(target, args, kwargs, name=self._name(name, base), out=out)
+        parts = known.target.split(".")
+        base = parts[-2] if len(parts) >= 3 else known.target
+        return self.node(known.target, args, kwargs, name=self._name(name, base), out=out)
 
     def node(
         self,

@@ -657,3 +657,101 @@ def test_a_frozen_batch_norm_computed_from_buffers_folds_into_its_conv(form: str
     assert_close(run(p, x), eager(model, x), rel=1e-5)
     state = p.state_dict if isinstance(p, ExportedProgram) else p.state_dict()
     assert not any("running" in k for k in state)  # the frozen norms' buffers are gone
+
+
+class InPlace(nn.Module):
+    """Scales and shifts written into the conv's or linear's output in place: timm's
+    ``LayerScale(inplace=True)`` (``y.mul_(gamma)``), a frozen batch norm in place
+    (``y.mul_(s).add_(t)``), ``y.sub_(c, alpha=2)`` and ``y.div_(4)`` after a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.lin = nn.Linear(8, 6)
+        self.gamma = nn.Parameter(torch.rand(8, 1, 1) + 0.5)
+        self.s, self.t = nn.Parameter(torch.rand(8, 1, 1) + 0.5), nn.Parameter(torch.randn(8, 1, 1))
+        self.c = nn.Parameter(torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.c1(x)
+        y.mul_(self.gamma)
+        y = self.c2(torch.relu(y))
+        y.mul_(self.s).add_(self.t)
+        z = self.lin(y.mean((2, 3)))
+        z.sub_(self.c, alpha=2).div_(4.0)
+        out: torch.Tensor = z
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_scale_or_shift_written_in_place_folds(form: str) -> None:
+    # the aten forms keep the in-place ops (edge has made them functional); they fold as their
+    # functional spellings do, chains in the rule's later runs
+    torch.manual_seed(0)
+    model, x = InPlace().eval(), (torch.randn(2, 3, 8, 8),)
+    program = programs.build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [len(s) for s in outcome.report.stages if s] == [3, 2]  # mul_, mul_, sub_; then add_, div_
+    assert outcome.report.rejections == ()
+    assert binary_ops(program) == sum(count(program, f"aten.{op}_.") for op in ("mul", "div", "add", "sub")) == 0
+    assert_sound(program, x, eager(model, x))
+
+
+class InPlaceDeclined(nn.Module):
+    """In-place scales that cannot fold: the conv's output read before it is scaled, a scale the
+    program computes, and a division by zero."""
+
+    d: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.c3 = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.gamma = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+        self.register_buffer("d", torch.tensor([1.0, 0.0, 2.0, 4.0]).reshape(4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.c1(x)
+        before = y + 1  # reads y unscaled (a candidate too)
+        y.mul_(self.gamma)
+        z = self.c2(x)
+        z.mul_(x.mean())  # computed at run time
+        w = self.c3(x)
+        w.div_(self.d)  # a fold whose weight is not finite
+        return before, y, z, w
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_an_in_place_scale_that_cannot_fold_is_declined_and_the_program_kept(form: str) -> None:
+    model, x = InPlaceDeclined().eval(), (torch.randn(1, 3, 4, 4),)
+    program = programs.build(model, x, form)
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    codes = sorted(r.reason.code for r in outcome.report.rejections)
+    assert codes == ["conv-output-shared", "conv-output-shared", "non-finite-weight", "not-constant"]
+    assert not outcome.changed and adapters.capture(program) == before
+    torch.testing.assert_close(run(program, x), eager(model, x), equal_nan=True)  # x / 0 stays inf or nan
+
+
+class WrittenBetween(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+        self.gamma = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.0
+        y = self.c(h)
+        h.add_(1)  # the conv's input is written before the output is scaled
+        y.mul_(self.gamma)
+        out: torch.Tensor = y + h.sum()
+        return out
+
+
+def test_an_in_place_scale_after_its_convs_input_is_written_is_declined() -> None:
+    # the folded conv, at the mul_'s place, would read the written input
+    model, x = WrittenBetween().eval(), (torch.randn(1, 3, 4, 4),)
+    program = programs.build(model, x, "aten")
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["written-between"]
+    assert not outcome.changed
+    assert_close(run(program, x), eager(model, x))

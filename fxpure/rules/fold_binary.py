@@ -8,7 +8,9 @@ weight) and cast back, as ``fold_batch_norm`` does.
 
 The candidates are the mul, div, add, sub and rsub ops with an operand computed by a conv or a
 linear whose other operand is not another activation of the op's shape: neither a residual
-``x + y`` of two other ops nor ``x + conv(x)`` is one. A chain ``conv * s + t`` (a frozen batch
+``x + y`` of two other ops nor ``x + conv(x)`` is one. The in-place ``y.mul_(c)``, ``div_``,
+``add_`` and ``sub_`` of an aten program are candidates too (the conv's output, which they write,
+has no other reader: ``conv-output-shared`` otherwise). A chain ``conv * s + t`` (a frozen batch
 norm) folds whole: the rule runs again while it folds (``repeat``), and the second run folds the
 ``add`` into the first one's (still unmaterialised) weights.
 """
@@ -19,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Literal, TypeAlias
 
-from fxpure.families import ADD, ADDMM, CONV, DIV, LINEAR, MM, MUL, RSUB, SUB, VIEW, family
+from fxpure.families import ADD, ADD_, ADDMM, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW, family
 from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
@@ -83,6 +85,12 @@ PATTERN = OneOf(
     Op(SUB, name="bin", other=PRODUCER, self=OPERAND, alpha=ALPHA),  # c - alpha y (y matched first)
     Op(RSUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # c - alpha y
     Op(DIV, name="bin", other=PRODUCER, self=OPERAND),  # c / y: matched to be declined (output-is-divisor)
+    # y.mul_(c), y.div_(c), y.add_(c, alpha=), y.sub_(c, alpha=): an aten program may scale or shift
+    # the output in place (timm's LayerScale(inplace=True)); the output is the one written
+    Op(MUL_, name="bin", self=PRODUCER, other=OPERAND),
+    Op(DIV_, name="bin", self=PRODUCER, other=OPERAND),
+    Op(ADD_, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),
+    Op(SUB_, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),
 )
 MATMULS = ADDMM.targets | MM.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
@@ -161,7 +169,8 @@ def _producer(match: Match) -> Bound:
 
 
 def _key(bin: Bound, match: Match) -> tuple[str, bool]:
-    return bin.node.target.split(".")[1], bin.args.get("self") == NodeRef(_producer(match).name)
+    op = bin.node.target.split(".")[1].removesuffix("_")  # mul_ scales as mul does
+    return op, bin.args.get("self") == NodeRef(_producer(match).name)
 
 
 def _affine(bin: Bound, match: Match) -> Reason | None:

@@ -213,6 +213,11 @@ OPS: dict[tuple[str, bool], Callable[[float, float, float], float]] = {
     ("aten.sub.Tensor", True): lambda y, c, a: y - a * c,
     ("aten.sub.Tensor", False): lambda y, c, a: c - a * y,
     ("aten.rsub.Scalar", True): lambda y, c, a: c - a * y,
+    # in place (an aten program's y.mul_(c)): the producer's output is the one written
+    ("aten.mul_.Tensor", True): lambda y, c, a: y * c,
+    ("aten.div_.Tensor", True): lambda y, c, a: y / c,
+    ("aten.add_.Tensor", True): lambda y, c, a: y + a * c,
+    ("aten.sub_.Tensor", True): lambda y, c, a: y - a * c,
 }
 
 
@@ -242,7 +247,7 @@ def _cases() -> list[tuple[str, bool, float | None, str]]:
     """(target, y first, alpha, operand) for every op: alpha only where the op has one (-1 turns
     ``c - alpha y`` into ``c + y``), a number only for rsub.Scalar."""
     out: list[tuple[str, bool, float | None, str]] = []
-    for (target, first), kind in ((key, key[0].split(".")[1]) for key in sorted(OPS)):
+    for (target, first), kind in ((key, key[0].split(".")[1].removesuffix("_")) for key in sorted(OPS)):
         alphas = {"mul": (None,), "div": (None,), "add": (None, 2.0)}.get(kind, (None, 2.0, -1))
         operands = ("scalar",) if kind == "rsub" else ("scalar", "channels", "0-d")
         out += [(target, first, a, o) for a in alphas for o in operands]

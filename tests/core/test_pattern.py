@@ -13,7 +13,7 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, rewrite, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE
+from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE, family
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -1406,3 +1406,35 @@ def test_a_size_read_of_an_erased_node_no_new_value_of_its_shape_answers_decline
     # a new value of the conv's shape answers it (what the match found before its alternatives stays)
     (ok,) = plan(g.build(), [rule("same", pattern, plan=same)]).plans
     assert ("conv", "v") in ok.replace
+
+
+# a backend's own op, in a family of its own (not one fxpure ships)
+HARDSWISH = family("hardswish", "a hard swish", ["aten.hardswish.default(Tensor self) -> Tensor"])
+MY_ACT = family("my_act", "a fused activation", ["my.act.default(Tensor self, float beta=1.0) -> Tensor"])
+
+
+def test_a_family_of_ones_own_reaches_the_builder_and_the_planner_by_target_or_schema() -> None:
+    # the builder and Planner.call take a Schema (a family's, or parse_schema's) where fxpure ships none;
+    # Planner.call also finds the target of a family the match bound
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    g.output(g.call(HARDSWISH.schemas["aten.hardswish.default"], self=x, out=(2, 3)))
+    snap = g.build()
+    assert [n.target for n in snap.nodes if n.op == "call_function"] == ["aten.hardswish.default"]
+
+    def to_mine(p: Planner, act: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(act, p.call(MY_ACT.schemas["my.act.default"], name="mine", spec=act.spec, self=x, beta=2.0))
+
+    def again(p: Planner, act: Bound, x: NodeRef) -> RewritePlan:  # the matched family's own target
+        return p.replace(act, p.call("aten.hardswish.default", name="again", spec=act.spec, self=x))
+
+    def unknown(p: Planner, act: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(act, p.call("my.act.default", name="mine", spec=act.spec, self=x))
+
+    pattern = Op(HARDSWISH, name="act", self=Var("x"))
+    (mine,) = plan(snap, [rule("mine", pattern, plan=to_mine)]).plans
+    assert [(n.target, n.args, dict(n.kwargs)) for n in mine.nodes] == [("my.act.default", (NodeRef("x"), 2.0), {})]
+    (same,) = plan(snap, [rule("again", pattern, plan=again)]).plans
+    assert [(n.target, n.args) for n in same.nodes] == [("aten.hardswish.default", (NodeRef("x"),))]
+    with pytest.raises(PatternError, match=r"no schema for my.act.default: pass its Schema"):
+        plan(snap, [rule("unknown", pattern, plan=unknown)])
