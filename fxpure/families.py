@@ -321,8 +321,10 @@ def in_place(f: Family) -> Family:
     the same arguments, ``self`` written and returned. An aten program may hold them (``y.mul_(c)``);
     an edge program does not. Their operands never commute (``self`` is the one written).
 
-    >>> sorted(in_place(MUL).targets), in_place(MUL).commutes
-    (['aten.mul_.Scalar', 'aten.mul_.Tensor'], None)
+    >>> sorted(in_place(MUL).targets), in_place(MUL).commutes, in_place(MUL).name, in_place(MUL).noun
+    (['aten.mul_.Scalar', 'aten.mul_.Tensor'], None, 'mul_', 'a multiplication in place')
+    >>> in_place(CONV).normalize is CONV.normalize  # a normal form stays
+    True
     """
 
     def spelling(s: Schema) -> Schema:

@@ -17,6 +17,7 @@ primitive          matches                                   fails with
 ``Scalar(name)``   a Python number                           ``NotScalar``
 ``Lit(*values)``   a non-tensor argument with one of values  ``ArgMismatch``
 ``Var(name)``      anything; a repeated name, the same one   ``BindingConflict``
+                   (``code=`` names its reason)
 ``OneOf(*alts)``   the first alternative that matches        the reason of the one that got furthest
 ``need.*``         typed checks on bound values              ``SymbolicShape``, ``UnsupportedDtype``,
                                                              ``UnsupportedRank``, ``ChannelMismatch``,
@@ -137,13 +138,17 @@ class Lit:
         object.__setattr__(self, "text", text)
 
 
+CONFLICT = "binding-conflict"  # a name bound to two values, unless its Var names another code
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Var:
     """Any argument (a node reference, usually), bound as it is; a name used twice must bind the
-    same value."""
+    same value, else the match fails with ``code`` (``Var("x", code="not-tied")``)."""
 
     name: str
+    code: str = CONFLICT
 
 
 @final
@@ -430,6 +435,7 @@ class _State:
     depth: int = 0
     kept: bool = False  # below a node others read too: what matches here is pruned, never erased
     sized: dict[str, OutputShared] = field(default_factory=dict)  # see Match.sized
+    coded: dict[str, str] = field(default_factory=dict)  # name -> a Var's own code for a conflict of it
 
     def fork(self) -> _State:
         return _State(
@@ -441,19 +447,33 @@ class _State:
             self.depth,
             self.kept,
             dict(self.sized),
+            dict(self.coded),
         )
 
     def bind(
-        self, name: str | None, value: Binding, node: str, role: str, path: str, *, count: bool = True
+        self,
+        name: str | None,
+        value: Binding,
+        node: str,
+        role: str,
+        path: str,
+        *,
+        count: bool = True,
+        code: str = CONFLICT,
     ) -> Reason | None:
-        """Bind ``name`` (None: nothing to bind) to ``value``, read as ``role`` of ``node`` at ``path``."""
+        """Bind ``name`` (None: nothing to bind) to ``value``, read as ``role`` of ``node`` at ``path``;
+        ``code``: a ``Var``'s own, which names a conflict of ``name`` wherever it is found."""
         self.depth += count
         if name is None:
             return None
+        if code != CONFLICT:
+            self.coded.setdefault(name, code)
         if name in self.bindings:
             first = self.bindings[name]
             if first != value and not self._same_node(first, value):
-                return BindingConflict(node=node, name=name, first=_show(first), second=_show(value), path=path)
+                shown = _show(first), _show(value)
+                code = self.coded.get(name, CONFLICT)
+                return BindingConflict(code=code, node=node, name=name, first=shown[0], second=shown[1], path=path)
             return None
         self.bindings[name] = value
         self.sites[name] = Site(node, role, path)
@@ -544,7 +564,7 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
                 code=p.code, node=parent, role=role, value=value, expected=p.values, text=p.text, path=path
             )
         case Var():
-            return st.bind(p.name, value, parent, role, path)
+            return st.bind(p.name, value, parent, role, path, code=p.code)
 
 
 def _alt(p: Pattern, value: Arg, parent: str, role: str, path: str) -> Callable[[_State], Reason | None]:
@@ -1401,6 +1421,18 @@ def _kinds(p: Pattern | None) -> dict[str, frozenset[str]]:
     return out
 
 
+def _conflict_codes(p: Pattern | None) -> dict[str, set[str]]:
+    """Per name, the codes its ``Var``s give a conflict of it (none: ``binding-conflict``)."""
+    out: dict[str, set[str]] = {}
+    subs = p.alternatives if isinstance(p, OneOf) else [*(s for _, s in p.args), p.user] if isinstance(p, Op) else []
+    for sub in subs:
+        for k, v in _conflict_codes(sub).items():
+            out.setdefault(k, set()).update(v)
+    if isinstance(p, Var) and p.code != CONFLICT:
+        out.setdefault(p.name, set()).add(p.code)
+    return out
+
+
 def _bound_twice(p: Pattern | None) -> dict[str, int]:
     """How many times each name can be bound in one match (alternatives: the most of any one)."""
     counts: dict[str, int] = {}
@@ -1575,8 +1607,8 @@ def rule(
     every = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)), plan_codes)
     for check in checks:
         every |= check.codes
-    if any(v > 1 for v in _bound_twice(pattern).values()):
-        every.add("binding-conflict")
+    coded = _conflict_codes(pattern)
+    every.update(*(coded.get(n) or {CONFLICT} for n, v in _bound_twice(pattern).items() if v > 1))
     return PatternRule(
         name, pattern, tuple(checks), plan, tuple(reads), frozenset(every), candidate, fallback, plan_codes, repeat
     )

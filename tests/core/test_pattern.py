@@ -315,6 +315,30 @@ def test_repeated_variable_must_bind_the_same_node() -> None:
     assert len(plan(g2.build(), [same]).plans) == 1
 
 
+def test_a_repeated_variable_names_its_own_reason() -> None:
+    # x + relu(x), a code on either use of x: it names the conflict wherever it is found (here at
+    # the second), and the rule lists it instead of binding-conflict
+    first = Op(ADD, name="add", self=Var("x", code="not-tied"), other=Op(RELU, name="r", self=Var("x")))
+    second = Op(ADD, name="add", self=Var("x"), other=Op(RELU, name="r", self=Var("x", code="not-tied")))
+    for tied in (first, second):
+        _tied(tied)
+    # a name an Op binds too
+    mixed = Op(MUL, name="m", self=Op(RELU, name="r", users=ANY), other=Op(RELU, self=Var("r", code="not-r")))
+    codes = rule("mixed", mixed, plan=lambda p, m, r: p.replace(m, NodeRef(r.name))).codes
+    assert "not-r" in codes and "binding-conflict" not in codes
+
+
+def _tied(tied: Op) -> None:
+    same = rule("same", tied, plan=lambda p, add, x: p.replace(add, x))
+    assert "not-tied" in same.codes and "binding-conflict" not in same.codes
+    g = GraphBuilder()
+    x, y = g.input("x", (2,)), g.input("y", (2,))
+    g.output(g.call("aten.add.Tensor", name="add", self=x, other=g.call("aten.relu.default", name="r", self=y)))
+    reason = only_rejection(g.build(), same)
+    assert (reason.code, reason.path, reason.node) == ("not-tied", "add.other/r.self", "r")
+    assert reason.message == "x is x in one place and y at r"
+
+
 def test_an_op_or_a_constant_and_a_var_with_one_name_agree_on_one_node() -> None:
     # mul(r, relu(r)), r = relu(x): Op "r" binds the op, Var "r" the node it is; and conv(w, w)
     # with w a parameter: Const "w" binds its expression, Var "w" the node
