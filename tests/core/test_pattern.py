@@ -13,7 +13,7 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, rewrite, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE, family
+from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE, UNARY, family
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -320,7 +320,12 @@ def test_a_repeated_variable_names_its_own_reason() -> None:
     # the second), and the rule lists it instead of binding-conflict
     first = Op(ADD, name="add", self=Var("x", code="not-tied"), other=Op(RELU, name="r", self=Var("x")))
     second = Op(ADD, name="add", self=Var("x"), other=Op(RELU, name="r", self=Var("x", code="not-tied")))
-    for tied in (first, second):
+    # in alternatives: a code bound before them, and one inside them
+    before = Op(ADD, name="add", self=Var("x", code="not-tied"), other=OneOf(Op(UNARY, self=Var("x")), RELU_X))
+    inside = Op(
+        ADD, name="add", self=Var("x"), other=OneOf(Op(UNARY), Op(RELU, name="r", self=Var("x", code="not-tied")))
+    )
+    for tied in (first, second, before, inside):
         _tied(tied)
     # a name an Op binds too
     mixed = Op(MUL, name="m", self=Op(RELU, name="r", users=ANY), other=Op(RELU, self=Var("r", code="not-r")))
