@@ -400,10 +400,11 @@ def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
         return []
 
 
-def unreachable(cap: Captured, rule: Any) -> list[tuple[str, Reason]]:
+def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, Reason]]:
     """The candidates of ``rule`` that fxpure does not rewrite, each with a typed reason: a module
     call in a ``symbolic_trace`` GraphModule (its parameters live in the module), and the nodes of
-    control-flow branches (``torch.cond``: only the top-level graph is rewritten)."""
+    control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
+    branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
     for name, target, cls in cap.module_calls:
         probe = snapshot([NodeSnapshot(name=name, op="call_function", target=target)], {})
@@ -412,14 +413,14 @@ def unreachable(cap: Captured, rule: Any) -> list[tuple[str, Reason]]:
                 f"{name} calls an nn.{cls} module (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
                 " capture the model with torch.export and apply the rule to that"
             )
-            out.append((name, Declined(code="module-call", node=name, detail=detail)))
+            out.append((f"{within}{name}", Declined(code="module-call", node=f"{within}{name}", detail=detail)))
     for attr, branch in cap.branches:
-        inner = capture_program(branch)
+        inner, path = capture_program(branch), f"{within}{attr}"
         for a in _anchors(rule, inner.snap):
-            where = f"{attr}.{a.name}"
-            detail = f"{a.name} is in {attr}, a control-flow branch: fxpure rewrites the top-level graph only"
+            where = f"{path}.{a.name}"
+            detail = f"{a.name} is in {path}, a control-flow branch: fxpure rewrites the top-level graph only"
             out.append((where, Declined(code="in-subgraph", node=where, detail=detail)))
-        out.extend(unreachable(inner, rule))
+        out.extend(unreachable(inner, rule, f"{path}."))
     return out
 
 

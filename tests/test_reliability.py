@@ -235,6 +235,34 @@ def test_batch_norms_in_control_flow_branches_are_declined_with_a_reason() -> No
         assert torch.allclose(program.module()(*x), want, rtol=1e-5, atol=1e-6)
 
 
+class Nested(nn.Module):
+    """conv + BN in a torch.cond inside each branch of another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.c2, self.b2 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+    def inner(self, t: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.cond(t.mean() > 0, lambda u: self.b1(self.c1(u)), lambda u: u * 2, (t,))
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.cond(x.sum() > 0, lambda t: self.inner(t), lambda t: self.b2(self.c2(t)), (x,))
+        return out
+
+
+def test_a_candidate_in_a_nested_branch_is_named_by_every_branch_it_is_in() -> None:
+    model, x = randomize_bn(Nested()), (torch.randn(1, 3, 4, 4),)
+    program = torch.export.export(model, x)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    declined = sorted((r.node, r.reason.code) for r in outcome.report.rejections)
+    assert [code for _, code in declined] == ["in-subgraph", "in-subgraph"]
+    assert [node.split(".")[:-1] for node, _ in declined] == [["false_graph_0"], ["true_graph_0", "true_graph_0"]]
+    nested = next(r.reason for r in outcome.report.rejections if r.node.count(".") == 2)
+    assert "is in true_graph_0.true_graph_0, a control-flow branch" in nested.message
+
+
 def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reason() -> None:
     gm = torch.fx.symbolic_trace(randomize_bn(Training()))
     outcome = adapters.transform(gm, [fuse_conv_bn()]).unwrap()
