@@ -366,3 +366,79 @@ def test_a_size_export_pins_to_a_number_is_that_number(form: str) -> None:
     for batch in (2, 5):
         other = (torch.randn(batch, 4, 3),)
         assert_close(run(p, other), list(model(*other)))
+
+
+class WrittenInput(nn.Module):
+    """Q, K and V of a value written in place (a position embedding added with ``+=``): on edge each
+    reads its own ``view_copy`` chain of it. ``views``: they read two views of it, made apart."""
+
+    def __init__(self, views: bool = False) -> None:
+        super().__init__()
+        self.views = views
+        self.inp, self.q, self.k, self.v = (
+            nn.Linear(3, 8),
+            nn.Linear(8, 8),
+            nn.Linear(8, 4, bias=False),
+            nn.Linear(8, 4),
+        )
+        self.pos = nn.Parameter(torch.randn(5, 8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.inp(x)
+        h += self.pos
+        if self.views:
+            a, b = h.view(-1, 8), h.view(-1, 8)
+            return self.q(a), self.k(b), self.v(a)
+        return self.q(h), self.k(h), self.v(h)
+
+
+def dead(p: Program) -> list[str]:
+    """Ops nothing reads."""
+    return [n.name for n in graph(p).nodes if n.op == "call_function" and not n.users]
+
+
+@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("form", FORMS)
+def test_linears_reading_equal_views_of_one_value_join(form: str, views: bool) -> None:
+    torch.manual_seed(0)
+    model, x = WrittenInput(views).eval(), (torch.randn(2, 5, 3),)
+    manager = edge(model, x, form) if form.startswith("edge") else None
+    p = manager.exported_program() if manager is not None else program(model, x, form)
+    before = products(p)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert outcome.report.rejections == () and len(outcome.report.plans) == 1
+    assert products(p) == before - 2
+    assert dead(p) == []  # the views the others read are gone
+    want = eager(model, x)
+    assert_sound(p, x, want)
+    if manager is not None:
+        assert_close(run_pte(manager.to_executorch().buffer, x), want)
+
+
+class ViewsAroundWrite(nn.Module):
+    """Two equal views of one value, written in place between them through a third view: Q reads
+    the value before the write, K and V after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x * 2
+        q = self.q(h.view(-1, 8))
+        h.view(-1).add_(1)
+        after = h.view(-1, 8)
+        return q, self.k(after), self.v(after)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_views_of_a_value_written_between_them_are_other_values(form: str) -> None:
+    # aten: the two views are of one node, whose storage is written between them; only K and V,
+    # which read one view, join
+    torch.manual_seed(0)
+    model, x = ViewsAroundWrite().eval(), (torch.randn(2, 5, 8),)
+    p = program(model, x, form)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert products(p) == 2
+    assert_sound(p, x, eager(model, x))

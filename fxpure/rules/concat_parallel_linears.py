@@ -10,6 +10,11 @@ wrapped in ``view_copy`` for rank > 2; edge with ``linear`` preserved). Any numb
 of any output sizes, with or without bias, join. A linear of the group that cannot join is
 rejected at its own product node with its reason, and the others still join if two or more
 remain; the shared input ends as the plan or as a rejection (``too-few-linears``, say).
+
+Linears reading equal views of one value (the same view op and sizes of it, or of equal views)
+read one input: ``to_edge`` gives each linear its own ``view_copy`` chain of a value the program
+wrote in place (``h += pos``). Unless one of them is written: in an aten program a view shares its
+storage, and a write between two views changes what the later one reads.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import final
+from typing import TypeAlias, final
 
 from returns.result import Failure, Result, Success
 
@@ -156,14 +161,15 @@ def _attach(member: _Member, snap: GraphSnapshot) -> _Member:
 @dataclass(slots=True)
 class _Found:
     """The linears of one snapshot, found once for ``anchors`` and every ``plan_at`` on it: each
-    product's input (and why it cannot join whatever its weights), the products of each input in
-    order, and each linear as a member of its group (found on demand, kept detached from the
-    snapshot: nothing here keeps it alive)."""
+    product's input (the first of equal ones, and why it cannot join whatever its weights), the
+    products of each input in order, and each linear as a member of its group (found on demand,
+    kept detached from the snapshot: nothing here keeps it alive)."""
 
     owners: dict[str, tuple[str, Reason | None]]
     groups: dict[str, list[NodeSnapshot]]
     joins: dict[str, Result[Match, Reason]]  # each product matched as a linear that can join
     members: dict[str, Result[_Member, Reason]]
+    keys: dict[str, Key]  # what the inputs are (see _key)
 
     def _kept(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
         kept = self.members.get(node.name)
@@ -203,23 +209,59 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
     return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
 
 
+# what a value is: its node's name, or a view's (target, what it views, sizes) of a value that is not
+# written in place (equal keys: equal values)
+Key: TypeAlias = str | tuple[object, ...]
+MAX_VIEWS = 8  # views of views followed to find equal values
+
+
+def _key(snap: GraphSnapshot, name: str, keys: dict[str, Key], depth: int = 0) -> Key:
+    """What the value of ``name`` is (``keys``: the keys found so far)."""
+    key = keys.get(name)
+    if key is None:
+        node = snap.node(name)
+        source = node.args[0] if node.target in VIEW.targets and node.args else None
+        fresh = type(source) is NodeRef and depth < MAX_VIEWS and name not in snap.written
+        if fresh and isinstance(source, NodeRef) and source.name not in snap.written:
+            inner = _key(snap, source.name, keys, depth + 1)
+            key = (node.target, inner, node.args[1:], tuple(sorted(node.kwargs.items())))
+        else:
+            key = name
+        keys[name] = key
+    return key
+
+
+def _views(snap: GraphSnapshot, name: str, keys: Mapping[str, Key]) -> list[str]:
+    """``name`` and the views it is a view of, while their keys say so."""
+    out = []
+    while isinstance(keys.get(name), tuple):
+        out.append(name)
+        source = snap.node(name).args[0]
+        assert isinstance(source, NodeRef)  # a view keyed by what it views reads a node
+        name = source.name
+    return out
+
+
 def _find(snap: GraphSnapshot) -> _Found:
     owners: dict[str, tuple[str, Reason | None]] = {}
     groups: dict[str, list[NodeSnapshot]] = {}
     joins: dict[str, Result[Match, Reason]] = {}
+    keys: dict[str, Key] = {}
+    first: dict[Key, str] = {}  # each value's first input read by a linear: its group's name
     products = snap.calls(PRODUCTS)
     # a product whose input no other product can share is matched not at all (each match costs)
-    readers = Counter(x for n in products for x in set(_inputs(snap, n)))
+    readers = Counter(k for n in products for k in {_key(snap, x, keys) for x in _inputs(snap, n)})
     for n in products:
-        if all(readers[x] < 2 for x in _inputs(snap, n)):
+        if all(readers[_key(snap, x, keys)] < 2 for x in _inputs(snap, n)):
             continue
         joined = match(JOINS, snap, n)  # one match per linear: it also says which input it reads
         owner = _owner(snap, n, joined)
         if owner is not None:
-            owners[n.name] = owner
-            groups.setdefault(owner[0], []).append(n)
+            x = first.setdefault(_key(snap, owner[0], keys), owner[0])
+            owners[n.name] = (x, owner[1])
+            groups.setdefault(x, []).append(n)
             joins[n.name] = joined.map(lambda m: _on(m, _DETACHED))
-    return _Found(owners, groups, joins, {})
+    return _Found(owners, groups, joins, {}, keys)
 
 
 def _plan_group(
@@ -232,7 +274,7 @@ def _plan_group(
     results = [(n.name, found.member(snap, n, spec.unwrap())) for n in linears]
     members = [r.unwrap() for _, r in results if isinstance(r, Success)]
     if len(members) >= 2:
-        return Success(_plan(snap, x, members, split))
+        return Success(_plan(snap, x, members, split, found.keys))
     why = "; ".join(f"{n}: {r.failure().code}" for n, r in results if isinstance(r, Failure))
     detail = f"{x} is read by {len(linears)} linears, {len(members)} of which can join ({why})"
     return Failure(Declined(code="too-few-linears", node=x, detail=detail))
@@ -262,7 +304,7 @@ def _parts(p: Planner, joined: NodeRef, members: Sequence[_Member], split: bool)
     return out
 
 
-def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool) -> RewritePlan:
+def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool, keys: Mapping[str, Key]) -> RewritePlan:
     # x -> linear(cat(W_i), cat(b_i or 0)) -> part_i (out_i columns, last dim) takes linear_i's uses
     members = sorted(members, key=lambda m: snap.index[m.lin.outer.name])
     first = members[0]  # the earliest output: its input and reshapes come before every replaced node
@@ -275,7 +317,10 @@ def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool) 
     total = sum(m.features for m in members)
     w, b = p.const(weight, f"{base}_cat_weight"), p.const(bias, f"{base}_cat_bias") if has_bias else None
     parts = _parts(p, emit_linear(p, first.lin, w, b, out_features=total, suffix="cat"), members, split)
-    return p.finish([(m.lin.outer, part) for m, part in zip(members, parts, strict=True)])
+    # the joined linear reads the first's input: the others' own views of it go once nothing reads them
+    own = [m.match.bindings["x"] for m in members[1:]]
+    views = [v for ref in dict.fromkeys(own) if isinstance(ref, NodeRef) for v in _views(snap, ref.name, keys)]
+    return p.finish([(m.lin.outer, part) for m, part in zip(members, parts, strict=True)], prune=views)
 
 
 @final

@@ -634,3 +634,38 @@ def test_linears_no_other_can_share_an_input_with_leave_the_rest_to_join() -> No
     g.output(lone, lit, *outs)
     report = plan(g.build(), [concat_parallel_linears()])
     assert [p.anchor for p in report.plans] == ["x"] and report.rejections == ()
+
+
+def viewed(n: int = 3) -> GraphSnapshot:
+    """Edge linears each reading its own view chain of one value ``h`` (``to_edge`` writes them so for
+    a value the model wrote in place): ``v{i}`` = view_copy(h) as (2, 3, 8), flattened, an mm, and back."""
+    g = GraphBuilder(dialect="edge")
+    h = g.call("aten.relu.default", name="h", out=(2, 3, 8), self=g.input("x", (2, 3, 8)))
+    outs = []
+    for i in range(n):
+        v = g.call("aten.view_copy.default", name=f"v{i}", out=(2, 3, 8), self=h, size=(2, 3, 8))
+        flat = g.call("aten.view_copy.default", name=f"flat{i}", out=(6, 8), self=v, size=(6, 8))
+        w = g.parameter(f"w{i}", (4, 8))
+        t = g.call("aten.permute_copy.default", name=f"t{i}", out=(8, 4), self=w, dims=(1, 0))
+        mm = g.call("aten.mm.default", name=f"lin{i}", out=(6, 4), self=flat, mat2=t)
+        outs.append(g.call("aten.view_copy.default", name=f"out{i}", out=(2, 3, 4), self=mm, size=(2, 3, 4)))
+    g.output(*outs)
+    return g.build()
+
+
+def test_linears_reading_equal_views_of_one_value_join_and_the_other_views_go() -> None:
+    report = plan(viewed(), [RULE])
+    assert report.rejections == () and [(p.anchor, p.replace) for p in report.plans] == [
+        ("v0", (("out0", "lin0_part"), ("out1", "lin1_part"), ("out2", "lin2_part")))
+    ]
+    after = verify(report.after).unwrap()
+    assert {"v1", "v2", "flat1", "flat2"}.isdisjoint(after.index) and {"h", "v0"} <= set(after.index)
+    assert all(after.users[n.name] for n in after.nodes if n.op == "call_function")  # nothing dead
+
+
+def test_views_of_a_written_value_are_no_equal_values() -> None:
+    # the program writes h (in an aten program, views share its storage): each view is its own value
+    for written in ({"h"}, {"v1"}):
+        snap = replace(viewed(2), written=frozenset(written))
+        assert plan(snap, [RULE]).plans == ()
+    assert len(plan(replace(viewed(2), written=frozenset({"x"})), [RULE]).plans) == 1
