@@ -335,7 +335,7 @@ def in_place(f: Family) -> Family:
     return Family(f"{f.name}_", f"{f.noun} in place", {s.target: s for s in schemas}, f.normalize)
 
 
-MUL_, DIV_, ADD_, SUB_ = in_place(MUL), in_place(DIV), in_place(ADD), in_place(SUB)
+MUL_, DIV_, ADD_, SUB_, RELU_ = in_place(MUL), in_place(DIV), in_place(ADD), in_place(SUB), in_place(RELU)
 
 
 RSUB = family(
@@ -407,6 +407,7 @@ STANDARD: tuple[Family, ...] = (
     DIV_,
     ADD_,
     SUB_,
+    RELU_,
     DEQUANTIZE,
     QUANTIZE_PER_TENSOR,
 )

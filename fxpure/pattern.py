@@ -47,7 +47,7 @@ from typing import Any, Literal, TypeAlias, final
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import DEQUANTIZE, SCHEMAS, Family
+from fxpure.families import DEQUANTIZE, RELU, RELU_, SCHEMAS, Family
 from fxpure.plan import (
     NewConstant,
     NewNode,
@@ -1021,17 +1021,19 @@ _QD = "quantized_decomposed"
 _PER_TENSOR = frozenset(
     f"{_QD}.{op}_per_tensor.{overload}" for op in ("quantize", "dequantize") for overload in ("default", "tensor")
 )
+_RELUS = RELU.targets | RELU_.targets  # (in place, it writes a value nothing else reads)
 
 
 def quantized_as(snap: GraphSnapshot, name: str) -> NodeSnapshot | None:
     """Whose parameters :meth:`Planner.requantize` copies for node ``name``: the per-tensor
-    dequantize it is, else the per-tensor quantize that is its only reader, or its relu's only
-    reader (a relu of a value rounded to those parameters' grid is on it: zero is). None if none."""
+    dequantize it is, else the per-tensor quantize that is its only reader, or its relu's (or
+    ``relu_``'s) only reader (a relu of a value rounded to those parameters' grid is on it: zero
+    is). None if none."""
     node = snap.node(name)
     if node.target in _PER_TENSOR and "dequantize" in node.target:
         return node
     users = snap.users_of(name)
-    if len(users) == 1 and users[0].target == "aten.relu.default":
+    if len(users) == 1 and users[0].target in _RELUS:
         users = snap.users_of(users[0].name)
     if len(users) == 1 and users[0].target in _PER_TENSOR and "dequantize" not in users[0].target:
         return users[0]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +161,8 @@ def _chains(ep: ExportedProgram, original: ExportedProgram, report: RewriteRepor
         quantized = conv
         if len(conv.users) == 1 and "relu" in str(next(iter(conv.users)).target):
             quantized = next(iter(conv.users))
-        (q,) = [u for u in quantized.users if str(u.target).split("::")[-1].startswith("quantize_per_tensor")]
+        # an edge op prints as quantized_decomposed::quantize_per_tensor..., an aten one with a dot
+        (q,) = [u for u in quantized.users if re.split("::|[.]", str(u.target))[1:2] == ["quantize_per_tensor"]]
         out.append(_Chain(node=n.name, xq=xq.name, quantized=quantized.name, q=q.name))
     return out
 

@@ -17,7 +17,7 @@ from fxpure.plan import RewriteReport
 from fxpure.rules import quantized_conv
 from tests.models import Q_MODELS, randomize_bn
 from tests.programs import count, dead_constants, validate
-from tests.quantized import assert_exact, q8ta_calls, quantize, same_call, upstream_pack
+from tests.quantized import assert_exact, pt2e, q8ta_calls, quantize, same_call, upstream_pack
 
 
 def model_and_input(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -175,3 +175,35 @@ def test_pass_in_edge_manager_then_vulkan_and_executorch() -> None:
     assert dead_constants(manager.exported_program()) == []
     pte = manager.to_backend(VulkanPartitioner()).to_executorch()
     assert len(pte.buffer) > 0
+
+
+class InPlaceRelu(torch.nn.Module):
+    """A conv, a ``ReLU(inplace=True)`` (an aten program keeps ``relu_``), a 1x1 conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.relu, self.c2 = (
+            torch.nn.Conv2d(4, 8, 3, padding=1),
+            torch.nn.ReLU(inplace=True),
+            torch.nn.Conv2d(8, 8, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.c2(self.relu(self.c1(x)))
+        return out
+
+
+def test_a_relu_in_place_packs_with_its_conv_in_the_aten_program() -> None:
+    # its quantize reads the relu_, which writes the conv's output: it packs as a relu does
+    torch.manual_seed(0)
+    x = (torch.randn(1, 4, 8, 8),)
+    ep = pt2e(InPlaceRelu().eval(), x)
+    assert count(ep, "relu_") == 1
+    original = copy.deepcopy(ep)
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
+    assert kernels(ep) == Counter({"q8ta_conv2d": 1, "q8ta_conv2d_pw": 1}) and codes(report) == []
+    assert count(ep, "relu") == 0 and count(ep, "aten.conv2d") == 0
+    assert [call[1][-1] for call in q8ta_calls(ep)] == ["relu", "none"]
+    assert dead_constants(ep) == []
+    validate(ep)
+    assert_exact(ep, original, report, x)

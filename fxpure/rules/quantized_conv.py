@@ -9,12 +9,12 @@ dropped once nothing reads it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import final
 
 from returns.result import Failure, Result, Success
 
-from fxpure.families import CONV, DEQUANTIZE_PER_TENSOR, QUANTIZE_PER_TENSOR, RELU
+from fxpure.families import CONV, DEQUANTIZE_PER_TENSOR, QUANTIZE_PER_TENSOR, RELU, RELU_
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -97,7 +97,11 @@ PATTERN = Op(
     ),
     weight=dequantized(Const("wq"), name="dqw", code=NOT_Q, scale=OneOf(Const("scales"), Scalar("scale"))),
     bias=Const("bias", optional=True),
-    user=OneOf(QUANTIZE, Op(RELU, name="relu", code=NOT_Q, shared="conv-output-shared", user=QUANTIZE)),
+    # a relu in place (an aten program's ReLU(inplace=True)) writes the conv's output, which nothing else reads
+    user=OneOf(
+        QUANTIZE,
+        Op(replace(RELU | RELU_, noun=RELU.noun), name="relu", code=NOT_Q, shared="conv-output-shared", user=QUANTIZE),
+    ),
 )
 
 

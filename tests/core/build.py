@@ -3,6 +3,8 @@ the public, torch-free ``fxpure.testing.GraphBuilder``."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
 from fxpure.testing import GraphBuilder, spec
 
@@ -131,7 +133,7 @@ def qconv(
     padding: int = 1,
     dilation: int = 1,
     bias: bool = True,
-    relu: bool = True,
+    relu: bool | Literal["in_place"] = True,
     per_channel: bool = True,
     axis: int | None = None,
     zeros: tuple[int, ...] | None = None,
@@ -198,7 +200,8 @@ def qconv(
         out = spec(1, cout, *hw)
         last = g.call("aten.convolution.default", name=name, out=out, **args)
         if relu:
-            last = g.call("aten.relu.default", name=f"relu{i}", out=out, self=last)
+            relu_target = "aten.relu_.default" if relu == "in_place" else "aten.relu.default"
+            last = g.call(relu_target, name=f"relu{i}", out=out, self=last)
         if not float_output:
             q = _qparams(last, 0.05, -1, i8)
             last = g.call(

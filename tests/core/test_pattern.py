@@ -1384,6 +1384,18 @@ def test_requantize_copies_a_per_tensor_quantizes_parameters_and_refuses_another
     g.output(q, r, s, z)
     snap = g.build()
     assert quantized_as(snap, "x") is None  # two readers
+    for relu in ("aten.relu.default", "aten.relu_.default"):  # a relu (in place too) between: on the grid
+        g1 = GraphBuilder()
+        y = g1.input("y", (2,))
+        g1.output(
+            g1.node(
+                "quantized_decomposed.quantize_per_tensor.default",
+                (g1.call(relu, self=y), 0.1, 0, 0, 255, DTypeArg("uint8")),
+                name="q",
+            )
+        )
+        found = quantized_as(g1.build(), "y")
+        assert found is not None and found.name == "q"
     g2 = GraphBuilder()
     xq = g2.input("xq", (2,), "int8")
     g2.output(

@@ -92,6 +92,14 @@ def test_per_tensor_weight_gets_a_scale_per_channel() -> None:
     assert scales == PadTo(x=Fill(shape=(6,), value=0.01, dtype="float32"), dim=0, multiple=4)
 
 
+def test_a_relu_in_place_packs_as_a_relu() -> None:
+    # an aten program's relu_ writes the conv's output, which nothing else reads
+    report = plan(qconv(relu="in_place"), [quantized_conv()])
+    (p,) = report.plans
+    node = next(n for n in report.after.nodes if n.target.startswith("et_vk"))
+    assert node.args[-1] == "relu" and p.claims == {"conv", "relu0", "q0"}
+
+
 def test_no_relu_and_no_bias() -> None:
     after = plan(qconv(relu=False, bias=False), [quantized_conv()]).after
     node = next(n for n in after.nodes if n.target.startswith("et_vk"))
