@@ -23,7 +23,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias, final
+from typing import final
 
 from returns.result import Failure, Result, Success
 
@@ -169,7 +169,6 @@ class _Found:
     groups: dict[str, list[NodeSnapshot]]
     joins: dict[str, Result[Match, Reason]]  # each product matched as a linear that can join
     members: dict[str, Result[_Member, Reason]]
-    keys: dict[str, Key]  # what the inputs are (see _key)
 
     def _kept(self, snap: GraphSnapshot, node: NodeSnapshot, x: TensorSpec) -> Result[_Member, Reason]:
         kept = self.members.get(node.name)
@@ -209,36 +208,53 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
     return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
 
 
-# what a value is: its node's name, or a view's (target, what it views, sizes) of a value that is not
-# written in place (equal keys: equal values)
-Key: TypeAlias = str | tuple[object, ...]
-MAX_VIEWS = 8  # views of views followed to find equal values
+def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:
+    """What ``node`` is a view of, if it is a view of a value the program does not write in place
+    (in an aten program a view shares its storage: a write between two views changes what the
+    later one reads)."""
+    source = node.args[0] if node.target in VIEW.targets and node.args else None
+    if type(source) is not NodeRef or node.name in snap.written or source.name in snap.written:
+        return None
+    return source
 
 
-def _key(snap: GraphSnapshot, name: str, keys: dict[str, Key], depth: int = 0) -> Key:
-    """What the value of ``name`` is (``keys``: the keys found so far)."""
-    key = keys.get(name)
-    if key is None:
-        node = snap.node(name)
-        source = node.args[0] if node.target in VIEW.targets and node.args else None
-        fresh = type(source) is NodeRef and depth < MAX_VIEWS and name not in snap.written
-        if fresh and isinstance(source, NodeRef) and source.name not in snap.written:
-            inner = _key(snap, source.name, keys, depth + 1)
-            key = (node.target, inner, node.args[1:], tuple(sorted(node.kwargs.items())))
-        else:
-            key = name
-        keys[name] = key
-    return key
+@final
+@dataclass(slots=True)
+class _Values:
+    """Which nodes compute one value: a view of a value is the same value as the first view of it
+    with the same op and sizes (``same``: each node's first; ``first``: by (op, value, sizes, kwargs))."""
+
+    snap: GraphSnapshot
+    same: dict[str, str] = field(default_factory=dict)
+    first: dict[tuple[object, ...], str] = field(default_factory=dict)
+
+    def of(self, name: str) -> str:
+        """The first node computing the value of ``name`` (itself unless it is a view). A chain of
+        views is walked up once, without recursion."""
+        known = self.same.get(name)
+        if known is not None:
+            return known
+        chain, at = [], name
+        while at not in self.same:
+            node = self.snap.node(at)
+            source = _viewed(self.snap, node)
+            if source is None:
+                self.same[at] = at
+                break
+            chain.append((node, source.name))
+            at = source.name
+        for node, of in reversed(chain):
+            key = (node.target, self.same[of], node.args[1:], tuple(sorted(node.kwargs.items())))
+            self.same[node.name] = self.first.setdefault(key, node.name)
+        return self.same[name]
 
 
-def _views(snap: GraphSnapshot, name: str, keys: Mapping[str, Key]) -> list[str]:
-    """``name`` and the views it is a view of, while their keys say so."""
-    out = []
-    while isinstance(keys.get(name), tuple):
-        out.append(name)
-        source = snap.node(name).args[0]
-        assert isinstance(source, NodeRef)  # a view keyed by what it views reads a node
-        name = source.name
+def _views(snap: GraphSnapshot, name: str) -> list[str]:
+    """``name`` and what it is a view of, while each is a view of a value the program does not write."""
+    out, node = [], snap.node(name)
+    while (source := _viewed(snap, node)) is not None:
+        out.append(node.name)
+        node = snap.node(source.name)
     return out
 
 
@@ -246,22 +262,22 @@ def _find(snap: GraphSnapshot) -> _Found:
     owners: dict[str, tuple[str, Reason | None]] = {}
     groups: dict[str, list[NodeSnapshot]] = {}
     joins: dict[str, Result[Match, Reason]] = {}
-    keys: dict[str, Key] = {}
-    first: dict[Key, str] = {}  # each value's first input read by a linear: its group's name
+    values = _Values(snap)
     products = snap.calls(PRODUCTS)
     # a product whose input no other product can share is matched not at all (each match costs)
-    readers = Counter(k for n in products for k in {_key(snap, x, keys) for x in _inputs(snap, n)})
-    for n in products:
-        if all(readers[_key(snap, x, keys)] < 2 for x in _inputs(snap, n)):
+    inputs = [(n, {values.of(x) for x in _inputs(snap, n)}) for n in products]
+    readers = Counter(v for _, vs in inputs for v in vs)
+    for n, vs in inputs:
+        if all(readers[v] < 2 for v in vs):
             continue
         joined = match(JOINS, snap, n)  # one match per linear: it also says which input it reads
         owner = _owner(snap, n, joined)
         if owner is not None:
-            x = first.setdefault(_key(snap, owner[0], keys), owner[0])
+            x = values.of(owner[0])  # the group's name: the first node of its input's value
             owners[n.name] = (x, owner[1])
             groups.setdefault(x, []).append(n)
             joins[n.name] = joined.map(lambda m: _on(m, _DETACHED))
-    return _Found(owners, groups, joins, {}, keys)
+    return _Found(owners, groups, joins, {})
 
 
 def _plan_group(
@@ -274,7 +290,7 @@ def _plan_group(
     results = [(n.name, found.member(snap, n, spec.unwrap())) for n in linears]
     members = [r.unwrap() for _, r in results if isinstance(r, Success)]
     if len(members) >= 2:
-        return Success(_plan(snap, x, members, split, found.keys))
+        return Success(_plan(snap, x, members, split))
     why = "; ".join(f"{n}: {r.failure().code}" for n, r in results if isinstance(r, Failure))
     detail = f"{x} is read by {len(linears)} linears, {len(members)} of which can join ({why})"
     return Failure(Declined(code="too-few-linears", node=x, detail=detail))
@@ -304,7 +320,7 @@ def _parts(p: Planner, joined: NodeRef, members: Sequence[_Member], split: bool)
     return out
 
 
-def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool, keys: Mapping[str, Key]) -> RewritePlan:
+def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool) -> RewritePlan:
     # x -> linear(cat(W_i), cat(b_i or 0)) -> part_i (out_i columns, last dim) takes linear_i's uses
     members = sorted(members, key=lambda m: snap.index[m.lin.outer.name])
     first = members[0]  # the earliest output: its input and reshapes come before every replaced node
@@ -319,7 +335,7 @@ def _plan(snap: GraphSnapshot, x: str, members: Sequence[_Member], split: bool, 
     parts = _parts(p, emit_linear(p, first.lin, w, b, out_features=total, suffix="cat"), members, split)
     # the joined linear reads the first's input: the others' own views of it go once nothing reads them
     own = [m.match.bindings["x"] for m in members[1:]]
-    views = [v for ref in dict.fromkeys(own) if isinstance(ref, NodeRef) for v in _views(snap, ref.name, keys)]
+    views = [v for ref in dict.fromkeys(own) if isinstance(ref, NodeRef) for v in _views(snap, ref.name)]
     return p.finish([(m.lin.outer, part) for m, part in zip(members, parts, strict=True)], prune=views)
 
 

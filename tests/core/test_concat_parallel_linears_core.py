@@ -636,19 +636,39 @@ def test_linears_no_other_can_share_an_input_with_leave_the_rest_to_join() -> No
     assert [p.anchor for p in report.plans] == ["x"] and report.rejections == ()
 
 
-def viewed(n: int = 3) -> GraphSnapshot:
-    """Edge linears each reading its own view chain of one value ``h`` (``to_edge`` writes them so for
-    a value the model wrote in place): ``v{i}`` = view_copy(h) as (2, 3, 8), flattened, an mm, and back."""
+Chain = tuple[str, tuple[int, ...], int]  # what a linear reads: a view of this source, these sizes, this deep
+VIEWED: tuple[Chain, ...] = (("h", (2, 3, 8), 1),) * 3
+
+
+def viewed(chains: Sequence[Chain] = VIEWED) -> GraphSnapshot:
+    """Edge linears each reading its own chain of views of a value (``to_edge`` writes them so for a
+    value the model wrote in place): linear i reads ``depth`` view_copys of ``source`` (``h`` or
+    ``h2``, relus of x; ``rand0``, ``rand1``..., random tensors like h) as ``sizes``, the last named
+    ``v{i}``; flattened, an mm, and back (rank 3), or an mm (rank 2)."""
     g = GraphBuilder(dialect="edge")
-    h = g.call("aten.relu.default", name="h", out=(2, 3, 8), self=g.input("x", (2, 3, 8)))
+    x = g.input("x", (2, 3, 8))
+    sources: dict[str, NodeRef] = {}
     outs = []
-    for i in range(n):
-        v = g.call("aten.view_copy.default", name=f"v{i}", out=(2, 3, 8), self=h, size=(2, 3, 8))
-        flat = g.call("aten.view_copy.default", name=f"flat{i}", out=(6, 8), self=v, size=(6, 8))
+    for i, (source, sizes, depth) in enumerate(chains):
+        if source not in sources and source.startswith("h"):
+            sources[source] = g.call("aten.relu.default", name=source, out=(2, 3, 8), self=x)
+        elif source not in sources:
+            sources[source] = g.node("aten.rand_like.default", (x,), name=source, out=(2, 3, 8))
+        v = sources[source]
+        for d in range(depth):
+            v = g.call(
+                "aten.view_copy.default", name=f"v{i}" if d == depth - 1 else None, out=sizes, self=v, size=sizes
+            )
+        flat = (
+            g.call("aten.view_copy.default", name=f"flat{i}", out=(6, 8), self=v, size=(6, 8)) if len(sizes) == 3 else v
+        )
         w = g.parameter(f"w{i}", (4, 8))
         t = g.call("aten.permute_copy.default", name=f"t{i}", out=(8, 4), self=w, dims=(1, 0))
         mm = g.call("aten.mm.default", name=f"lin{i}", out=(6, 4), self=flat, mat2=t)
-        outs.append(g.call("aten.view_copy.default", name=f"out{i}", out=(2, 3, 4), self=mm, size=(2, 3, 4)))
+        back = (*sizes[:-1], 4)
+        outs.append(
+            g.call("aten.view_copy.default", name=f"out{i}", out=back, self=mm, size=back) if len(sizes) == 3 else mm
+        )
     g.output(*outs)
     return g.build()
 
@@ -665,7 +685,29 @@ def test_linears_reading_equal_views_of_one_value_join_and_the_other_views_go() 
 
 def test_views_of_a_written_value_are_no_equal_values() -> None:
     # the program writes h (in an aten program, views share its storage): each view is its own value
+    two = VIEWED[:2]
     for written in ({"h"}, {"v1"}):
-        snap = replace(viewed(2), written=frozenset(written))
+        snap = replace(viewed(two), written=frozenset(written))
         assert plan(snap, [RULE]).plans == ()
-    assert len(plan(replace(viewed(2), written=frozenset({"x"})), [RULE]).plans) == 1
+    assert len(plan(replace(viewed(two), written=frozenset({"x"})), [RULE]).plans) == 1
+
+
+def test_views_of_other_values_or_to_other_sizes_are_other_values() -> None:
+    # views of h and h2, of two random tensors (each its own value, however it is computed), and
+    # to other sizes with the same features: the linears read other inputs
+    for chains in (
+        (("h", (2, 3, 8), 1), ("h2", (2, 3, 8), 1)),
+        (("rand0", (2, 3, 8), 1), ("rand1", (2, 3, 8), 1)),
+        (("h", (2, 3, 8), 1), ("h", (6, 8), 1)),
+    ):
+        report = plan(viewed(chains), [RULE])
+        assert report.plans == () and report.rejections == (), chains
+
+
+@pytest.mark.parametrize("depth", [2, 3, 2000])
+def test_views_of_views_join_however_deep_and_each_chain_goes_whole(depth: int) -> None:
+    # (2,000 views deep: no recursion)
+    report = plan(viewed((("h", (2, 3, 8), depth),) * 2), [RULE])
+    assert len(report.plans) == 1 and report.rejections == ()
+    after = verify(report.after).unwrap()
+    assert all(after.users[n.name] for n in after.nodes if n.op == "call_function")
