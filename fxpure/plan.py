@@ -248,7 +248,10 @@ def _reduced(
         dims, keep = node.arg(1, "dim"), node.arg(2, "keepdim")
         if x is None or node.arg(3, "dtype") is not None or type(dims) is not tuple or not dims:
             return None
-        whole: WeightExpr = SumOver(x=x, dims=tuple(d % rank for d in dims if type(d) is int), dtype=spec.dtype)
+        # a 0-d tensor's sum over its dim 0 (or -1), which torch allows, is itself
+        whole: WeightExpr = (
+            SumOver(x=x, dims=tuple(d % rank for d in dims if type(d) is int), dtype=spec.dtype) if rank else x
+        )
     else:
         g, dim = _operand(snap, node.arg(1, "g"), spec, seen, depth), node.arg(2, "dim")
         dim = 0 if dim is None else dim  # the schema's default

@@ -755,3 +755,26 @@ def test_an_in_place_scale_after_its_convs_input_is_written_is_declined() -> Non
     assert [r.reason.code for r in outcome.report.rejections] == ["written-between"]
     assert not outcome.changed
     assert_close(run(program, x), eager(model, x))
+
+
+class ZeroDimGain(nn.Module):
+    """A conv times the sum of a 0-d gain over its dim 0 (torch takes dim 0 or -1 of a 0-d tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.g = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv(x) * self.g.sum(0)
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_sum_of_a_0d_gain_folds(form: str) -> None:
+    model, x = ZeroDimGain().eval(), (torch.randn(1, 3, 8, 8),)
+    program = programs.build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert count(program, "sum") == binary_ops(program) == 0
+    assert_sound(program, x, eager(model, x))

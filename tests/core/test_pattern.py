@@ -1250,6 +1250,15 @@ def test_powers_sums_and_a_weight_normalisation_of_constants_are_constants() -> 
     assert [constant_expr(snap, n) for n in ("cube", "typed", "whole")] == [None, None, None]
 
 
+def test_the_sum_of_a_0d_constant_over_its_dim_is_itself() -> None:
+    # torch takes dim 0 or -1 of a 0-d tensor (a gain g.sum(0)); the rank is no divisor
+    g = GraphBuilder()
+    gain = g.parameter("g", ())
+    g.output(*(g.node("aten.sum.dim_IntList", (gain, (d,)), name=f"s{i}", out=()) for i, d in enumerate((0, -1))))
+    snap = g.build()
+    assert constant_expr(snap, "s0") == constant_expr(snap, "s1") == Source(key="g", spec=spec())
+
+
 def test_powers_sums_and_weight_norms_read_their_arguments_by_keyword_too() -> None:
     g = GraphBuilder()
     v, gain, w1, g1 = (
