@@ -49,6 +49,7 @@ from returns.result import Failure, Result, Success
 
 from fxpure.families import DEQUANTIZE, RELU, RELU_, SCHEMAS, Family
 from fxpure.plan import (
+    RUNS_EXHAUSTED,
     NewConstant,
     NewNode,
     RewritePlan,
@@ -1607,6 +1608,8 @@ def rule(
         reads.append(param.name)
     plan_codes = frozenset(codes)
     every = set(GENERIC_CODES).union(*(_codes(op, root=True) for op in roots(pattern)), plan_codes)
+    if repeat:
+        every.add(RUNS_EXHAUSTED)
     for check in checks:
         every |= check.codes
     coded = _conflict_codes(pattern)

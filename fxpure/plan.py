@@ -14,7 +14,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.reasons import NotConstant, PlanConflict, Reason
+from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
     ConstantInfo,
@@ -726,6 +726,7 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 MAX_RUNS = 8
+RUNS_EXHAUSTED = "runs-exhausted"  # a candidate left when a repeating rule has run MAX_RUNS times
 """How many times :func:`plan` runs a rule with ``repeat`` at most (each run is one stage)."""
 
 
@@ -734,6 +735,27 @@ def runs(rule: Rule) -> int:
     ``repeat`` (it runs again while it plans: a fold whose result another of its candidates reads,
     such as the ``add`` of ``conv(x) * s + t``), else 1."""
     return MAX_RUNS if getattr(rule, "repeat", False) is True else 1
+
+
+def _left(rule: Rule, current: GraphSnapshot, first: GraphSnapshot, reported: set[str]) -> list[Rejection]:
+    """The candidates of the program (not of the rule's new nodes) that ``rule`` would plan, or
+    decline, in one more run, after its last: each with its reason, or ``runs-exhausted``."""
+    out = []
+    for node in rule.anchors(current):
+        if node.name not in first.index or node.name in reported:
+            continue
+        result = rule.plan_at(current, node)
+        detail = (
+            f"{rule.name} ran {MAX_RUNS} times in a row and would rewrite {node.name} in another run: "
+            "plan on the result to go on"
+        )
+        reason = (
+            result.failure()
+            if isinstance(result, Failure)
+            else Declined(code=RUNS_EXHAUSTED, node=node.name, detail=detail)
+        )
+        out.append(Rejection(rule=rule.name, node=node.name, reason=reason))
+    return out
 
 
 def _stages(
@@ -780,6 +802,9 @@ def _stages(
             rejections = [r for r in rejections if (r.rule, r.node) not in done]
             if not accepted:
                 break
+        else:
+            if runs(rule) > 1:  # it still planned in its last run: what it would plan next is reported
+                rejections.extend(_left(rule, current, first, reported))
     return RewriteReport(
         plans=tuple(p for s in stages for p in s),
         rejections=tuple(rejections),

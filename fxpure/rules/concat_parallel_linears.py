@@ -32,7 +32,7 @@ from fxpure.families import ADDMM, LINEAR, MM, VIEW
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, linear_of, linear_root
 from fxpure.pattern import Match, Planner, Var, match
-from fxpure.plan import RewritePlan
+from fxpure.plan import RUNS_EXHAUSTED, RewritePlan
 from fxpure.reasons import GENERIC_CODES, Declined, Malformed, OutputShared, Reason, SymbolicShape
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, snapshot
 from fxpure.weights import Concat, Fill, WeightExpr
@@ -51,6 +51,7 @@ FOUND = linear_root(weight=Var("w"), bias=Var("b"))
 JOINS = linear_root()
 
 CODES = GENERIC_CODES | {
+    RUNS_EXHAUSTED,
     "too-few-linears",
     "dtype-mismatch",
     "not-constant",
@@ -409,7 +410,7 @@ def concat_parallel_linears(*, split: bool = False) -> ConcatParallelLinears:
     ``EdgeProgramManager.transform``, the .pte refuses other batch sizes), slices have no such issue.
 
     >>> sorted(concat_parallel_linears().codes - GENERIC_CODES)
-    ['dtype-mismatch', 'layout-sensitive-reader', 'not-constant', 'output-shared', 'symbolic-shape', \
-'too-few-linears']
+    ['dtype-mismatch', 'layout-sensitive-reader', 'not-constant', 'output-shared', 'runs-exhausted', \
+'symbolic-shape', 'too-few-linears']
     """
     return ConcatParallelLinears(split=split)

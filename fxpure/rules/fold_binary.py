@@ -315,6 +315,6 @@ def fold_binary() -> PatternRule:
     >>> sorted(fold_binary().codes - GENERIC_CODES)
     ['arg-mismatch', 'conv-output-shared', 'dtype-promotion', 'linear-output-shared', 'not-constant', \
 'not-per-channel', 'not-scalar', 'output-is-divisor', 'output-shared', 'producer-not-conv-or-linear', \
-'symbolic-shape', 'unsupported-dtype', 'wrong-op']
+'runs-exhausted', 'symbolic-shape', 'unsupported-dtype', 'wrong-op']
     """
     return FOLD_BINARY

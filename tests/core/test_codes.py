@@ -452,6 +452,7 @@ ADAPTER = {
     "written-between": "found by the adapter: an in-place write between a tensor's old reads and the new one",
 }
 NO_OVERLAP = "a rule's plans claim only nodes its match alone reads (shared ones are declined): never two at once"
+RUNS = "needs a chain of more than MAX_RUNS rewrites, each making the next (test_fold_binary_core has one)"
 UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: {**ADAPTER, "plan-conflict": NO_OVERLAP} for name in RULES} | {
     "quantized-conv": {
         **ADAPTER,
@@ -463,6 +464,7 @@ UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: {**ADAPTER, "plan-conflict
         **ADAPTER,
         "plan-conflict": NO_OVERLAP,
         "wrong-op": "an operand computed by another op fails the Const alternative as deep (not-constant), which wins",
+        "runs-exhausted": RUNS,
     },
     "conv1d-to-conv2d": {
         **ADAPTER,
@@ -473,6 +475,7 @@ UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: {**ADAPTER, "plan-conflict
         **ADAPTER,
         "plan-conflict": NO_OVERLAP,
         "bad-weight-expr": "_fit checks every member's weight and bias shape and dtype before they are concatenated",
+        "runs-exhausted": RUNS,
     },
 }
 

@@ -14,6 +14,7 @@ import pytest
 
 import fxpure
 from fxpure import NodeRef, plan, verify
+from fxpure.plan import MAX_RUNS
 from fxpure.reasons import GENERIC_CODES
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
@@ -506,6 +507,29 @@ def test_a_candidate_a_later_run_declines_is_reported_there() -> None:
     assert [(r.node, r.reason.code) for r in report.rejections] == [("add", "not-per-channel")]
 
 
+@pytest.mark.parametrize(("ops", "left"), [(MAX_RUNS, []), (MAX_RUNS + 2, [("op8", "runs-exhausted")])])
+def test_a_chain_longer_than_the_runs_allowed_reports_what_is_left(ops: int, left: list[tuple[str, str]]) -> None:
+    # conv * c + 1 * c + 1 ...: one op folds per run; after MAX_RUNS runs the next op, a candidate
+    # now, is reported (the one after it reads an op, no conv: no candidate yet)
+    g = GraphBuilder()
+    w, c = g.parameter("w", (OC, IC, 3, 3)), g.buffer("c", (OC, 1, 1))
+    y = g.call("aten.conv2d.default", name="conv", out=(B, OC, 6, 6), input=g.input("x", (B, IC, 8, 8)), weight=w)
+    for i in range(ops):
+        target, other = ("aten.mul.Tensor", c) if i % 2 else ("aten.add.Tensor", 1.0)
+        y = g.call(target, name=f"op{i}", out=(B, OC, 6, 6), self=y, other=other)
+    g.output(y)
+    report = plan(g.build(), [RULE])
+    assert [[p.anchor for p in s] for s in report.stages if s] == [[f"op{i}"] for i in range(MAX_RUNS)]
+    assert [(r.node, r.reason.code) for r in report.rejections] == left
+    if left:
+        ran = f"fold-binary ran {MAX_RUNS} times in a row"
+        assert (
+            report.rejections[0].reason.message
+            == f"{ran} and would rewrite op8 in another run: plan on the result to go on"
+        )
+    assert len(plan(report.after, [RULE]).plans) == ops - MAX_RUNS
+
+
 def test_every_code_is_stable() -> None:
     assert sorted(RULE.codes - GENERIC_CODES) == [
         "arg-mismatch",
@@ -518,6 +542,7 @@ def test_every_code_is_stable() -> None:
         "output-is-divisor",
         "output-shared",
         "producer-not-conv-or-linear",
+        "runs-exhausted",
         "symbolic-shape",
         "unsupported-dtype",
         "wrong-op",

@@ -388,6 +388,11 @@ def test_a_rule_with_repeat_runs_again_while_it_plans_and_reports_each_candidate
     loop = rule("loop", Op(RELU, name="relu"), plan=_again, repeat=True)
     looped = plan(two_relus(), [loop])
     assert len(looped.stages) == MAX_RUNS and all(len(s) == 2 for s in looped.stages)
+    assert looped.rejections == ()  # what it would plan next is its own nodes': nothing to report
+    assert (
+        "runs-exhausted" in loop.codes
+        and "runs-exhausted" not in rule("once", Op(RELU, name="relu"), plan=_again).codes
+    )
     assert len(attempts(looped, [loop, again], "a")) == MAX_RUNS + 1  # each run's, then the next rule's
     assert len(plan(two_relus(), [replace(loop, repeat=False)]).stages) == 1
 
