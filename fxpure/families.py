@@ -292,10 +292,22 @@ MUL = family(
     [f"aten.mul.{ov}{_BINARY.format(other=t, alpha='')}" for ov, t in (("Tensor", "Tensor"), ("Scalar", "Scalar"))],
     commutes=("self", "other"),
 )
+# true division in each spelling (``torch.true_divide``, ``torch.div(..., rounding_mode=None)``); a
+# rounding mode, where a spelling has none, is None
 DIV = family(
     "div",
     "a division",
-    [f"aten.div.{ov}{_BINARY.format(other=t, alpha='')}" for ov, t in (("Tensor", "Tensor"), ("Scalar", "Scalar"))],
+    [
+        *(
+            parse_schema(f"aten.{op}.{ov}{_BINARY.format(other=t, alpha='')}", fixed={"rounding_mode": None})
+            for op, ov, t in (
+                ("div", "Tensor", "Tensor"),
+                ("div", "Scalar", "Scalar"),
+                ("true_divide", "Tensor", "Tensor"),
+            )
+        ),
+        "aten.div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor",
+    ],
 )
 ADD = family(
     "add",

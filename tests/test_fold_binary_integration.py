@@ -778,3 +778,34 @@ def test_a_sum_of_a_0d_gain_folds(form: str) -> None:
     assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
     assert count(program, "sum") == binary_ops(program) == 0
     assert_sound(program, x, eager(model, x))
+
+
+class DivisionSpellings(nn.Module):
+    """True division in its other spellings after a conv, ``torch.rsub(c, y)`` (``y - c``), and a
+    floor division, which is no scale."""
+
+    c: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.c3, self.c4 = (nn.Conv2d(3, 4, 3) for _ in range(4))
+        self.register_buffer("c", torch.rand(4, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.true_divide(self.c1(x), self.c)
+        b = torch.div(self.c2(x), self.c, rounding_mode=None)
+        c = torch.rsub(self.c, self.c3(x))
+        d = torch.div(self.c4(x), self.c, rounding_mode="floor")
+        return a, b, c, d
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_true_division_in_every_spelling_and_a_reversed_subtraction_fold(form: str) -> None:
+    torch.manual_seed(0)
+    model, x = DivisionSpellings().eval(), (torch.randn(1, 3, 8, 8),)
+    program = programs.build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 3
+    assert [r.reason.code for r in outcome.report.rejections] == ["arg-mismatch"]  # rounding_mode='floor'
+    assert "rounding_mode" in outcome.report.rejections[0].reason.message
+    assert_sound(program, x, eager(model, x))

@@ -6,7 +6,8 @@ A bias appears when the op adds and there was none (``mm`` becomes ``addmm``). `
 affine in ``y`` and is declined. Everything is computed in float32 (float64 for a float64
 weight) and cast back, as ``fold_batch_norm`` does.
 
-The candidates are the mul, div, add, sub and rsub ops with an operand computed by a conv or a
+The candidates are the mul, div (``true_divide`` and ``div(..., rounding_mode=None)`` too; a
+rounding one is declined ``arg-mismatch``), add, sub and rsub ops with an operand computed by a conv or a
 linear whose other operand is not another activation of the op's shape: neither a residual
 ``x + y`` of two other ops nor ``x + conv(x)`` is one. The in-place ``y.mul_(c)``, ``div_``,
 ``add_`` and ``sub_`` of an aten program are candidates too (the conv's output, which they write,
@@ -23,7 +24,7 @@ from typing import Literal, TypeAlias
 
 from fxpure.families import ADD, ADD_, ADDMM, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW, family
 from fxpure.linear import emit_linear, linear, linear_of
-from fxpure.pattern import Bound, Const, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
+from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, TensorSpec
@@ -74,21 +75,23 @@ TO_COPY = family(
 )
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(TO_COPY, name="copy", self=Const("c")))
 ALPHA = Scalar("alpha")
+TRUE = Lit(None)  # a division's rounding mode: none (floor or trunc division is no scale)
 
 # y = conv(x, w, b?) | linear(x, w, b?); c a constant (tensor or number); torch spells ``c - y``
 # for a number c as rsub(y, c) (aten; edge turns it into sub)
 PATTERN = OneOf(
     Op(MUL, name="bin", commute=True, self=PRODUCER, other=OPERAND),  # y * c, c * y
-    Op(DIV, name="bin", self=PRODUCER, other=OPERAND),  # y / c
+    Op(DIV, name="bin", self=PRODUCER, other=OPERAND, rounding_mode=TRUE),  # y / c
     Op(ADD, name="bin", commute=True, self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y + alpha c, c + alpha y
     Op(SUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y - alpha c
     Op(SUB, name="bin", other=PRODUCER, self=OPERAND, alpha=ALPHA),  # c - alpha y (y matched first)
     Op(RSUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # c - alpha y
-    Op(DIV, name="bin", other=PRODUCER, self=OPERAND),  # c / y: matched to be declined (output-is-divisor)
+    Op(RSUB, name="bin", other=PRODUCER, self=OPERAND, alpha=ALPHA),  # torch.rsub(c, y): y - alpha c
+    Op(DIV, name="bin", other=PRODUCER, self=OPERAND, rounding_mode=TRUE),  # c / y: to be declined (output-is-divisor)
     # y.mul_(c), y.div_(c), y.add_(c, alpha=), y.sub_(c, alpha=): an aten program may scale or shift
     # the output in place (timm's LayerScale(inplace=True)); the output is the one written
     Op(MUL_, name="bin", self=PRODUCER, other=OPERAND),
-    Op(DIV_, name="bin", self=PRODUCER, other=OPERAND),
+    Op(DIV_, name="bin", self=PRODUCER, other=OPERAND, rounding_mode=TRUE),
     Op(ADD_, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),
     Op(SUB_, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),
 )
@@ -151,6 +154,7 @@ AFFINE: Mapping[tuple[str, bool], Callable[[WeightExpr, float, str], Affine]] = 
     ("sub", True): lambda c, alpha, work: (None, _times(c, -alpha, work)),
     ("sub", False): lambda c, alpha, work: (_by(-alpha, work), c),
     ("rsub", True): lambda c, alpha, work: (_by(-alpha, work), c),
+    ("rsub", False): lambda c, alpha, work: (None, _times(c, -alpha, work)),
 }
 
 
@@ -169,7 +173,7 @@ def _producer(match: Match) -> Bound:
 
 
 def _key(bin: Bound, match: Match) -> tuple[str, bool]:
-    op = bin.node.target.split(".")[1].removesuffix("_")  # mul_ scales as mul does
+    op = bin.family.name.removesuffix("_")  # mul_ scales as mul does, true_divide as div
     return op, bin.args.get("self") == NodeRef(_producer(match).name)
 
 

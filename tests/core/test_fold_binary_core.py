@@ -144,6 +144,7 @@ def graph(
     c_shape: Shape | None = None,
     c_dtype: str = "float32",
     alpha: Arg = None,
+    rounding_mode: str | None = None,
     bias: bool = True,
     lifted: bool = True,
     weight_is_input: bool = False,
@@ -180,6 +181,8 @@ def graph(
     operands: dict[str, Arg] = {"self": y, "other": c} if first else {"self": c, "other": y}
     if alpha is not None:
         operands["alpha"] = alpha
+    if target.endswith("Tensor_mode"):
+        operands["rounding_mode"] = rounding_mode
     out = spec(*y_spec.shape, dtype=out_dtype or weight_dtype)
     outputs: list[Arg] = [g.call(target, name="bin", out=out, **operands)]
     if extra_user is not None:
@@ -214,6 +217,10 @@ OPS: dict[tuple[str, bool], Callable[[float, float, float], float]] = {
     ("aten.sub.Tensor", True): lambda y, c, a: y - a * c,
     ("aten.sub.Tensor", False): lambda y, c, a: c - a * y,
     ("aten.rsub.Scalar", True): lambda y, c, a: c - a * y,
+    ("aten.rsub.Tensor", False): lambda y, c, a: y - a * c,  # torch.rsub(c, y)
+    # true division in its other spellings
+    ("aten.true_divide.Tensor", True): lambda y, c, a: y / c,
+    ("aten.div.Tensor_mode", True): lambda y, c, a: y / c,
     # in place (an aten program's y.mul_(c)): the producer's output is the one written
     ("aten.mul_.Tensor", True): lambda y, c, a: y * c,
     ("aten.div_.Tensor", True): lambda y, c, a: y / c,
@@ -249,8 +256,14 @@ def _cases() -> list[tuple[str, bool, float | None, str]]:
     ``c - alpha y`` into ``c + y``), a number only for rsub.Scalar."""
     out: list[tuple[str, bool, float | None, str]] = []
     for (target, first), kind in ((key, key[0].split(".")[1].removesuffix("_")) for key in sorted(OPS)):
-        alphas = {"mul": (None,), "div": (None,), "add": (None, 2.0)}.get(kind, (None, 2.0, -1))
-        operands = ("scalar",) if kind == "rsub" else ("scalar", "channels", "0-d")
+        alphas = {"mul": (None,), "div": (None,), "true_divide": (None,), "add": (None, 2.0)}.get(kind, (None, 2.0, -1))
+        operands = (
+            ("scalar",)
+            if kind == "rsub" and first
+            else ("channels", "0-d")
+            if kind == "rsub"
+            else ("scalar", "channels", "0-d")
+        )
         out += [(target, first, a, o) for a in alphas for o in operands]
     return out
 
@@ -347,6 +360,8 @@ def test_folds_every_op_order_and_operand(
         ({"weight_dtype": "int8"}, "unsupported-dtype", "bin.self/conv.weight", "conv"),
         ({"weight_shape": ("s0", IC, 3, 3)}, "symbolic-shape", "bin.self/conv.weight", "conv"),
         ({"target": "aten.add.Tensor", "alpha": NodeRef("x")}, "not-scalar", "bin.alpha", "bin"),
+        # a division that rounds (y // c) is no scale
+        ({"target": "aten.div.Tensor_mode", "rounding_mode": "floor"}, "arg-mismatch", "bin.rounding_mode", "bin"),
     ],
 )
 def test_each_rejection_reason(knobs: dict[str, object], code: str, path: str, node: str) -> None:
