@@ -726,8 +726,9 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 MAX_RUNS = 8
-RUNS_EXHAUSTED = "runs-exhausted"  # a candidate left when a repeating rule has run MAX_RUNS times
 """How many times :func:`plan` runs a rule with ``repeat`` at most (each run is one stage)."""
+RUNS_EXHAUSTED = "runs-exhausted"
+"""The code of a candidate a rule with ``repeat`` would still rewrite after :data:`MAX_RUNS` runs."""
 
 
 def runs(rule: Rule) -> int:
@@ -737,14 +738,21 @@ def runs(rule: Rule) -> int:
     return MAX_RUNS if getattr(rule, "repeat", False) is True else 1
 
 
-def _left(rule: Rule, current: GraphSnapshot, first: GraphSnapshot, reported: set[str]) -> list[Rejection]:
+def _left(
+    rule: Rule,
+    current: GraphSnapshot,
+    first: GraphSnapshot,
+    reported: set[str],
+    declined: Mapping[tuple[str, str], Reason] | None,
+) -> list[Rejection]:
     """The candidates of the program (not of the rule's new nodes) that ``rule`` would plan, or
     decline, in one more run, after its last: each with its reason, or ``runs-exhausted``."""
     out = []
     for node in rule.anchors(current):
         if node.name not in first.index or node.name in reported:
             continue
-        result = rule.plan_at(current, node)
+        known = declined.get((rule.name, node.name)) if declined else None
+        result = Failure(known) if known is not None else rule.plan_at(current, node)
         detail = (
             f"{rule.name} ran {MAX_RUNS} times in a row and would rewrite {node.name} in another run: "
             "plan on the result to go on"
@@ -804,7 +812,7 @@ def _stages(
                 break
         else:
             if runs(rule) > 1:  # it still planned in its last run: what it would plan next is reported
-                rejections.extend(_left(rule, current, first, reported))
+                rejections.extend(_left(rule, current, first, reported, declined))
     return RewriteReport(
         plans=tuple(p for s in stages for p in s),
         rejections=tuple(rejections),

@@ -15,7 +15,7 @@ import pytest
 import fxpure
 from fxpure import NodeRef, plan, verify
 from fxpure.plan import MAX_RUNS
-from fxpure.reasons import GENERIC_CODES
+from fxpure.reasons import GENERIC_CODES, Declined
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, TensorSpec
@@ -543,6 +543,10 @@ def test_a_chain_longer_than_the_runs_allowed_reports_what_is_left(ops: int, lef
             == f"{ran} and would rewrite op8 in another run: plan on the result to go on"
         )
     assert len(plan(report.after, [RULE]).plans) == ops - MAX_RUNS
+    # a reason found outside the core for the node left is reported instead
+    why = Declined(code="non-finite-weight", node="op8", detail="inf")
+    outside = plan(g.build(), [RULE], declined={("fold-binary", "op8"): why})
+    assert [r.reason for r in outside.rejections] == ([why] if left else [])
 
 
 def test_every_code_is_stable() -> None:
