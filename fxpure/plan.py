@@ -33,6 +33,7 @@ from fxpure.weights import (
     Binary,
     Cast,
     Fill,
+    Permute,
     Reshape,
     Source,
     SumOver,
@@ -178,13 +179,21 @@ POWERS: Mapping[float, Literal["square", "sqrt", "rsqrt", "reciprocal"]] = {
 }
 # a sum over dims, and weight normalisation (``v * (g / ||v||)``, the norm over every dim but ``dim``)
 POW, SUM, WEIGHT_NORM = "aten.pow.Tensor_Scalar", "aten.sum.dim_IntList", "aten._weight_norm.default"
+# ``x.square()`` is ``x * x``; ``rsub(x, c)`` is ``c - x``
+SQUARE, RSUB = "aten.square.default", frozenset({"aten.rsub.Scalar", "aten.rsub.Tensor"})
+# permutes (edge computes a weight norm over dim 1 through one), and copies from one floating dtype to
+# another with nothing else changed (``to_edge`` lifts a number as a float32 tensor and copies it to
+# a float16 model's dtype)
+PERMUTES = frozenset({"aten.permute.default", "aten.permute_copy.default"})
+CASTS = frozenset({"aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"})
 
 
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     """The expression for the constant behind node ``name``, or None if it is not one: a parameter,
     buffer or lifted constant, an earlier rule's derived one, or a node of static shape that computes
-    one from constants (and numbers): a reshape (:data:`RESHAPES`), floating elementwise
-    arithmetic (:data:`BINARY_OPS` with ``alpha=1``, :data:`UNARY_OPS`, the :data:`POWERS`), such
+    one from constants (and numbers): a reshape (:data:`RESHAPES`), a permute, a copy from one
+    floating dtype to another (:data:`CASTS`), floating elementwise arithmetic (:data:`BINARY_OPS`
+    and ``rsub`` with ``alpha=1``, :data:`UNARY_OPS`, ``square``, the :data:`POWERS`), such
     as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a sum over dims
     or a weight normalisation (float32 or float64), and that the program does not write in place
     (``snap.written``). :func:`computed_by` names the nodes that compute it.
@@ -220,7 +229,9 @@ def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]
         source = node.args[0] if node.args else None
         inner = _constant(snap, source.name, seen, depth + 1) if type(source) is NodeRef else None
         out = None if inner is None else Reshape(x=inner, shape=tuple(d for d in spec.shape if isinstance(d, int)))
-    elif node.target in BINARY_OPS or node.target in UNARY_OPS or node.target == POW:
+    elif node.target in PERMUTES or node.target in CASTS:
+        out = _layout(snap, node, spec, seen, depth + 1)
+    elif node.target in BINARY_OPS or node.target in UNARY_OPS or node.target in RSUB or node.target in (POW, SQUARE):
         out = _arithmetic(snap, node, spec, seen, depth + 1)
     elif node.target in (SUM, WEIGHT_NORM) and spec.dtype in ("float32", "float64"):
         out = _reduced(snap, node, spec, seen, depth + 1)
@@ -236,6 +247,27 @@ def _operand(
     expr = _constant(snap, arg.name, seen, depth) if type(arg) is NodeRef else None
     found = infer_spec(expr) if expr is not None else None
     return expr if isinstance(found, Success) and found.unwrap().dtype == spec.dtype else None
+
+
+def _layout(
+    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
+) -> WeightExpr | None:
+    """A permute of a constant, or a floating constant copied to another floating dtype (the copy's
+    other arguments, a memory format, dim order or device, place the elements, not their values)."""
+    source = node.arg(0, "self")
+    x = _constant(snap, source.name, seen, depth) if type(source) is NodeRef else None
+    if x is None:
+        return None
+    if node.target in PERMUTES:
+        dims = node.arg(1, "dims")
+        ints = tuple(d for d in dims if type(d) is int) if type(dims) is tuple else ()
+        out: WeightExpr | None = Permute(x=x, dims=ints) if type(dims) is tuple and len(ints) == len(dims) else None
+    else:
+        known = infer_spec(x)
+        floating = isinstance(known, Success) and known.unwrap().dtype in FLOAT_DTYPES and spec.dtype in FLOAT_DTYPES
+        out = Cast(x=x, dtype=spec.dtype) if floating else None
+    found = infer_spec(out) if out is not None else None
+    return out if isinstance(found, Success) and found.unwrap() == spec else None
 
 
 def _reduced(
@@ -284,7 +316,7 @@ def _arithmetic(
         return None
     work = work_dtype(spec.dtype)
     operands: list[WeightExpr] = []
-    unary = node.target in UNARY_OPS or node.target == POW
+    unary = node.target in UNARY_OPS or node.target in (POW, SQUARE)
     for arg in (node.arg(0, "self"),) if unary else (node.arg(0, "self"), node.arg(1, "other")):
         if type(arg) is NodeRef:
             expr = _operand(snap, arg, spec, seen, depth)
@@ -297,6 +329,8 @@ def _arithmetic(
             return None
     if node.target in UNARY_OPS:
         out: WeightExpr = Unary(op=UNARY_OPS[node.target], x=operands[0])
+    elif node.target == SQUARE:
+        out = Binary(op="mul", a=operands[0], b=operands[0])
     elif node.target == POW:
         exponent = node.arg(1, "exponent")
         power = POWERS.get(exponent) if isinstance(exponent, int | float) else None
@@ -306,6 +340,8 @@ def _arithmetic(
         out = Binary(op="mul", a=x, b=x) if power == "square" else Unary(op=power, x=x)
     elif node.arg(2, "alpha") not in (None, 1):  # torch computes a + alpha * b in one rounding
         return None
+    elif node.target in RSUB:  # other - self
+        out = Binary(op="sub", a=operands[1], b=operands[0])
     else:
         out = Binary(op=BINARY_OPS[node.target], a=operands[0], b=operands[1])
     out = out if work == spec.dtype else Cast(x=out, dtype=spec.dtype)

@@ -411,19 +411,20 @@ class WeightNormed(nn.Module):
     """A vocoder's conv1d under weight normalisation: its weight is ``g * v / ||v||``, computed in
     forward (aten: ``_weight_norm``; edge: ``pow``, ``sum``, ``pow``, ``div``, ``mul``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dim: int = 0) -> None:
         super().__init__()
-        self.conv = torch.nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3, padding=1))
+        self.conv = torch.nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3, padding=1), dim=dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.conv(x)
         return out
 
 
+@pytest.mark.parametrize("dim", [0, 1])  # dim 1: the norm per input channel (edge computes it through a permute)
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
-def test_a_weight_normalised_conv_has_a_constant_weight_and_converts(form: str) -> None:
+def test_a_weight_normalised_conv_has_a_constant_weight_and_converts(form: str, dim: int) -> None:
     torch.manual_seed(0)
-    model, x = WeightNormed().eval(), (torch.randn(2, 4, 16),)
+    model, x = WeightNormed(dim).eval(), (torch.randn(2, 4, 16),)
     p = build(model, x, form)
     want = run(p, x)
     outcome = adapters.transform(p, [conv1d_to_conv2d()]).unwrap()

@@ -638,6 +638,46 @@ class FrozenStem(nn.Module):
         return out
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_half_frozen_batch_norm_folds_in_every_form(form: str, dtype: torch.dtype) -> None:
+    # edge lifts eps as a float32 tensor and copies it to the model's dtype: the copy is a constant too
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 10, 10, dtype=dtype),)
+    model = FrozenStem().eval().to(dtype)
+    p = programs.build(model, x, form)
+    want = run(p, x)
+    outcome = adapters.transform(p, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 4 and outcome.report.rejections == ()
+    for op in ("mul", "add", "rsqrt"):
+        assert count(p, f"aten.{op}") == 0, op
+    assert_close(run(p, x), want, rel=0.05)  # the fold rounds the scale into the weight once, in 16 bits
+
+
+class ComputedGain(nn.Module):
+    """A conv times a gain the model computes: ``g.square()`` or ``2 - g`` (aten: ``square``, ``rsub``)."""
+
+    def __init__(self, square: bool) -> None:
+        super().__init__()
+        self.square, self.conv = square, nn.Conv2d(3, 4, 3)
+        self.g = nn.Parameter(torch.rand(4) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gain = self.g.square() if self.square else 2.0 - self.g
+        out: torch.Tensor = self.conv(x) * gain.view(1, -1, 1, 1)
+        return out
+
+
+@pytest.mark.parametrize("square", [True, False])
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_squared_or_subtracted_gain_is_a_constant(form: str, square: bool) -> None:
+    model, x = ComputedGain(square).eval(), (torch.randn(1, 3, 8, 8),)
+    program = programs.build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert_sound(program, x, eager(model, x))
+
+
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
 def test_a_frozen_batch_norm_computed_from_buffers_folds_into_its_conv(form: str) -> None:
     # the scale and shift the graph computes from constants are constants: the mul folds in the

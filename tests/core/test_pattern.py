@@ -1250,6 +1250,40 @@ def test_powers_sums_and_a_weight_normalisation_of_constants_are_constants() -> 
     assert [constant_expr(snap, n) for n in ("cube", "typed", "whole")] == [None, None, None]
 
 
+def test_permutes_float_copies_squares_and_reversed_subtractions_of_constants_are_constants() -> None:
+    g = GraphBuilder()
+    v, h = g.parameter("v", (2, 3)), g.parameter("h", (3,), "float16")
+    eps = g.buffer("eps", ())
+    t = g.node("aten.permute_copy.default", (v, (1, 0)), name="t", out=(3, 2))
+    half = g.node(
+        "dim_order_ops._to_dim_order_copy.default",
+        (eps,),
+        {"dtype": DTypeArg("float16")},
+        name="half",
+        out=spec(dtype="float16"),
+    )
+    wide = g.node("aten._to_copy.default", (h,), {"dtype": DTypeArg("float32")}, name="wide", out=(3,))
+    to_int = g.node(
+        "aten._to_copy.default", (v,), {"dtype": DTypeArg("int32")}, name="to_int", out=spec(2, 3, dtype="int32")
+    )
+    odd = g.node("aten.permute.default", (v, (1, NodeRef("v"))), name="odd", out=(3, 2))
+    sq = g.node("aten.square.default", (v,), name="sq", out=(2, 3))
+    r = g.node("aten.rsub.Scalar", (v, 2.0), name="r", out=(2, 3))
+    rt = g.node("aten.rsub.Tensor", (v, v), name="rt", out=(2, 3))
+    r2 = g.node("aten.rsub.Scalar", (v, 2.0, 3), name="r2", out=(2, 3))  # 2 - 3 v: alpha
+    g.output(t, half, wide, to_int, odd, sq, r, rt, r2)
+    snap = g.build()
+    V = Source(key="v", spec=spec(2, 3))
+    assert constant_expr(snap, "t") == Permute(x=V, dims=(1, 0))
+    assert constant_expr(snap, "half") == Cast(x=Source(key="eps", spec=spec()), dtype="float16")
+    assert constant_expr(snap, "wide") == Cast(x=Source(key="h", spec=spec(3, dtype="float16")), dtype="float32")
+    assert constant_expr(snap, "sq") == Binary(op="mul", a=V, b=V)
+    assert constant_expr(snap, "r") == Binary(op="sub", a=Fill(shape=(), value=2.0, dtype="float32"), b=V)
+    assert constant_expr(snap, "rt") == Binary(op="sub", a=V, b=V)
+    # to an integer dtype (torch truncates), sizes that are nodes, alpha: not computed here
+    assert [constant_expr(snap, n) for n in ("to_int", "odd", "r2")] == [None, None, None]
+
+
 def test_the_sum_of_a_0d_constant_over_its_dim_is_itself() -> None:
     # torch takes dim 0 or -1 of a 0-d tensor (a gain g.sum(0)); the rank is no divisor
     g = GraphBuilder()
