@@ -522,31 +522,53 @@ def test_a_candidate_a_later_run_declines_is_reported_there() -> None:
     assert [(r.node, r.reason.code) for r in report.rejections] == [("add", "not-per-channel")]
 
 
-@pytest.mark.parametrize(("ops", "left"), [(MAX_RUNS, []), (MAX_RUNS + 2, [("op8", "runs-exhausted")])])
-def test_a_chain_longer_than_the_runs_allowed_reports_what_is_left(ops: int, left: list[tuple[str, str]]) -> None:
-    # conv * c + 1 * c + 1 ...: one op folds per run; after MAX_RUNS runs the next op, a candidate
-    # now, is reported (the one after it reads an op, no conv: no candidate yet)
+def _chain(ops: int, *, last: str = "per-channel") -> GraphSnapshot:
+    """conv * c + 1 * c + 1 ... (``ops`` ops, op8's operand ``last``), after a conv times an input
+    (declined in every run: not-constant)."""
     g = GraphBuilder()
-    w, c = g.parameter("w", (OC, IC, 3, 3)), g.buffer("c", (OC, 1, 1))
-    y = g.call("aten.conv2d.default", name="conv", out=(B, OC, 6, 6), input=g.input("x", (B, IC, 8, 8)), weight=w)
+    w, c, d = g.parameter("w", (OC, IC, 3, 3)), g.buffer("c", (OC, 1, 1)), g.buffer("d", (1, 1, 6, 1))
+    x = g.input("x", (B, IC, 8, 8))
+    z = g.call("aten.conv2d.default", name="conv_z", out=(B, OC, 6, 6), input=x, weight=w)
+    scaled = g.call("aten.mul.Tensor", name="by_input", out=(B, OC, 6, 6), self=z, other=g.input("s", (B, OC, 1, 1)))
+    y = g.call("aten.conv2d.default", name="conv", out=(B, OC, 6, 6), input=x, weight=w)
     for i in range(ops):
         target, other = ("aten.mul.Tensor", c) if i % 2 else ("aten.add.Tensor", 1.0)
+        other = d if i == MAX_RUNS and last != "per-channel" else other
         y = g.call(target, name=f"op{i}", out=(B, OC, 6, 6), self=y, other=other)
-    g.output(y)
-    report = plan(g.build(), [RULE])
+    g.output(scaled, y)
+    return g.build()
+
+
+@pytest.mark.parametrize(
+    ("ops", "last", "left"),
+    [
+        (MAX_RUNS, "per-channel", []),
+        (MAX_RUNS + 2, "per-channel", [("op8", "runs-exhausted")]),
+        (MAX_RUNS + 2, "per-pixel", [("op8", "not-per-channel")]),
+    ],
+)
+def test_a_chain_longer_than_the_runs_allowed_reports_what_is_left(
+    ops: int, last: str, left: list[tuple[str, str]]
+) -> None:
+    # one op folds per run; after MAX_RUNS runs the next op, a candidate now, is reported with the
+    # reason another run would give, or runs-exhausted (the op after it reads an op, no conv: no
+    # candidate yet); the candidate every run declines is reported once
+    report = plan(_chain(ops, last=last), [RULE])
     assert [[p.anchor for p in s] for s in report.stages if s] == [[f"op{i}"] for i in range(MAX_RUNS)]
-    assert [(r.node, r.reason.code) for r in report.rejections] == left
-    if left:
+    assert [(r.rule, r.node, r.reason.node, r.reason.code) for r in report.rejections] == [
+        ("fold-binary", n, n, code) for n, code in [("by_input", "not-constant"), *left]
+    ]
+    if left == [("op8", "runs-exhausted")]:
         ran = f"fold-binary ran {MAX_RUNS} times in a row"
         assert (
-            report.rejections[0].reason.message
+            report.rejections[1].reason.message
             == f"{ran} and would rewrite op8 in another run: plan on the result to go on"
         )
-    assert len(plan(report.after, [RULE]).plans) == ops - MAX_RUNS
+        assert len(plan(report.after, [RULE]).plans) == ops - MAX_RUNS
     # a reason found outside the core for the node left is reported instead
     why = Declined(code="non-finite-weight", node="op8", detail="inf")
-    outside = plan(g.build(), [RULE], declined={("fold-binary", "op8"): why})
-    assert [r.reason for r in outside.rejections] == ([why] if left else [])
+    outside = plan(_chain(ops, last=last), [RULE], declined={("fold-binary", "op8"): why})
+    assert [r.reason for r in outside.rejections][1:] == ([why] if left else [])
 
 
 def test_every_code_is_stable() -> None:
