@@ -1284,6 +1284,26 @@ def test_permutes_float_copies_squares_and_reversed_subtractions_of_constants_ar
     assert [constant_expr(snap, n) for n in ("to_int", "odd", "r2")] == [None, None, None]
 
 
+def test_permutes_and_copies_read_their_arguments_by_keyword_and_count_in_the_depth() -> None:
+    g = GraphBuilder()
+    v = g.parameter("v", (2, 3))
+    kw = g.node("aten.permute.default", (), {"self": v, "dims": (1, 0)}, name="kw", out=(3, 2))
+    lit = g.node("aten.permute.default", (2.0, (0,)), name="lit", out=(1,))
+    by_node = g.node("aten.permute.default", (v, NodeRef("v")), name="by_node", out=(3, 2))
+    unsaid = g.node("aten.permute.default", (v, (1, 0)), name="unsaid", out=(2, 3))  # not what it computes
+    chains = {}
+    for n in (20, 40):  # permutes there and back, then copies: a chain MAX_DEPTH (32) stops
+        x = v
+        for i in range(n):
+            x = g.node("aten.permute_copy.default", (x, (1, 0)), name=f"p{n}_{i}", out=(3, 2) if i % 2 == 0 else (2, 3))
+        chains[n] = x
+    g.output(kw, lit, by_node, unsaid, *chains.values())
+    snap = g.build()
+    assert constant_expr(snap, "kw") == Permute(x=Source(key="v", spec=spec(2, 3)), dims=(1, 0))
+    assert [constant_expr(snap, n) for n in ("lit", "by_node", "unsaid")] == [None, None, None]
+    assert constant_expr(snap, "p20_19") is not None and constant_expr(snap, "p40_39") is None
+
+
 def test_the_sum_of_a_0d_constant_over_its_dim_is_itself() -> None:
     # torch takes dim 0 or -1 of a 0-d tensor (a gain g.sum(0)); the rank is no divisor
     g = GraphBuilder()
