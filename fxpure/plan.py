@@ -774,6 +774,14 @@ def runs(rule: Rule) -> int:
     return MAX_RUNS if getattr(rule, "repeat", False) is True else 1
 
 
+def _decide(
+    rule: Rule, snap: GraphSnapshot, node: NodeSnapshot, declined: Mapping[tuple[str, str], Reason] | None
+) -> Result[RewritePlan, Reason]:
+    """``rule``'s plan at ``node``, or the reason found outside the core for it (``declined``)."""
+    known = declined.get((rule.name, node.name)) if declined else None
+    return Failure(known) if known is not None else rule.plan_at(snap, node)
+
+
 def _left(
     rule: Rule,
     current: GraphSnapshot,
@@ -787,8 +795,7 @@ def _left(
     for node in rule.anchors(current):
         if node.name not in first.index or node.name in reported:
             continue
-        known = declined.get((rule.name, node.name)) if declined else None
-        result = Failure(known) if known is not None else rule.plan_at(current, node)
+        result = _decide(rule, current, node, declined)
         detail = (
             f"{rule.name} ran {MAX_RUNS} times in a row and would rewrite {node.name} in another run: "
             "plan on the result to go on"
@@ -815,8 +822,7 @@ def _stages(
             for node in rule.anchors(current):
                 # a later run declines no candidate an earlier one decided, nor one of the rule's new nodes
                 report = run == 0 or (node.name in first.index and node.name not in reported)
-                known = declined.get((rule.name, node.name)) if declined else None
-                result = Failure(known) if known is not None else rule.plan_at(current, node)
+                result = _decide(rule, current, node, declined)
                 if not isinstance(result, Success):
                     if report:
                         rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
