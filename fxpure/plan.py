@@ -691,6 +691,9 @@ def _finish(
             del users[d]
         index = {n.name: i for i, n in enumerate(live)}
     constants = {k: v for k, v in [*snap.constants.items(), *added.items()] if k in held and k not in dead}
+    # a later stage names nothing as a node or constant this one removed: the adapter commits the
+    # program's first snapshot against the last, matching by name
+    gone = {info.key for k, info in snap.constants.items() if k not in constants}
     return Success(
         GraphSnapshot(
             nodes=live,
@@ -700,7 +703,7 @@ def _finish(
             users=MappingProxyType(users),
             index=MappingProxyType(index),
             targets=MappingProxyType({t: ns for t, ns in targets.items() if ns}),
-            reserved=snap.reserved,
+            reserved=snap.reserved | erased | dead | gone,
             least_sizes=snap.least_sizes,
             written=snap.written,
         )

@@ -185,8 +185,8 @@ class GraphSnapshot:
     users: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False)
     index: Mapping[str, int] = field(compare=False, hash=False)
     targets: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False, repr=False)
-    # names the program already uses besides its nodes (state-dict keys, module attributes): new
-    # constants must not take them
+    # names the program already uses besides its nodes (state-dict keys, module attributes), and
+    # the names of nodes and constants an earlier rewrite removed: no new node or constant takes them
     reserved: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
     # the least value of each symbolic size, where the program declares it (an exported program's
     # range constraints): a size missing here may be 0

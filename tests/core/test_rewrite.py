@@ -294,7 +294,8 @@ def test_new_names_avoid_nodes_constant_keys_and_reserved_names_and_count_up() -
     out = after(snap, plans)
     assert out.node("output").args == ((NodeRef("n"), NodeRef("n_1"), NodeRef("n_2")),)
     assert [out.node(n).args for n in ("n", "n_1", "n_2")] == [(NodeRef("w_1"),), (NodeRef("w_2"),), (NodeRef("w_3"),)]
-    assert out.reserved == frozenset({"r"}) and out.lifted is True and out.dialect == "aten"
+    # what the stage removed is reserved too (the nodes a, b, c, the constant p_w and its key)
+    assert out.reserved == frozenset({"r", "a", "b", "c", "p_w", "w"}) and out.lifted is True and out.dialect == "aten"
     # the next stage still avoids the reserved name
     again = _reading((NewConstant(name="r", expr=Fill(shape=(2,), value=9.0, dtype="float32")),), anchor="n")
     assert "r_1" in after(out, [again]).constants
@@ -473,3 +474,39 @@ def test_each_stage_comes_with_the_snapshot_it_was_planned_on() -> None:
     assert list(planned_on(flat)) == [(snap, (first,))]  # a flat list of plans is one stage
     stuck = RewriteReport(plans=(second, first), rejections=(), before=snap, after=snap, stages=((second,), (first,)))
     assert [p for _, p in planned_on(stuck)] == [(second,)]  # a stage that does not fit ends them
+
+
+def test_a_later_stage_names_nothing_as_a_node_or_constant_an_earlier_stage_removed() -> None:
+    # the adapter commits the first snapshot against the last by name: a reused name would be
+    # taken for the node it replaced (two valid rules failed together, found by an outside author)
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.parameter("p_w", (2,), key="w")
+    a = g.node("f", (x, NodeRef("p_w")), name="a", out=(2,))
+    b = g.node("f", (x,), name="b", out=(2,))
+    g.output(a, b)
+    first = RewritePlan(
+        rule="r",
+        anchor="a",
+        constants=(NewConstant(name="k", expr=Fill(shape=(2,), value=1.0, dtype="float32")),),
+        nodes=(NewNode(name="n", target="h", args=(x, NodeRef("k")), spec=spec(2)),),
+        replace=(("a", "n"),),
+        erase=("a",),
+    )
+    stage1 = after(g.build(), [first])
+    assert "a" not in stage1.index and "p_w" not in stage1.constants
+    second = RewritePlan(
+        rule="s",
+        anchor="b",
+        constants=(
+            NewConstant(name="p_w", expr=Fill(shape=(2,), value=2.0, dtype="float32")),
+            NewConstant(name="w", expr=Fill(shape=(2,), value=3.0, dtype="float32")),
+        ),
+        nodes=(NewNode(name="a", target="h", args=(x, NodeRef("p_w"), NodeRef("w")), spec=spec(2)),),
+        replace=(("b", "a"),),
+        erase=("b",),
+    )
+    out = after(stage1, [second])
+    assert out.node("output").args == ((NodeRef("n"), NodeRef("a_1")),)
+    assert out.node("a_1").args == (NodeRef("x"), NodeRef("p_w_1"), NodeRef("w_1"))
+    assert {out.constants[k].key for k in ("p_w_1", "w_1")} == {"p_w_1", "w_1"}
