@@ -892,10 +892,13 @@ class _Need:
 
     @staticmethod
     def static(name: str, *, dims: Sequence[int] | None = None) -> Check:
-        """The bound value's shape (or just ``dims`` of it) is known and has no symbolic size."""
+        """The bound value's shape (or just ``dims`` of it) is known and has no symbolic size. A
+        Python number (bound by ``Scalar``) is static: it has no dims."""
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
+            if spec is None and isinstance(m.bindings.get(name), (int, float)) and dims is None:
+                return None
             if spec is None:
                 return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
             rank = len(spec.shape)
@@ -1322,7 +1325,8 @@ def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
     if p.out is not None and not 0 <= p.out < outputs:
         raise PatternError(f"{p.label}: out={p.out}, and {fam.name} returns at most {outputs} tensors")
     if p.commute and fam.commutes is None:
-        raise PatternError(f"{p.label}: {fam.name} does not commute")
+        some = " (not every spelling in it does: an in-place one writes self; give those an Op of their own in a OneOf)"
+        raise PatternError(f"{p.label}: {fam.name} does not commute{some if '|' in fam.name else ''}")
     for arg, sub in p.args:
         if arg not in fam.params:
             raise PatternError(f"{fam.name} has no argument {arg!r} (it has: {', '.join(sorted(fam.params))})")

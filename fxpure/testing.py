@@ -18,7 +18,7 @@ with ``lifted=False``, ``get_attr`` nodes, as in the program forms the adapters 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from pyrsistent import pmap
 from returns.result import Failure
@@ -178,14 +178,15 @@ class GraphBuilder:
         name: str,
         out: Out = None,
     ) -> NodeRef:
-        """A ``call_function`` node with positional arguments as given."""
+        """A ``call_function`` node with positional arguments as given (a list as a tuple, as a
+        captured program holds it)."""
         self._calls.append(
             NodeSnapshot(
                 name=name,
                 op="call_function",
                 target=target,
-                args=args,
-                kwargs=pmap(kwargs or {}),
+                args=_tupled(args),
+                kwargs=pmap({k: _tupled(v) for k, v in (kwargs or {}).items()}),
                 spec=_spec(out),
             )
         )
@@ -212,3 +213,8 @@ class GraphBuilder:
         if isinstance(bad, Failure):
             raise ValueError(f"not a graph: {bad.failure().message}")
         return snap
+
+
+def _tupled(arg: Any) -> Any:
+    """``arg`` with every list in it a tuple."""
+    return tuple(_tupled(a) for a in arg) if isinstance(arg, (list, tuple)) else arg

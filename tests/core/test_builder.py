@@ -5,8 +5,10 @@ graph order, and the reason a malformed snapshot gives. Torch-free."""
 from __future__ import annotations
 
 import pytest
-from returns.result import Failure
+from returns.result import Failure, Success
 
+from fxpure.families import PERMUTE
+from fxpure.pattern import Const, Lit, Op, match
 from fxpure.reasons import InvalidSnapshot
 from fxpure.schema import parse_schema
 from fxpure.snapshot import NodeRef, NodeSnapshot, snapshot, verify
@@ -124,3 +126,17 @@ def test_an_out_the_builder_cannot_read_is_refused(out: object) -> None:
     x = g.input("x", (2,))
     with pytest.raises(ValueError, match=r"give a shape, a spec, or a spec \(or None\) per element"):
         g.call("aten.relu.default", self=x, out=out)  # type: ignore[arg-type]
+
+
+def test_a_list_argument_is_held_as_a_tuple_as_capture_holds_it() -> None:
+    # an outside author's dims=[1, 0] built a node no program has, which the matcher then declined
+    g = GraphBuilder()
+    w = g.parameter("w", (3, 2))
+    t = g.call("aten.permute.default", self=w, dims=[1, 0], out=(2, 3))
+    n = g.node("f", ([t, [w]],), {"k": [1, [2]]}, name="n", out=(2,))
+    g.output(n)
+    snap = g.build()
+    assert snap.node("permute").args == (w, (1, 0))
+    assert snap.node("n").args == ((t, (w,)),) and snap.node("n").kwargs["k"] == (1, (2,))
+    found = match(Op(PERMUTE, name="t", self=Const("w"), dims=Lit((1, 0))), snap, snap.node("permute"))
+    assert isinstance(found, Success)

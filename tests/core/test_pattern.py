@@ -13,7 +13,7 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, rewrite, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE, UNARY, family
+from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE, UNARY, family, in_place
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -620,6 +620,22 @@ def test_builtin_checks_pass_an_operand_this_match_does_not_bind(bias: str) -> N
         assert len(plan(scaled(bias=bias, other="scalar"), [r]).plans) == 1
 
 
+@pytest.mark.parametrize("other", ["scalar", "const"])
+def test_need_static_passes_a_python_number_and_checks_a_tensor(other: str) -> None:
+    # an outside author's constant-or-number operand: a number has no shape to be symbolic, and was
+    # declined malformed-node ("other has no known shape")
+    either = Op(MUL, name="mul", commute=True, self=SCALED.args[0][1], other=OneOf(Const("s"), Scalar("s")))
+    r = rule("scale", either, need.static("s"), plan=lambda p, mul, conv: p.replace(mul, NodeRef(conv.name)))
+    assert len(plan(scaled(other=other), [r]).plans) == 1
+    picked = rule(
+        "scale", either, need.static("s", dims=(0,)), plan=lambda p, mul, conv: p.replace(mul, NodeRef(conv.name))
+    )
+    if other == "scalar":  # a number has no dim 0
+        assert only_rejection(scaled(other="scalar"), picked).code == "malformed-node"
+    else:
+        assert len(plan(scaled(other=other), [picked]).plans) == 1
+
+
 def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:
     fallback = rule("fb", RELU_X, plan=lambda p, r, x: p.replace(r, x))
     main = rule("main", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing, fallback=fallback)
@@ -650,7 +666,9 @@ def _plan_nothing(p: Planner) -> RewritePlan:
         (lambda: Op(CONV, wieght=Const("w")), "conv has no argument 'wieght'"),
         (lambda: Op(CONV, groups=Const("g")), "conv.groups is not a tensor argument"),
         (lambda: Op(BATCH_NORM, input=Op(CONV, out=0)), "out= reads a tuple"),
-        (lambda: Op(SUB, commute=True), "sub does not commute"),
+        (lambda: Op(SUB, commute=True), "sub does not commute$"),
+        # a union with in-place spellings: says how to join them (an outside author asked)
+        (lambda: Op(ADD | in_place(ADD), commute=True), r"add\|add_ does not commute \(not every spelling in it"),
         (lambda: Op(CONV, user=Const("w")), "user= takes an Op"),
         # a lone int where the family's normal form holds a tuple: it never matches any conv
         (lambda: Op(CONV, stride=1), r"conv.stride: 1 is never its value: conv holds stride as a tuple"),
