@@ -28,7 +28,7 @@ from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list
 from fxpure.weights import sources
 
 V = TypeVar("V")
@@ -243,28 +243,67 @@ class _Commit:
     """The mutations of one apply, each with its undo, run in order."""
 
     undo: list[Callable[[], None]] = field(default_factory=list)
+    ordered: set[int] = field(default_factory=set)  # the dicts whose order undo restores
+
+    def keep_order(self, d: dict[str, Any]) -> None:
+        """Undo puts ``d``'s keys back in their order before its first change, last of all (undoing a
+        change puts its key back at the end)."""
+        if id(d) in self.ordered:
+            return
+        self.ordered.add(id(d))
+        order = list(d)
+
+        def undo() -> None:
+            rest = dict(d)
+            d.clear()
+            d.update({k: rest.pop(k) for k in order if k in rest})
+            d.update(rest)
+
+        self.undo.insert(0, undo)
 
     def set_item(self, d: dict[str, V], key: str, value: V) -> None:
         self.del_item(d, key)
+
+        def undo() -> None:
+            d.pop(key, None)
+
+        self.undo.append(undo)
         d[key] = value
-        self.undo.append(lambda: d.__delitem__(key))
 
     def del_item(self, d: dict[str, V], key: str) -> None:
         if key not in d:
             return
-        old = d.pop(key)
+        self.keep_order(d)
+        old = d[key]
         self.undo.append(lambda: d.__setitem__(key, old))
+        del d[key]
 
     def set_list(self, lst: list[Any], items: list[Any]) -> None:
         old = list(lst)
-        lst[:] = items
         self.undo.append(lambda: lst.__setitem__(slice(None), old))
+        lst[:] = items
 
     def set_attr(self, obj: torch.nn.Module, name: str, value: torch.Tensor | None) -> None:
         """Set (or, with None, delete) a module tensor: a tensor that is no parameter as a buffer, so
-        the module's ``state_dict`` and ``.to()`` reach it; undo restores it as parameter or buffer."""
+        the module's ``state_dict`` and ``.to()`` reach it; undo restores it as it was: parameter or
+        buffer, persistent or not, at its place among the module's tensors."""
         table = next((t for t in (obj._parameters, obj._buffers) if name in t), None)
         had, old = hasattr(obj, name), getattr(obj, name, None)
+        transient = name in obj._non_persistent_buffers_set
+        if table is not None:
+            self.keep_order(table)
+
+        def undo() -> None:
+            if hasattr(obj, name):
+                delattr(obj, name)
+            if table is not None:
+                table[name] = old
+                if transient:
+                    obj._non_persistent_buffers_set.add(name)
+            elif had:
+                setattr(obj, name, old)
+
+        self.undo.append(undo)  # before the change, which may not finish
         if value is None:
             delattr(obj, name)
         elif isinstance(value, torch.nn.Parameter):
@@ -272,18 +311,17 @@ class _Commit:
         else:
             obj.register_buffer(name, value)
 
-        def undo() -> None:
-            if hasattr(obj, name):
-                delattr(obj, name)
-            if table is not None:
-                table[name] = old
-            elif had:
-                setattr(obj, name, old)
-
-        self.undo.append(undo)
-
     def insert(self, graph: torch.fx.Graph, new: _NewNode, env: dict[str, torch.fx.Node]) -> None:
-        with graph.inserting_before(env[new.before]):
+        at = env[new.before]
+        prev = at.prev
+
+        def undo() -> None:  # the node just before ``at`` is this one, if it was made
+            env.pop(new.rec.name, None)
+            if at.prev is not prev:
+                graph.erase_node(at.prev)
+
+        self.undo.append(undo)  # before the change, which may not finish
+        with graph.inserting_before(at):
             node = graph.create_node(
                 new.op, new.target, _bind(new.args, env), _bind(new.kwargs, env), name=new.rec.name
             )
@@ -294,22 +332,21 @@ class _Commit:
         node.meta.update(new.meta)
         env[new.rec.name] = node
 
-        def undo() -> None:
-            env.pop(new.rec.name, None)
-            graph.erase_node(node)
-
-        self.undo.append(undo)
-
     def reargue(self, node: torch.fx.Node, rec: NodeSnapshot, env: Mapping[str, torch.fx.Node]) -> None:
         args = tuple(_rebuild(o, a, env) for o, a in zip(node.args, rec.args, strict=True))
         kwargs = {k: _rebuild(node.kwargs[k], a, env) for k, a in rec.kwargs.items()}
         old_args, old_kwargs = node.args, node.kwargs
-        node.args, node.kwargs = args, kwargs
 
         def undo() -> None:
             node.args, node.kwargs = old_args, old_kwargs
+            # torch.fx takes a node out of the graph's lookup table while it sets an argument, and
+            # leaves it out if that stops half way
+            table = node.graph._find_nodes_lookup_table
+            if node not in table:
+                table.insert(node)
 
-        self.undo.append(undo)
+        self.undo.append(undo)  # before the change: setting args and kwargs is two steps
+        node.args, node.kwargs = args, kwargs
 
     def erase(self, graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         if node.users:
@@ -609,12 +646,93 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
     return None
 
 
+def _dim_orders(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """On an edge program, every plan with a new node that torch lays out in another dim order than
+    its first input of its rank, where that input is not contiguous (a ``slice_copy`` of a
+    channels-last tensor is contiguous): ExecuTorch takes dim orders from torch's fake values and
+    its kernels refuse such a node, so the ``.pte`` would fail at run time. With the reason."""
+    fakes = _Fakes.of(cap.gm)
+    if cap.snap.dialect != "edge" or fakes.mode is None or not report.plans:
+        return {}
+    vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes}
+    if all(_contiguous(v) for v in vals.values() if isinstance(v, torch.Tensor) and v.dim() in (4, 5)):
+        return {}  # no tensor out of the default dim order
+    out: dict[tuple[str, str], Reason] = {}
+    for snap, stage in planned_on(report):
+        step = fxpure.rewrite(snap, stage)
+        if not isinstance(step, Success):
+            break
+        # a new node's provenance is traced to its root: the plan that made it, by its nodes' roots
+        made_by = {
+            snap.node(n.provenance).provenance or n.provenance: p
+            for p in stage
+            for n in p.nodes
+            if n.provenance is not None and n.provenance in snap.index
+        }
+        for rec in step.unwrap().nodes:
+            if rec.name in snap.index:
+                continue
+            vals[rec.name], why = _laid_out(fakes, rec, snap.dialect, vals)
+            if why is not None:
+                for p in [made_by[rec.provenance]] if rec.provenance in made_by else stage:
+                    reason = Declined(code="dim-order-changes", node=p.anchor, detail=why)
+                    out.setdefault((p.rule, p.anchor), reason)
+    return out
+
+
+def _laid_out(fakes: _Fakes, rec: NodeSnapshot, dialect: str, vals: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """A new node's fake value, as torch lays it out where its first input of its rank is not
+    contiguous (else contiguous); and why ExecuTorch would refuse it, if it would."""
+    val = fakes.value(rec.spec) if isinstance(rec.spec, TensorSpec) else None
+    env = {r: vals.get(r) for r in ref_list(rec)}
+    rank = val.dim() if isinstance(val, torch.Tensor) else None
+    first = next((v for v in env.values() if isinstance(v, torch.Tensor) and v.dim() == rank), None)
+    if rec.op != "call_function" or first is None or _contiguous(first):
+        return val, None
+    ran = _fake_run(fakes, rec, dialect, env)
+    if not isinstance(ran, torch.Tensor) or _layout(ran) == _layout(first):
+        return (ran if ran is not None else val), None
+    why = f"{rec.name} would read {_layout(first)} and write {_layout(ran)}: ExecuTorch's kernels want one dim order"
+    return ran, why + " for an op's input and output"
+
+
+def _fake_run(fakes: _Fakes, rec: NodeSnapshot, dialect: str, env: Mapping[str, Any]) -> Any:
+    """``rec``'s output computed by its op on fake inputs, or None where it cannot be (an op with no
+    fake kernel, an input without a fake value)."""
+    try:
+        target = resolve_target(rec.target, dialect)
+        args = _bind(tuple(_literal(a) for a in rec.args), env)
+        kwargs = _bind({k: _literal(v) for k, v in rec.kwargs.items()}, env)
+        with fakes.mode:
+            return target(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def _contiguous(v: torch.Tensor) -> bool:
+    try:
+        return bool(v.is_contiguous())
+    except Exception:  # a symbolic layout torch cannot decide: taken as contiguous
+        return True
+
+
+def _layout(v: torch.Tensor) -> str:
+    if _contiguous(v):
+        return "contiguous"
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(v.dim())
+    try:
+        return "channels last" if last is not None and v.is_contiguous(memory_format=last) else "strided"
+    except Exception:  # as in _contiguous
+        return "strided"
+
+
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why
 _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]], ...] = (
     _crossing,
     _inside_preserved,
     _refused,
     _written_between,
+    _dim_orders,
 )
 
 

@@ -321,6 +321,7 @@ GENERIC_CODES = frozenset(
         "preserved-signature",
         "op-not-allowed",
         "written-between",
+        "dim-order-changes",
     }
 )
 """Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
@@ -330,4 +331,6 @@ a control-flow branch, one whose plan would remove a node a preserved module cal
 names (``torch.export``'s ``preserve_module_call_signature``), one whose plan writes an op the
 program's own verifier refuses (``op-not-allowed``: an edge program takes Core ATen ops and the
 exceptions it was made with), or one whose new nodes would read a tensor on the other side of an
-in-place write to it than the nodes they replace did (``written-between``)."""
+in-place write to it than the nodes they replace did (``written-between``), or one with a new node
+an edge program's ExecuTorch kernels would refuse, its input not contiguous and its output laid out
+otherwise (``dim-order-changes``: a slice of a channels-last tensor)."""

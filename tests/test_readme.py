@@ -28,6 +28,7 @@ COMMON = {
     "preserved-signature",
     "op-not-allowed",
     "written-between",
+    "dim-order-changes",
 }
 
 

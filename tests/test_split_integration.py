@@ -144,3 +144,32 @@ def test_dynamic_batch_edge_pte_runs_at_other_batch_sizes() -> None:
         x = (torch.randn(n, 16, 12, 12),)
         with torch.no_grad():
             assert_close(run_pte(buffer, x), [model(*x)])
+
+
+@pytest.mark.parametrize("fused_first", [False, True])
+def test_a_grouped_conv_on_a_channels_last_input_of_an_edge_program_is_declined_and_the_pte_still_runs(
+    fused_first: bool,
+) -> None:
+    # torch lays a slice_copy of a channels-last tensor out contiguous, and ExecuTorch's slice_copy
+    # refuses a dim order change: the split .pte failed at run time (found by the differential fuzzer)
+    layers: list[torch.nn.Module] = [torch.nn.Conv2d(4, 8, 3, padding=1, groups=2), torch.nn.ReLU()]
+    if fused_first:  # the grouped conv is the fused conv a first rule made: its layout is a new node's
+        layers[1:1] = [torch.nn.BatchNorm2d(8)]
+    model = randomize_bn(torch.nn.Sequential(*layers)).eval()
+    x = (torch.randn(2, 4, 5, 6).to(memory_format=torch.channels_last),)
+    manager = to_edge(torch.export.export(model, x))
+    outcome = adapters.transform(manager.exported_program(), [fuse_conv_bn(), split_group_conv()]).unwrap()
+    declined = {r.rule: r.reason.code for r in outcome.report.rejections}
+    assert declined == {"split-group-conv": "dim-order-changes"}
+    assert [p.rule for p in outcome.report.plans] == (["fuse-conv-bn"] if fused_first else [])
+    assert grouped_convs(manager.exported_program()) == [2]
+    assert_close(run_pte(manager.to_executorch().buffer, x), [model(*x)])
+
+
+def test_a_grouped_conv_on_a_contiguous_input_of_an_edge_program_still_splits_and_runs() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1, groups=2), torch.nn.ReLU()).eval()
+    x = (torch.randn(2, 4, 5, 6),)
+    manager = to_edge(torch.export.export(model, x))
+    assert adapters.transform(manager.exported_program(), [split_group_conv()]).unwrap().changed
+    assert grouped_convs(manager.exported_program()) == []
+    assert_close(run_pte(manager.to_executorch().buffer, x), [model(*x)])

@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 
 import adapters
-from fxpure.rules import fuse_conv_bn
+from fxpure.rules import fold_binary, fuse_conv_bn
 from fxpure.weights import Binary
 from tests.models import ResNetish, example, randomize_bn
 from tests.programs import build, validate
@@ -141,10 +141,49 @@ def _fail_inside_erase(exc: BaseException) -> Callable[..., Any]:
     return wrap
 
 
+def _fail_after_call(n: int, exc: BaseException) -> Callable[..., Any]:
+    """A wrapper factory: the wrapped function's ``n``-th call does its work, then raises ``exc`` (an
+    interrupt landing just after it returned)."""
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        calls = {"n": 0}
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            out = real(*args, **kwargs)
+            if calls["n"] == n:
+                raise exc
+            return out
+
+        return fn
+
+    return wrap
+
+
+def _fail_setting_kwargs(exc: BaseException) -> Callable[..., Any]:
+    """``Node.kwargs``'s setter raises on its second use: a node's args are re-pointed, not its kwargs."""
+
+    def wrap(real: property) -> property:
+        calls = {"n": 0}
+
+        def fset(node: torch.fx.Node, kwargs: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise exc
+            assert real.fset is not None
+            real.fset(node, kwargs)
+
+        return property(real.fget, fset)
+
+    return wrap
+
+
 # every point of the in-place commit where something can go wrong (the call that fails: the second
 # one, after some edits were made; recompile runs once, after all of them)
 FAILURE_POINTS: dict[str, tuple[Any, str, Callable[[BaseException], Callable[..., Any]]]] = {
     "insert a node": (torch.fx.Graph, "create_node", functools.partial(_fail_on_call, 2)),
+    "just after a node is inserted": (torch.fx.Graph, "create_node", functools.partial(_fail_after_call, 2)),
+    "between a node's args and kwargs": (torch.fx.Node, "kwargs", _fail_setting_kwargs),
     "re-point arguments": (
         importlib.import_module("adapters.realize"),
         "_rebuild",
@@ -170,6 +209,8 @@ def test_every_commit_failure_point_rolls_back(
     gm = program.graph_module if isinstance(program, ExportedProgram) else program
     before_graph, before_code = str(gm.graph), gm.code
     before_state = {k: v.clone() for k, v in gm.state_dict().items()}
+    before_tensors = [k for k, _ in gm.named_parameters()] + [k for k, _ in gm.named_buffers()]
+    before_program_state = list(program.state_dict) if isinstance(program, ExportedProgram) else []
     before_sig = [str(s) for s in program.graph_signature.input_specs] if isinstance(program, ExportedProgram) else []
     with torch.no_grad():
         want = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
@@ -186,9 +227,11 @@ def test_every_commit_failure_point_rolls_back(
     monkeypatch.undo()
     assert str(gm.graph) == before_graph and gm.code == before_code
     after_state = gm.state_dict()
-    assert after_state.keys() == before_state.keys()
+    assert list(after_state) == list(before_state)  # in their order
     assert all(torch.equal(after_state[k], before_state[k]) for k in before_state)
+    assert [k for k, _ in gm.named_parameters()] + [k for k, _ in gm.named_buffers()] == before_tensors
     if isinstance(program, ExportedProgram):
+        assert list(program.state_dict) == before_program_state
         assert [str(s) for s in program.graph_signature.input_specs] == before_sig
         validate(program)
     gm.graph.lint()
@@ -210,3 +253,28 @@ def test_an_assertion_from_torch_fx_while_preparing_is_a_failure(monkeypatch: py
     result = adapters.transform(program, [fuse_conv_bn()])
     assert result.failure().code == "apply-failed" and "AssertionError" in result.failure().message
     assert str(program.graph) == before
+
+
+def test_a_rolled_back_commit_leaves_a_non_persistent_buffer_non_persistent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # deleting a dead buffer takes it out of the module's non-persistent set: the undo put it back
+    # as a persistent buffer, so state_dict() gained a key (found by the differential fuzzer)
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.register_buffer("scale", torch.randn(4, 1, 1), persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.conv(x) * self.scale
+            return out
+
+    x = (torch.randn(1, 3, 8, 8),)
+    gm = build(Scaled().eval(), x, "gm")
+    assert isinstance(gm, torch.fx.GraphModule)
+    keys, transient, buffers = list(gm.state_dict()), set(gm._non_persistent_buffers_set), dict(gm.named_buffers())
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", _fail_on_call(1, RuntimeError("boom"))(gm.recompile))
+    assert adapters.transform(gm, [fold_binary()]).failure().code == "apply-failed"
+    monkeypatch.undo()
+    assert "scale" in transient and set(gm._non_persistent_buffers_set) == transient
+    assert list(gm.state_dict()) == keys and dict(gm.named_buffers()).keys() == buffers.keys()
+    assert adapters.transform(gm, [fold_binary()]).unwrap().changed  # and it still works

@@ -450,6 +450,7 @@ ADAPTER = {
     "preserved-signature": "found by the adapter: a node a preserved module call signature names",
     "op-not-allowed": "found by the adapter: a new node's op the program's verifier refuses",
     "written-between": "found by the adapter: an in-place write between a tensor's old reads and the new one",
+    "dim-order-changes": "found by the adapter: an edge program's new node laid out otherwise than its input",
 }
 NO_OVERLAP = "a rule's plans claim only nodes its match alone reads (shared ones are declined): never two at once"
 RUNS = "needs a chain of more than MAX_RUNS rewrites, each making the next (test_fold_binary_core has one)"
