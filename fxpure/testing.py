@@ -18,7 +18,7 @@ with ``lifted=False``, ``get_attr`` nodes, as in the program forms the adapters 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from pyrsistent import pmap
 from returns.result import Failure
@@ -40,6 +40,8 @@ from fxpure.snapshot import (
 
 Shape: TypeAlias = tuple[int | str, ...]
 Out: TypeAlias = Shape | TensorSpec | tuple[TensorSpec | None, ...] | None
+Value: TypeAlias = Arg | list["Value"] | tuple["Value", ...]
+"""An argument as a test writes it: a list is held as a tuple, as a captured program holds it."""
 
 
 def spec(*shape: int | str, dtype: str = "float32") -> TensorSpec:
@@ -149,7 +151,7 @@ class GraphBuilder:
         *,
         name: str | None = None,
         out: Out = None,
-        **values: Arg,
+        **values: Value,
     ) -> NodeRef:
         """A ``call_function`` node of a known target (or of the ``Schema`` given, such as
         ``MY_FAMILY.schemas[target]``); arguments by schema name (ValueError for one the schema has
@@ -164,7 +166,7 @@ class GraphBuilder:
             wrong = [*(f"no argument {a!r}" for a in unknown), *(f"missing {a!r}" for a in missing)]
             has = ", ".join(sorted(known.family_params))
             raise ValueError(f"{known.target}: {', '.join(wrong)} (it has: {has}); node() takes any")
-        args, kwargs = arguments(known, values)
+        args, kwargs = arguments(known, {k: _tupled(v) for k, v in values.items()})
         parts = known.target.split(".")
         base = parts[-2] if len(parts) >= 3 else known.target
         return self.node(known.target, args, kwargs, name=self._name(name, base), out=out)
@@ -172,8 +174,8 @@ class GraphBuilder:
     def node(
         self,
         target: str,
-        args: tuple[Arg, ...] = (),
-        kwargs: Mapping[str, Arg] | None = None,
+        args: tuple[Value, ...] = (),
+        kwargs: Mapping[str, Value] | None = None,
         *,
         name: str,
         out: Out = None,
@@ -185,7 +187,7 @@ class GraphBuilder:
                 name=name,
                 op="call_function",
                 target=target,
-                args=_tupled(args),
+                args=tuple(_tupled(a) for a in args),
                 kwargs=pmap({k: _tupled(v) for k, v in (kwargs or {}).items()}),
                 spec=_spec(out),
             )
@@ -215,6 +217,6 @@ class GraphBuilder:
         return snap
 
 
-def _tupled(arg: Any) -> Any:
+def _tupled(arg: Value) -> Arg:
     """``arg`` with every list in it a tuple."""
     return tuple(_tupled(a) for a in arg) if isinstance(arg, (list, tuple)) else arg
