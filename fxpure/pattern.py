@@ -1021,6 +1021,12 @@ need = _Need()
 _NO_SIZES: Mapping[str, OutputShared] = MappingProxyType({})
 # ops that read only a value's sizes: such a reader of a matched inner node is no reason to keep it
 SIZE_READERS = frozenset({"aten.sym_size.int", "aten.sym_numel.default"})
+# ops that compute a size (an int of a dynamic program): pure, so dropped once nothing reads them
+_SIZE_OPS = (
+    SIZE_READERS
+    | {"aten.sym_stride.int"}
+    | {f"_operator.{op}" for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow")}
+)
 _QD = "quantized_decomposed"
 _PER_TENSOR = frozenset(
     f"{_QD}.{op}_per_tensor.{overload}" for op in ("quantize", "dequantize") for overload in ("default", "tensor")
@@ -1208,7 +1214,8 @@ class Planner:
         to erase (the rest of the match stays, and its shared nodes are dropped only if nothing
         reads them any more). ``prune``:
         more nodes, by name, dropped too once nothing reads them (what computed an erased node's
-        arguments but is no part of the pattern, such as the sizes of a reshape)."""
+        arguments but is no part of the pattern). The sizes an erased node read (a dynamic
+        reshape's ``sym_size`` and the arithmetic on it) are dropped so without being named."""
         for op, new in moves:
             if isinstance(new, NodeRef):
                 continue
@@ -1231,8 +1238,22 @@ class Planner:
             nodes=tuple(self._nodes),
             replace=(*((u, new.name) for op, new in moves for u in op.uses), *self._sizes(matches, moves, gone)),
             erase=gone,
-            prune=tuple(dict.fromkeys(n for n in (*shared, *prune) if n not in gone)),
+            prune=tuple(
+                dict.fromkeys(n for n in (*shared, *prune, *self._sizes_read(gone, shared, prune)) if n not in gone)
+            ),
         )
+
+    def _sizes_read(self, *dropped: Sequence[str]) -> list[str]:
+        """The size computations the nodes a plan may drop read, and the ones those read."""
+        snap, out, todo = self.match.snap, [], [n for names in dropped for n in names if n in self.match.snap.index]
+        seen = set(todo)
+        while todo:
+            for r in ref_list(snap.node(todo.pop())):
+                if r not in seen and snap.node(r).target in _SIZE_OPS:
+                    seen.add(r)
+                    out.append(r)
+                    todo.append(r)
+        return out
 
     def _sizes(
         self, matches: Sequence[Match], moves: Sequence[tuple[Bound, NodeRef]], gone: tuple[str, ...]

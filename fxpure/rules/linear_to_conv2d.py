@@ -23,7 +23,7 @@ from fxpure.linear import Linear, linear_of, linear_root
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
-from fxpure.snapshot import Arg, Dim, NodeRef, TensorSpec, refs
+from fxpure.snapshot import Arg, Dim, NodeRef, TensorSpec
 from fxpure.weights import Reshape, WeightExpr
 
 NAME = "linear-to-conv2d"
@@ -215,10 +215,7 @@ def _plan(
     result, _ = _steps(p, conv, conv_spec.shape, out.dtype, FROM_NCHW[rank], f"{base}_back")
     if lin.view_out is not None and not own:  # the model's reshape, on the new result
         result = p.respell(lin.view_out, name=f"{lin.view_out.name}_new", self=result)
-    # the nodes that computed the sizes of the erased reshapes (sym_size, mul) are no part of the
-    # pattern: dropped too, if nothing else reads them
-    sizes = [r for v in (lin.view_in, lin.view_out) if v is not None for r in refs(v.args["size"])]
-    return p.replace(lin.outer, result, prune=sizes)
+    return p.replace(lin.outer, result)  # the erased reshapes' sizes (sym_size, mul) go with them
 
 
 LINEAR_TO_CONV2D = rule(

@@ -9,11 +9,13 @@ from returns.result import Failure, Success
 
 from fxpure.families import ADDMM, RELU
 from fxpure.linear import emit_linear, linear, linear_of, linear_root
-from fxpure.pattern import ANY, ONE, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match
+from fxpure.pattern import ANY, ONE, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match, rule
+from fxpure.plan import RewritePlan, plan
 from fxpure.reasons import Reason
 from fxpure.snapshot import GraphSnapshot, NodeRef
 from fxpure.testing import GraphBuilder, spec
 from tests.core.test_linear_to_conv2d_core import linear as graph
+from tests.core.test_linear_to_conv2d_core import with_symbolic_sizes
 
 # (spelling, rank, bias) -> {bound name: pattern path}, the nodes a rewrite erases, those it prunes
 PRODUCT = {"x": "lin.mat1", "lin_t": "lin.mat2/lin_t", "w": "lin.mat2/lin_t.self"}
@@ -281,3 +283,17 @@ def test_emit_linear_keeps_an_addmms_own_keywords() -> None:
     product = p.finish([]).nodes[-1]
     assert product.args == (NodeRef("b2"), x, NodeRef("lin_t_new"))
     assert {k: (type(v), v) for k, v in product.kwargs.items()} == {"beta": (int, 1), "alpha": (float, 1.0)}
+
+
+@pytest.mark.parametrize("read_elsewhere", [False, True])
+def test_a_planner_replacing_a_dynamic_linear_leaves_no_size_computation_behind(read_elsewhere: bool) -> None:
+    # an outside author's rule put one node in place of view + mm + view: the sym_size and mul that
+    # computed the reshapes' sizes stayed, read by nothing, unless the planner named them in prune=
+    def one_node(p: Planner, x: NodeRef) -> RewritePlan:
+        lin = linear_of(p.match)
+        new = p.call("aten.linear.default", name="lin_1", spec=lin.spec, input=x, weight=lin.weight)
+        return p.replace(lin.outer, new)
+
+    after = plan(with_symbolic_sizes(size_read_elsewhere=read_elsewhere), [rule("one", linear_root(), plan=one_node)])
+    assert len(after.plans) == 1 and {"lin_in", "lin", "lin_out"}.isdisjoint(after.after.index)
+    assert ({"sym_size", "mul"} <= set(after.after.index)) is read_elsewhere
