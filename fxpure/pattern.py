@@ -1565,6 +1565,11 @@ def _is_candidate(
     return keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)), snap)
 
 
+def _matches(pattern: Root) -> Callable[[Bound, GraphSnapshot], bool]:
+    """``candidate`` given as a pattern: the root is a candidate where the pattern matches at it."""
+    return lambda root, snap: isinstance(match(pattern, snap, root.node), Success)
+
+
 def _is_plan(out: object) -> bool:
     """``out`` is what a planner returns: a plan, ``Success(plan)`` or ``Failure(reason)``."""
     if isinstance(out, Success):
@@ -1590,7 +1595,7 @@ def rule(
     pattern: Root,
     *checks: Check | Compute,
     plan: PlanFn,
-    candidate: Callable[[Bound, GraphSnapshot], bool] | None = None,
+    candidate: Callable[[Bound, GraphSnapshot], bool] | Root | None = None,
     fallback: PatternRule | None = None,
     codes: Iterable[str] = (),
     repeat: bool = False,
@@ -1602,7 +1607,9 @@ def rule(
     parameter names must be names the pattern binds (those bound only in some alternatives need
     a default). ``candidate(root, snap)`` narrows which calls of the root's family the rule considers
     at all (a grouped-conv rule ignores convs with ``groups=1``); every candidate ends as a plan
-    or a typed reason. ``fallback``: another rule tried where this one declines; its plan is
+    or a typed reason. ``candidate`` may also be a pattern: a call is a candidate where it matches
+    (a looser form of the rule's, such as an add that reads a linear, whatever its other operand,
+    so residual adds are not reported). ``fallback``: another rule tried where this one declines; its plan is
     reported as this rule's, with ``instead_of`` the reason it stands in for (a quantized conv no
     kernel takes is dequantized to run in float, say). ``codes``: the codes the planner itself may
     decline with (``Failure(reason)``), besides the generic ones; ``rule.codes`` lists them with the
@@ -1612,10 +1619,13 @@ def rule(
     no rejection at a node an earlier run decided, nor at a node the rule made. Everything is
     checked here, when the rule is built.
     """
-    if not _rooted(pattern):
-        raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {pattern!r}")
-    for op in roots(pattern):
-        _lint(op, root=True)
+    for p in (pattern, candidate) if isinstance(candidate, Op | OneOf) else (pattern,):
+        if not _rooted(p):
+            raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {p!r}")
+        for op in roots(p):
+            _lint(op, root=True)
+    if isinstance(candidate, Op | OneOf):
+        candidate = _matches(candidate)
     kinds = _kinds(pattern)
     if "match" in kinds:
         raise PatternError(f"{name}: {_MATCH}")

@@ -636,6 +636,26 @@ def test_need_static_passes_a_python_number_and_checks_a_tensor(other: str) -> N
         assert len(plan(scaled(other=other), [picked]).plans) == 1
 
 
+def test_a_candidate_pattern_keeps_the_roots_it_matches_and_must_be_rooted_at_an_op() -> None:
+    # an outside author's add-after-a-relu rule reported every residual add (wrong-op): a looser
+    # pattern as candidate= keeps only adds that read a relu, whatever their other operand
+    g = GraphBuilder()
+    x, y, c = g.input("x", (2,)), g.input("y", (2,)), g.buffer("c", (2,))
+    r = g.call("aten.relu.default", name="r", self=x, out=(2,))
+    folded = g.call("aten.add.Tensor", name="a", self=c, other=r, out=(2,))
+    g.output(g.call("aten.add.Tensor", name="residual", self=folded, other=y, out=(2,)))
+    snap = g.build()
+    pattern = Op(ADD, name="add", commute=True, self=Op(RELU, name="relu"), other=Const("k"))
+    respell = lambda p, add, relu: p.replace(add, NodeRef(relu.name))  # noqa: E731
+    loose = rule("fold", pattern, plan=respell)
+    narrow = rule("fold", pattern, plan=respell, candidate=Op(ADD, commute=True, self=Op(RELU)))
+    assert [r.node for r in plan(snap, [loose]).rejections] == ["residual"]
+    report = plan(snap, [narrow])
+    assert [p.anchor for p in report.plans] == ["a"] and report.rejections == ()
+    with pytest.raises(PatternError, match="rooted at an Op"):
+        rule("fold", pattern, plan=respell, candidate=OneOf(Op(ADD), Var("v")))
+
+
 def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:
     fallback = rule("fb", RELU_X, plan=lambda p, r, x: p.replace(r, x))
     main = rule("main", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing, fallback=fallback)
