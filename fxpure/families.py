@@ -68,7 +68,7 @@ class Family:
         commutes = self.commutes if self.commutes == other.commutes else None
         return Family(
             f"{self.name}|{other.name}",
-            self.noun if self.noun == other.noun else f"{self.noun} or {other.noun}",
+            " or ".join(dict.fromkeys((*self.noun.split(" or "), *other.noun.split(" or ")))),
             {**self.schemas, **other.schemas},
             self.normalize if self.normalize is other.normalize else _both(self, other),
             commutes,

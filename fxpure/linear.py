@@ -12,26 +12,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import final
 
-from fxpure.families import ADDMM, LINEAR, MM, PERMUTE, TRANSPOSE, VIEW
+from fxpure.families import ADDMM, LINEAR, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var
 from fxpure.snapshot import NodeRef, TensorSpec
 
-WEIGHT_T = PERMUTE | TRANSPOSE
+# a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
+# dims, transpose(0, 1) in either order or with negative dims
+MATRIX_T = family("matrix_t", "a transpose", [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("numpy_T", "mT")])
+WEIGHT_T = PERMUTE | TRANSPOSE | MATRIX_T
+_SWAPS = ((0, 1), (1, 0), (-2, -1), (-1, -2), (0, -1), (-1, 0), (-2, 1), (1, -2))
 
 
 def _parts(
     name: str, input: Pattern | None, weight: Pattern | None, bias: Pattern | None, code: str, shared: str
-) -> tuple[Pattern, Pattern, Pattern, Op, Op]:
+) -> tuple[Pattern, Pattern, Pattern, OneOf, Op]:
     x = input if input is not None else Var("x")
     w = weight if weight is not None else Const("w")
     b = bias if bias is not None else Const("b", optional=True)
-    t = Op(WEIGHT_T, name=f"{name}_t", code=code, shared=shared, self=w, dims=Lit((1, 0)))
+    t = OneOf(
+        Op(WEIGHT_T, name=f"{name}_t", code=code, shared=shared, self=w, dims=Lit((1, 0), (-1, -2), (1, -2), (-1, 0))),
+        *(
+            Op(TRANSPOSE_DIMS, name=f"{name}_t", code=code, shared=shared, self=w, dim0=Lit(a), dim1=Lit(b))
+            for a, b in _SWAPS
+        ),
+    )
     flat = Op(VIEW, name=f"{name}_in", users=ANY, code=code, self=x)
     return x, w, b, t, flat
 
 
 def _products(
-    name: str, x: Pattern, b: Pattern, t: Op, users: Users, code: str, shared: str, user: Op | None = None
+    name: str, x: Pattern, b: Pattern, t: OneOf, users: Users, code: str, shared: str, user: Op | None = None
 ) -> tuple[Op, Op]:
     one = Lit(1, 1.0)
     addmm = Op(

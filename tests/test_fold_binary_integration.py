@@ -849,3 +849,32 @@ def test_true_division_in_every_spelling_and_a_reversed_subtraction_fold(form: s
     assert [r.reason.code for r in outcome.report.rejections] == ["arg-mismatch"]  # rounding_mode='floor'
     assert "rounding_mode" in outcome.report.rejections[0].reason.message
     assert_sound(program, x, eager(model, x))
+
+
+TRANSPOSES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "T": lambda w: w.T,
+    "mT": lambda w: w.mT,
+    "t": lambda w: w.t(),
+    "transpose": lambda w: w.transpose(0, 1),
+    "permute": lambda w: w.permute(-1, -2),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(TRANSPOSES))
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_hand_written_product_with_the_weight_transposed_in_any_spelling_folds(spelling: str, form: str) -> None:
+    # aten holds W.T as numpy_T, W.mT as mT, W.transpose(0, 1) as transpose.int: each was declined
+    class Product(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(6, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.mm(x, TRANSPOSES[spelling](self.w)) * 2.5
+
+    model, x = Product().eval(), (torch.randn(3, 8),)
+    program = programs.build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fold-binary"] and count(program, "mul") == 0
+    assert_sound(program, x, want)

@@ -246,10 +246,11 @@ def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool)
         else linear("q", input=x, weight=w, bias=b, code="C", shared="S", users=ANY)
     )
     ops = _ops(p)
-    assert len(ops) == 13  # every Op of the five spellings
+    assert len(ops) == 13 + 4 * 8  # every Op of the five spellings, the weight's transpose in nine
     assert {o.code for o in ops} == {"C"}
     assert {o.shared for o in ops if o.name != "q_in"} == {"S"}  # (the input reshape may be shared)
-    assert _leaves(p) == {x, w, b, Lit((1, 0)), Lit(1, 1.0)}
+    swaps = {Lit(d) for d in (0, 1, -1, -2)}
+    assert _leaves(p) == {x, w, b, Lit((1, 0), (-1, -2), (1, -2), (-1, 0)), Lit(1, 1.0), *swaps}
     for o in ops:
         if o.family == ADDMM:
             assert dict(o.args)["beta"] == dict(o.args)["alpha"] == Lit(1, 1.0)
@@ -297,3 +298,32 @@ def test_a_planner_replacing_a_dynamic_linear_leaves_no_size_computation_behind(
     after = plan(with_symbolic_sizes(size_read_elsewhere=read_elsewhere), [rule("one", linear_root(), plan=one_node)])
     assert len(after.plans) == 1 and {"lin_in", "lin", "lin_out"}.isdisjoint(after.after.index)
     assert ({"sym_size", "mul"} <= set(after.after.index)) is read_elsewhere
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "planned"),
+    [
+        ("aten.t.default", (), True),
+        ("aten.numpy_T.default", (), True),  # W.T
+        ("aten.mT.default", (), True),  # W.mT
+        ("aten.permute.default", ((1, 0),), True),
+        ("aten.permute.default", ((-1, -2),), True),
+        ("aten.permute.default", ((0, 1),), False),  # no transpose at all
+        ("aten.transpose.int", (0, 1), True),
+        ("aten.transpose.int", (-1, 0), True),
+        ("aten.transpose.int", (1, -1), False),  # the same dim twice: no transpose
+        ("aten.transpose.int", (0, 0), False),
+    ],
+)
+def test_a_weight_transposed_in_any_spelling_is_a_linear(target: str, args: tuple[object, ...], planned: bool) -> None:
+    # an outside author's mm(x, W.T) (aten.numpy_T), W.mT, W.transpose(0, 1) and permute(-1, -2)
+    # were declined wrong-op or arg-mismatch
+    g = GraphBuilder()
+    w = g.parameter("w", (6, 8))
+    t = g.node(target, (w, *args), name="t", out=(8, 6) if planned else (6, 8))  # type: ignore[arg-type]
+    g.output(g.call("aten.mm.default", name="lin", out=(2, 6), self=g.input("x", (2, 8)), mat2=t))
+    found = match(linear_root(), g.build(), g.build().node("lin"))
+    assert isinstance(found, Success) is planned
+    if planned:
+        lin = linear_of(found.unwrap())
+        assert lin.t is not None and lin.t.name == "t" and lin.weight == NodeRef("w")
