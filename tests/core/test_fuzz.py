@@ -248,7 +248,7 @@ def _bias(gen: _Gen, n: int) -> NodeRef | None:
 
 def _groups(gen: _Gen, cin: int) -> tuple[int, int]:
     """Groups (1, 2 or depthwise) and output channels that fit them."""
-    groups = gen.pick((1, 1, 2, cin))
+    groups = gen.pick((1, 1, 2, max(cin, 1)))  # (a rare graph's empty input has 0 channels)
     if cin % groups:
         groups = 1
     cout = cin * gen.pick((1, 2)) if groups == cin else gen.pick(CHANNELS)
