@@ -24,12 +24,12 @@ from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, Tenso
 
 import fxpure
 from adapters.snap import Captured, Program, capture_program, unreachable
-from adapters.torchnames import SOURCE_FNS, dtype_of, resolve_target
+from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
+from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list
-from fxpure.weights import sources
+from fxpure.weights import infer_spec, sources
 
 V = TypeVar("V")
 
@@ -647,83 +647,78 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
 
 
 def _dim_orders(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
-    """On an edge program, every plan with a new node that torch lays out in another dim order than
-    its first input of its rank, where that input is not contiguous (a ``slice_copy`` of a
-    channels-last tensor is contiguous): ExecuTorch takes dim orders from torch's fake values and
-    its kernels refuse such a node, so the ``.pte`` would fail at run time. With the reason."""
+    """On an edge program, every plan with a new node that reads a channels-last tensor and that
+    torch lays out otherwise (a ``slice_copy`` of it is contiguous): ExecuTorch takes dim orders
+    from torch's fake values, and its portable kernels refuse an op whose input and output dim
+    orders differ, so the ``.pte`` would fail at run time (unless a delegate takes the node, which
+    the program does not say). An op only a delegate runs (``et_vk``) is not checked. With the reason."""
     fakes = _Fakes.of(cap.gm)
     if cap.snap.dialect != "edge" or fakes.mode is None or not report.plans:
         return {}
     vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes}
-    if all(_contiguous(v) for v in vals.values() if isinstance(v, torch.Tensor) and v.dim() in (4, 5)):
-        return {}  # no tensor out of the default dim order
+    if not any(_channels_last(v) for v in vals.values()):
+        return {}
     out: dict[tuple[str, str], Reason] = {}
     for snap, stage in planned_on(report):
-        step = fxpure.rewrite(snap, stage)
+        for p in stage:
+            local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
+            for node in p.nodes:
+                env = {r: local[r] if r in local else vals.get(r) for r in _refs((*node.args, *node.kwargs.values()))}
+                local[node.name], why = _laid_out(fakes, node, snap.dialect, env)
+                if why is not None:
+                    out.setdefault((p.rule, p.anchor), Declined(code="dim-order-changes", node=p.anchor, detail=why))
+                    break
+        step = fxpure.rewrite(snap, stage)  # the next stage reads this one's new nodes by their names in it
         if not isinstance(step, Success):
             break
-        # a new node's provenance is traced to its root: the plan that made it, by its nodes' roots
-        made_by = {
-            snap.node(n.provenance).provenance or n.provenance: p
-            for p in stage
-            for n in p.nodes
-            if n.provenance is not None and n.provenance in snap.index
-        }
         for rec in step.unwrap().nodes:
-            if rec.name in snap.index:
-                continue
-            vals[rec.name], why = _laid_out(fakes, rec, snap.dialect, vals)
-            if why is not None:
-                for p in [made_by[rec.provenance]] if rec.provenance in made_by else stage:
-                    reason = Declined(code="dim-order-changes", node=p.anchor, detail=why)
-                    out.setdefault((p.rule, p.anchor), reason)
+            if rec.name not in snap.index:
+                new = {r: vals.get(r) for r in ref_list(rec)}
+                call = rec.op == "call_function"
+                vals[rec.name] = _laid_out(fakes, rec, snap.dialect, new)[0] if call else _spec_value(fakes, rec.spec)
     return out
 
 
-def _laid_out(fakes: _Fakes, rec: NodeSnapshot, dialect: str, vals: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """A new node's fake value, as torch lays it out where its first input of its rank is not
-    contiguous (else contiguous); and why ExecuTorch would refuse it, if it would."""
-    val = fakes.value(rec.spec) if isinstance(rec.spec, TensorSpec) else None
-    env = {r: vals.get(r) for r in ref_list(rec)}
+def _spec_value(fakes: _Fakes, spec: object) -> Any:
+    return fakes.value(spec) if isinstance(spec, TensorSpec) else None
+
+
+def _refs(args: tuple[Arg, ...]) -> list[str]:
+    return [r for a in args for r in ([a.name] if isinstance(a, NodeRef) else _refs(a) if isinstance(a, tuple) else [])]
+
+
+def _laid_out(
+    fakes: _Fakes, node: NewNode | NodeSnapshot, dialect: str, env: Mapping[str, Any]
+) -> tuple[Any, str | None]:
+    """A new call's fake value, as torch lays it out where its first input of its rank is channels
+    last (else contiguous); and why ExecuTorch would refuse it, if it would."""
+    val = _spec_value(fakes, node.spec)
     rank = val.dim() if isinstance(val, torch.Tensor) else None
     first = next((v for v in env.values() if isinstance(v, torch.Tensor) and v.dim() == rank), None)
-    if rec.op != "call_function" or first is None or _contiguous(first):
+    if not _channels_last(first) or node.target.split(".")[0] in OP_LIBRARIES:
         return val, None
-    ran = _fake_run(fakes, rec, dialect, env)
-    if not isinstance(ran, torch.Tensor) or _layout(ran) == _layout(first):
-        return (ran if ran is not None else val), None
-    why = f"{rec.name} would read {_layout(first)} and write {_layout(ran)}: ExecuTorch's kernels want one dim order"
-    return ran, why + " for an op's input and output"
-
-
-def _fake_run(fakes: _Fakes, rec: NodeSnapshot, dialect: str, env: Mapping[str, Any]) -> Any:
-    """``rec``'s output computed by its op on fake inputs, or None where it cannot be (an op with no
-    fake kernel, an input without a fake value)."""
     try:
-        target = resolve_target(rec.target, dialect)
-        args = _bind(tuple(_literal(a) for a in rec.args), env)
-        kwargs = _bind({k: _literal(v) for k, v in rec.kwargs.items()}, env)
+        op = resolve_target(node.target, dialect)
+        args = _bind(tuple(_literal(a) for a in node.args), env)
+        kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, env)
         with fakes.mode:
-            return target(*args, **kwargs)
-    except Exception:
-        return None
+            ran = op(*args, **kwargs)
+    except Exception:  # an op without a fake kernel, an input without a fake value: left unchecked
+        return val, None
+    if not isinstance(ran, torch.Tensor) or _channels_last(ran):
+        return (ran if isinstance(ran, torch.Tensor) else val), None
+    why = f"{node.name} would read a channels-last tensor and write one laid out otherwise (strides {ran.stride()}):"
+    return ran, why + " ExecuTorch's portable kernels want one dim order for an op's input and output"
 
 
-def _contiguous(v: torch.Tensor) -> bool:
+def _channels_last(v: object) -> bool:
+    """``v`` is a 4-D tensor laid out channels last, and not also contiguous (size-1 dims)."""
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        return False
     try:
-        return bool(v.is_contiguous())
+        return bool(v.is_contiguous(memory_format=torch.channels_last)) and not bool(v.is_contiguous())
     except Exception:  # a symbolic layout torch cannot decide: taken as contiguous
-        return True
-
-
-def _layout(v: torch.Tensor) -> str:
-    if _contiguous(v):
-        return "contiguous"
-    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(v.dim())
-    try:
-        return "channels last" if last is not None and v.is_contiguous(memory_format=last) else "strided"
-    except Exception:  # as in _contiguous
-        return "strided"
+        return False
 
 
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why

@@ -332,5 +332,5 @@ names (``torch.export``'s ``preserve_module_call_signature``), one whose plan wr
 program's own verifier refuses (``op-not-allowed``: an edge program takes Core ATen ops and the
 exceptions it was made with), or one whose new nodes would read a tensor on the other side of an
 in-place write to it than the nodes they replace did (``written-between``), or one with a new node
-an edge program's ExecuTorch kernels would refuse, its input not contiguous and its output laid out
-otherwise (``dim-order-changes``: a slice of a channels-last tensor)."""
+an edge program's portable ExecuTorch kernels would refuse, its input channels last and its output
+laid out otherwise (``dim-order-changes``: a slice of a channels-last tensor)."""

@@ -207,3 +207,15 @@ def test_a_relu_in_place_packs_with_its_conv_in_the_aten_program() -> None:
     assert dead_constants(ep) == []
     validate(ep)
     assert_exact(ep, original, report, x)
+
+
+def test_a_channels_last_input_still_packs() -> None:
+    # the q8ta ops run only in the Vulkan delegate: the dim-order check of the portable kernels does
+    # not apply to them (a review found every such conv declined dim-order-changes)
+    model, one = model_and_input("mobilenet")
+    x = (one[0].to(memory_format=torch.channels_last),)
+    ep = quantize(model, x).exported_program()
+    original = copy.deepcopy(ep)
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
+    assert len(report.plans) == 6 and "dim-order-changes" not in codes(report)
+    assert_exact(ep, original, report, x)

@@ -11,12 +11,16 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     get_symmetric_quantization_config,
 )
 from executorch.exir import to_edge
+from returns.result import Result, Success
 from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import adapters
 from adapters.passes import SplitGroupConvolutionPass
+from fxpure.plan import NewNode, RewritePlan
+from fxpure.reasons import Reason
 from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot
 from tests.models import SPLIT_MODELS, ResNeXtish, randomize_bn
 from tests.programs import assert_close, assert_sound, build, count, dead_constants, run, run_pte, validate
 
@@ -173,3 +177,42 @@ def test_a_grouped_conv_on_a_contiguous_input_of_an_edge_program_still_splits_an
     assert adapters.transform(manager.exported_program(), [split_group_conv()]).unwrap().changed
     assert grouped_convs(manager.exported_program()) == []
     assert_close(run_pte(manager.to_executorch().buffer, x), [model(*x)])
+
+
+class _Respell:
+    """A hand-written rule: relu(x) -> relu(x), sigmoid(x) -> sigmoid(slice_copy(x)), each new node
+    naming x as its provenance (both plans have one root)."""
+
+    name = "respell"
+
+    def anchors(self, snap: GraphSnapshot) -> list[NodeSnapshot]:
+        return [n for n in snap.nodes if n.target in ("aten.relu.default", "aten.sigmoid.default")]
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        x = node.args[0]
+        assert isinstance(x, NodeRef)
+        spec, root = node.spec, x.name
+        if node.target == "aten.relu.default":
+            nodes: tuple[NewNode, ...] = (NewNode(name="r", target=node.target, args=(x,), spec=spec, provenance=root),)
+        else:
+            whole = NewNode(name="s", target="aten.slice_copy.Tensor", args=(x, 1, 0, 8), spec=spec, provenance=root)
+            nodes = (whole, NewNode(name="g", target=node.target, args=(NodeRef("s"),), spec=spec, provenance=root))
+        moved = ((node.name, nodes[-1].name),)
+        plan = RewritePlan(rule=self.name, anchor=node.name, nodes=nodes, replace=moved, erase=(node.name,))
+        return Success(plan)
+
+
+def test_a_dim_order_change_declines_only_the_plan_whose_node_makes_it() -> None:
+    # found by a review: plans were told apart by their nodes' provenance, which two plans may share
+    class Both(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.sigmoid(x), torch.relu(x)
+
+    x = (torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last),)
+    manager = to_edge(torch.export.export(Both(), x))
+    outcome = adapters.transform(manager.exported_program(), [_Respell()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["aten_relu_default"]
+    assert [(r.node, r.reason.code) for r in outcome.report.rejections] == [
+        ("aten_sigmoid_default", "dim-order-changes")
+    ]
+    assert_close(run_pte(manager.to_executorch().buffer, x), [torch.sigmoid(x[0]), torch.relu(x[0])])
