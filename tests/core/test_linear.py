@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from returns.result import Failure, Success
 
-from fxpure.families import ADDMM, RELU
-from fxpure.linear import emit_linear, linear, linear_of, linear_root
-from fxpure.pattern import ANY, ONE, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match, rule
+from fxpure.families import ADDMM, PERMUTE, RELU, TRANSPOSE
+from fxpure.linear import MATRIX_T, emit_linear, linear, linear_of, linear_root
+from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match, rule
 from fxpure.plan import RewritePlan, plan
 from fxpure.reasons import Reason
 from fxpure.snapshot import GraphSnapshot, NodeRef
@@ -327,3 +327,57 @@ def test_a_weight_transposed_in_any_spelling_is_a_linear(target: str, args: tupl
     if planned:
         lin = linear_of(found.unwrap())
         assert lin.t is not None and lin.t.name == "t" and lin.weight == NodeRef("w")
+
+
+def test_the_sizes_an_erased_node_or_a_named_prune_read_go_each_on_its_own() -> None:
+    # the size the erased reshape after the product reads is its own sym_size here (not shared
+    # with the pruned one before it); and a node the planner names in prune= reads one too
+    g = GraphBuilder(dialect="edge")
+    w, x = g.parameter("w", (6, 8)), g.input("x", ("s0", 5, 8))
+    rows = g.node("_operator.mul", (g.node("aten.sym_size.int", (x, 0), name="n_in"), 5), name="rows")
+    flat = g.call("aten.view_copy.default", name="lin_in", out=("5*s0", 8), self=x, size=(rows, 8))
+    t = g.call("aten.permute_copy.default", name="lin_t", out=(8, 6), self=w, dims=(1, 0))
+    y = g.call("aten.mm.default", name="lin", out=("5*s0", 6), self=flat, mat2=t)
+    n_out = g.node("aten.sym_size.int", (x, 0), name="n_out")
+    g.output(g.call("aten.view_copy.default", name="lin_out", out=("s0", 5, 6), self=y, size=(n_out, 5, 6)))
+    snap = g.build()
+
+    def one_node(p: Planner, x: NodeRef) -> RewritePlan:
+        lin = linear_of(p.match)
+        new = p.call("aten.linear.default", name="lin_1", spec=lin.spec, input=x, weight=lin.weight)
+        return p.replace(lin.outer, new)
+
+    after = plan(snap, [rule("one", linear_root(), plan=one_node)]).after
+    assert {"n_in", "rows", "n_out"}.isdisjoint(after.index)
+
+    g = GraphBuilder(dialect="edge")
+    x = g.input("x", ("s0", 8))
+    v = g.call(
+        "aten.view_copy.default",
+        name="v",
+        out=("s0", 8),
+        self=x,
+        size=(g.node("aten.sym_size.int", (x, 0), name="n"), 8),
+    )
+    g.output(g.call("aten.relu.default", name="r", out=("s0", 8), self=v))
+
+    def around(p: Planner, r: Bound) -> RewritePlan:  # relu(x) instead of relu(view(x)): v is no part of the match
+        return p.replace(r, p.call("aten.relu.default", name="r2", spec=r.spec, self=NodeRef("x")), prune=["v"])
+
+    after = plan(g.build(), [rule("around", Op(RELU, name="r"), plan=around)]).after
+    assert {"v", "n"}.isdisjoint(after.index) and "r2" in after.index
+
+
+def test_a_union_of_families_names_each_noun_once() -> None:
+    assert (PERMUTE | TRANSPOSE | MATRIX_T).noun == "a permute or a transpose"
+    assert (TRANSPOSE | (PERMUTE | MATRIX_T)).noun == "a transpose or a permute"
+
+
+@pytest.mark.parametrize(("target", "args"), [("aten.transpose.int", (0, 1)), ("aten.permute.default", ((1, 0),))])
+def test_a_transposed_weight_the_graph_computes_is_declined_not_constant(target: str, args: tuple[object, ...]) -> None:
+    g = GraphBuilder()
+    t = g.node(target, (g.input("w", (6, 8)), *args), name="t", out=(8, 6))  # type: ignore[arg-type]
+    g.output(g.call("aten.mm.default", name="lin", out=(2, 6), self=g.input("x", (2, 8)), mat2=t))
+    snap = g.build()
+    found = match(linear_root(), snap, snap.node("lin"))
+    assert isinstance(found, Failure) and found.failure().code == "not-constant"
