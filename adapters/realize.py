@@ -28,7 +28,7 @@ from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_targ
 from adapters.weights import materialize
 from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
 from fxpure.weights import infer_spec, sources
 
 V = TypeVar("V")
@@ -659,32 +659,26 @@ def _dim_orders(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], R
     if not any(_channels_last(v) for v in vals.values()):
         return {}
     out: dict[tuple[str, str], Reason] = {}
+    before: GraphSnapshot | None = None
     for snap, stage in planned_on(report):
+        if before is not None:  # the earlier stage's new nodes, by their names in this snapshot
+            for rec in snap.nodes:
+                if rec.name not in before.index:  # (a new constant reads nothing: its value is contiguous)
+                    vals[rec.name] = _laid_out(fakes, rec, snap.dialect, {r: vals.get(r) for r in ref_list(rec)})[0]
         for p in stage:
             local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
             for node in p.nodes:
-                env = {r: local[r] if r in local else vals.get(r) for r in _refs((*node.args, *node.kwargs.values()))}
+                env = {r: local[r] if r in local else vals.get(r) for r in refs((*node.args, *node.kwargs.values()))}
                 local[node.name], why = _laid_out(fakes, node, snap.dialect, env)
                 if why is not None:
                     out.setdefault((p.rule, p.anchor), Declined(code="dim-order-changes", node=p.anchor, detail=why))
                     break
-        step = fxpure.rewrite(snap, stage)  # the next stage reads this one's new nodes by their names in it
-        if not isinstance(step, Success):
-            break
-        for rec in step.unwrap().nodes:
-            if rec.name not in snap.index:
-                new = {r: vals.get(r) for r in ref_list(rec)}
-                call = rec.op == "call_function"
-                vals[rec.name] = _laid_out(fakes, rec, snap.dialect, new)[0] if call else _spec_value(fakes, rec.spec)
+        before = snap
     return out
 
 
 def _spec_value(fakes: _Fakes, spec: object) -> Any:
     return fakes.value(spec) if isinstance(spec, TensorSpec) else None
-
-
-def _refs(args: tuple[Arg, ...]) -> list[str]:
-    return [r for a in args for r in ([a.name] if isinstance(a, NodeRef) else _refs(a) if isinstance(a, tuple) else [])]
 
 
 def _laid_out(
