@@ -114,20 +114,23 @@ def test_an_edge_program_made_to_allow_the_op_takes_it() -> None:
     assert_sound(program, x, want)
 
 
+class Scaled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2.0 + 1.0
+
+
+# relu(x) * 2 -> relu(x): the mul's uses move to the relu, which stays
+DROP = rule(
+    "drop-double",
+    Op(MUL, name="m", self=Op(RELU, name="r"), other=Var("k")),
+    plan=lambda p, m, r: p.replace(m, NodeRef(r.name)),
+)
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_a_plan_that_drops_an_op_for_another_matched_node_applies(form: str) -> None:
-    # relu(x) * 2 -> relu(x): the mul's uses move to the relu, which stays
-    class Scaled(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(x) * 2.0 + 1.0
-
-    drop = rule(
-        "drop-double",
-        Op(MUL, name="m", self=Op(RELU, name="r"), other=Var("k")),
-        plan=lambda p, m, r: p.replace(m, NodeRef(r.name)),
-    )
     program = build(Scaled(), X, form)
-    outcome = adapters.transform(program, [drop])
+    outcome = adapters.transform(program, [DROP])
     assert outcome.unwrap().changed and count(program, "mul") == 0 and count(program, "relu") == 1
     assert_sound(program, X, [torch.relu(X[0]) + 1.0])
 
@@ -147,23 +150,13 @@ def test_apply_declines_an_op_the_edge_programs_verifier_refuses_as_transform_do
 def test_a_later_rule_naming_its_node_as_a_node_an_earlier_rule_erased_applies(form: str) -> None:
     # found by an outside author: the commit matches the first snapshot's nodes and the last's by
     # name, so a reused name was taken for the node it replaced (apply-failed, two valid rules)
-    class Scaled(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(x) * 2.0 + 1.0
-
-    drop = rule(
-        "drop-double",
-        Op(MUL, name="m", self=Op(RELU, name="r"), other=Var("k")),
-        plan=lambda p, m, r: p.replace(m, NodeRef(r.name)),
-    )
-
     def _again(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
         return p.replace(r, p.call("aten.relu.default", name="mul", spec=r.node.spec, self=x))
 
     respell = rule("respell-relu", Op(RELU, name="r", self=Var("x")), plan=_again)
     program = build(Scaled(), X, form)
     mul = next(n.name for n in program.graph.nodes if "mul" in str(n.target))
-    outcome = adapters.transform(program, [drop, respell])
+    outcome = adapters.transform(program, [DROP, respell])
     assert outcome.unwrap().changed and count(program, "mul") == 0 and count(program, "relu") == 1
     assert mul in outcome.unwrap().report.after.reserved
     assert_sound(program, X, [torch.relu(X[0]) + 1.0])
