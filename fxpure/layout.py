@@ -111,8 +111,8 @@ def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool
     return Declined(code=CODE, node=name, detail=detail, path=path)
 
 
-# ops that pass no strides on (a size), besides FRESH
-_SIZES = frozenset({"aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"})
+# ops that read a tensor's sizes or strides, not its values: they pass no strides on (besides FRESH)
+SIZE_QUERIES = frozenset({"aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"})
 
 # what _exposed found on the last snapshot asked about, by the readers it looked for (the rules ask
 # about each candidate of one snapshot in turn); weakly held, as a rule's cache
@@ -147,7 +147,7 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
                 todo.append(name)
     while todo:
         m = snap.node(todo.pop())
-        if m.target in FRESH or m.target in _SIZES or m.op != "call_function":
+        if m.target in FRESH or m.target in SIZE_QUERIES or m.op != "call_function":
             continue
         for p in ref_list(m):
             if p not in out:

@@ -48,6 +48,7 @@ from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure.families import DEQUANTIZE, RELU, RELU_, SCHEMAS, Family
+from fxpure.layout import SIZE_QUERIES
 from fxpure.plan import (
     RUNS_EXHAUSTED,
     NewConstant,
@@ -1022,11 +1023,9 @@ _NO_SIZES: Mapping[str, OutputShared] = MappingProxyType({})
 # ops that read only a value's sizes: such a reader of a matched inner node is no reason to keep it
 SIZE_READERS = frozenset({"aten.sym_size.int", "aten.sym_numel.default"})
 # ops that compute a size (an int of a dynamic program): pure, so dropped once nothing reads them
-_SIZE_OPS = (
-    SIZE_READERS
-    | {"aten.sym_stride.int"}
-    | {f"_operator.{op}" for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow")}
-)
+_SIZE_OPS = SIZE_QUERIES | {
+    f"_operator.{op}" for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow")
+}
 _QD = "quantized_decomposed"
 _PER_TENSOR = frozenset(
     f"{_QD}.{op}_per_tensor.{overload}" for op in ("quantize", "dequantize") for overload in ("default", "tensor")
