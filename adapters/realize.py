@@ -28,7 +28,18 @@ from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_targ
 from adapters.weights import materialize
 from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
+from fxpure.snapshot import (
+    Arg,
+    ConstantInfo,
+    DTypeArg,
+    GraphSnapshot,
+    NodeRef,
+    NodeSnapshot,
+    Opaque,
+    TensorSpec,
+    ref_list,
+    refs,
+)
 from fxpure.weights import infer_spec, sources
 
 V = TypeVar("V")
@@ -383,9 +394,9 @@ _INPUT_KINDS: Mapping[str, InputKind] = {
 }
 
 
-def _input_spec(name: str, kind: str) -> InputSpec:
-    persistent = True if kind == "buffer" else None
-    return InputSpec(_INPUT_KINDS[kind], TensorArgument(name=name), name, persistent=persistent)
+def _input_spec(name: str, info: ConstantInfo) -> InputSpec:
+    persistent = True if info.kind == "buffer" else None
+    return InputSpec(_INPUT_KINDS[info.kind], TensorArgument(name=name), info.key, persistent=persistent)
 
 
 def _commit_ep(
@@ -393,7 +404,7 @@ def _commit_ep(
 ) -> None:
     sig = ep.graph_signature
     specs = [
-        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name].kind)
+        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name])
         for n in cap.gm.graph.find_nodes(op="placeholder")
     ]
     live = {s.target for s in specs}
@@ -402,7 +413,8 @@ def _commit_ep(
             c.del_item(ep.state_dict, old_spec.target)
             c.del_item(ep.constants, old_spec.target)
     for name, t in new.items():
-        c.set_item(ep.constants if after.constants[name].kind == "constant" else ep.state_dict, name, t)
+        info = after.constants[name]
+        c.set_item(ep.constants if info.kind == "constant" else ep.state_dict, info.key, t)
     result = cap.gm.graph.output_node().args[0]
     values = list(result) if isinstance(result, (list, tuple)) else [result]
     # outputs that are None or Python constants have no node: their specs stay as they are

@@ -205,8 +205,8 @@ _EMPTY: PMap[str, Arg] = pmap()
 
 def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset[str]:
     """Names a new constant must not take: every state-dict / constant key and attribute of the
-    module, with each dotted prefix (a submodule's name)."""
-    keys = [*ep.state_dict, *ep.constants] if ep is not None else []
+    module, every module the program calls, with each dotted prefix (a submodule's name)."""
+    keys = [*ep.state_dict, *ep.constants, *(e.fqn for e in ep.module_call_graph)] if ep is not None else []
     keys += [k for k, _ in gm.named_parameters(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_buffers(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_modules(remove_duplicate=False)]

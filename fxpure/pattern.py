@@ -1078,7 +1078,8 @@ class Planner:
         return self.match.snap.dialect
 
     def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind = "parameter") -> NodeRef:
-        """A derived constant (computed by the adapter, once, if it survives)."""
+        """A derived constant (computed by the adapter, once, if it survives), keyed under the
+        module of the constants it reads (``NewConstant``)."""
         self._constants.append(NewConstant(name=name, expr=expr, kind=kind))
         return NodeRef(name)
 

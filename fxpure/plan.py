@@ -40,6 +40,7 @@ from fxpure.weights import (
     Unary,
     WeightExpr,
     infer_spec,
+    sources,
     work_dtype,
 )
 
@@ -47,7 +48,11 @@ from fxpure.weights import (
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewConstant:
-    """A derived constant the plan adds, as an unmaterialised expression."""
+    """A derived constant the plan adds, as an unmaterialised expression.
+
+    ``name`` is its node's (made unique when taken). In an exported program its state-dict key is
+    that name under the module the constants it reads share (``layer1.conv2d_bn_weight``); in a
+    GraphModule it is an attribute of the root module."""
 
     name: str
     expr: WeightExpr
@@ -460,9 +465,12 @@ class _Batch:
                 local[c.name] = self.by_expr[c.expr]
                 continue
             name = local[c.name] = self.by_expr[c.expr] = _fresh(c.name, self.used)
+            # in an exported program's state dict, the constant goes under the module of what it reads
+            module = _module(snap, c.expr) if snap.lifted else ""
+            key = _fresh(module + name, self.used) if module else name
             # a get_attr graph holds parameters and plain tensors (buffers), no lifted constants
             kind = c.kind if snap.lifted or c.kind == "parameter" else "buffer"
-            self.infos[name] = ConstantInfo(kind=kind, key=name, spec=spec.unwrap(), source=c.expr)
+            self.infos[name] = ConstantInfo(kind=kind, key=key, spec=spec.unwrap(), source=c.expr)
             op = "placeholder" if snap.lifted else "get_attr"
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
         for n in p.nodes:
@@ -512,6 +520,31 @@ class _Batch:
         self.erase.update(p.erase)
         self.prune.update(p.prune)
         return None
+
+
+def _module(snap: GraphSnapshot, expr: WeightExpr) -> str:
+    """The module path, with a trailing dot, that the keys of the constants ``expr`` reads share
+    ("" for the root): a constant derived from ``layer1.conv.weight`` and ``layer1.bn.*`` goes
+    under ``layer1.``, one derived from ``fc.weight`` alone under ``fc.``.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> w, b = g.parameter("w", (2,), key="block.conv.weight"), g.parameter("b", (2,), key="block.bn.bias")
+    >>> snap = g.build()
+    >>> s = TensorSpec(shape=(2,), dtype="float32")
+    >>> both = Binary(op="add", a=Source(key="w", spec=s), b=Source(key="b", spec=s))
+    >>> _module(snap, both), _module(snap, Source(key="w", spec=s))
+    ('block.', 'block.conv.')
+    """
+    common: list[str] | None = None
+    for k in sources(expr):
+        if k in snap.constants:
+            path = snap.constants[k].key.split(".")[:-1]
+            shared = 0
+            while common is not None and shared < min(len(common), len(path)) and common[shared] == path[shared]:
+                shared += 1
+            common = path if common is None else common[:shared]
+    return "".join(f"{part}." for part in common or ())
 
 
 def _reads(p: RewritePlan) -> dict[str, None]:

@@ -316,8 +316,8 @@ def test_half_precision_folds_in_float32_and_declines_promotion(dtype: torch.dty
     # bit for bit the float32 product rounded once (0.3 as float32, not rounded to the half dtype)
     assert by_number.c.bias is not None
     w, b = by_number.c.weight.detach().float(), by_number.c.bias.detach().float()
-    assert torch.equal(program.state_dict["conv2d_mul_weight"], (w * torch.tensor(0.3)).to(dtype))
-    assert torch.equal(program.state_dict["conv2d_mul_bias"], (b * torch.tensor(0.3)).to(dtype))
+    assert torch.equal(program.state_dict["c.conv2d_mul_weight"], (w * torch.tensor(0.3)).to(dtype))
+    assert torch.equal(program.state_dict["c.conv2d_mul_bias"], (b * torch.tensor(0.3)).to(dtype))
     # a shift of two roundings: b - 0.7 s, in float32 and cast once (in the half dtype it differs)
     with torch.random.fork_rng():  # fixed values: the half-dtype shift is checked to differ on them
         torch.manual_seed(1)

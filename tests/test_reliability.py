@@ -14,7 +14,7 @@ from torch import nn
 import adapters
 import adapters.snap
 import fxpure
-from fxpure.rules import RULES, fold_binary, fuse_conv_bn, split_group_conv
+from fxpure.rules import RULES, fold_binary, fuse_conv_bn, linear_to_conv2d, split_group_conv
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, run
@@ -57,6 +57,41 @@ def test_new_constants_never_take_an_existing_key(form: str) -> None:
         targets = [s.target for s in program.graph_signature.input_specs if s.target is not None]
         assert len(targets) == len(set(targets))
         assert torch.equal(program.state_dict["conv2d_bn_weight"], model.conv2d_bn_weight)
+
+
+class InBlock(nn.Module):
+    """conv, BN and a linear inside ``blocks.0``, beside a module called as the fused weight would be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 6)
+        self.conv2d_bn_weight = nn.ReLU()  # a module the program calls: no key is taken under its name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(self.conv2d_bn_weight(self.bn(self.conv(x))).mean((2, 3)))
+        return out
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_derived_constant_is_keyed_under_the_module_it_comes_from(form: str) -> None:
+    model, x = nn.Sequential(nn.Sequential(InBlock())).eval(), (torch.randn(2, 3, 8, 8),)
+    randomize_bn(model)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = build(model, x, form)
+    assert isinstance(program, torch.export.ExportedProgram)
+    before = set(program.state_dict)
+    assert len(adapters.transform(program, [fuse_conv_bn(), linear_to_conv2d()]).unwrap().report.plans) == 2
+    assert_sound(program, x, want)
+    new = sorted(set(program.state_dict) - before)
+    # the fold reads the conv's and the BN's constants (their common module), the 1x1 weight the fc's
+    assert [k.rsplit(".", 1)[0] for k in new] == ["0.0", "0.0", "0.0.fc"], new
+    assert "0.0.conv2d_bn_weight" not in new
+    if form == "aten":  # unflattened, each module holds its own: the ReLU is still a module
+        unflat = torch.export.unflatten(program)
+        assert_close([unflat(*x)], want)
+        assert isinstance(unflat.get_submodule("0.0.conv2d_bn_weight"), torch.nn.Module)
+        assert any(p.ndim == 4 for p in unflat.get_submodule("0.0.fc").parameters(recurse=False))
 
 
 class Overflow(nn.Module):

@@ -14,7 +14,7 @@ from fxpure import NodeRef, NodeSnapshot, plan, rewrite, verify
 from fxpure.rules import fuse_conv_bn
 from fxpure.serial import to_data
 from fxpure.testing import GraphBuilder
-from fxpure.weights import Source, fold_batch_norm, subexpressions
+from fxpure.weights import Binary, Source, WeightExpr, fold_batch_norm, subexpressions
 from tests.core.build import BN_TARGETS, CONV_TARGETS, conv_bn, spec
 
 
@@ -159,6 +159,44 @@ def test_new_names_never_collide() -> None:
     taken = fxpure.snapshot(nodes, {**g.constants})
     after = plan(taken, [fuse_conv_bn()]).after
     assert "conv_bn_weight_1" in after.constants
+
+
+def test_a_derived_constant_is_keyed_under_the_module_of_what_it_reads() -> None:
+    # conv_bn's constants are all of module "m": an exported program's state dict keeps the fused
+    # weight there (torch.export.unflatten puts it on that module), its node keeps its plain name
+    after = plan(conv_bn(), [fuse_conv_bn()]).after
+    assert after.constants["conv_bn_weight"].key == "m.conv_bn_weight"
+    assert after.constants["conv_bn_bias"].key == "m.conv_bn_bias"
+    # a key the program already uses is not taken
+    taken = plan(fxpure.snapshot(conv_bn().nodes, conv_bn().constants, reserved=["m.conv_bn_weight"]), [fuse_conv_bn()])
+    assert taken.after.constants["conv_bn_weight"].key == "m.conv_bn_weight_1"
+    # a get_attr graph's new constants are attributes of the root module
+    flat = plan(conv_bn(lifted=False), [fuse_conv_bn()]).after
+    assert flat.constants["conv_bn_weight"].key == "conv_bn_weight"
+    # constants of two modules: their common parent; of modules with no common parent: the root
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    for n, k in (("a", "net.l1.a"), ("b", "net.l2.block.b"), ("c", "head.c")):
+        g.parameter(n, (2,), key=k)
+    g.output(g.call("aten.mul.Tensor", name="y", self=x, other=NodeRef("a"), out=(2,)))
+    snap = g.build()
+
+    def key_of(expr: WeightExpr) -> str:
+        new = fxpure.NewNode(name="y2", target="aten.mul.Tensor", args=(x, NodeRef("w")), spec=spec(2))
+        p = fxpure.RewritePlan(
+            rule="t",
+            anchor="y",
+            constants=(fxpure.NewConstant(name="w", expr=expr),),
+            nodes=(new,),
+            replace=(("y", "y2"),),
+            erase=("y",),
+        )
+        return rewrite(snap, [p]).unwrap().constants["w"].key
+
+    a_, b_, c_ = (Source(key=n, spec=spec(2)) for n in "abc")
+    assert key_of(Binary(op="add", a=a_, b=b_)) == "net.w"
+    assert key_of(Binary(op="add", a=a_, b=c_)) == "w"
+    assert key_of(Binary(op="mul", a=b_, b=b_)) == "net.l2.block.w"
 
 
 def test_plans_and_reasons_serialise_to_json() -> None:
