@@ -176,7 +176,7 @@ def test_a_derived_constant_is_keyed_under_the_module_of_what_it_reads() -> None
     # constants of two modules: their common parent; of modules with no common parent: the root
     g = GraphBuilder()
     x = g.input("x", (2,))
-    for n, k in (("a", "net.l1.a"), ("b", "net.l2.block.b"), ("c", "head.c")):
+    for n, k in (("a", "net.l1.a"), ("b", "net.l2.block.b"), ("c", "head.c"), ("d", "net.l2.d")):
         g.parameter(n, (2,), key=k)
     g.output(g.call("aten.mul.Tensor", name="y", self=x, other=NodeRef("a"), out=(2,)))
     snap = g.build()
@@ -193,10 +193,11 @@ def test_a_derived_constant_is_keyed_under_the_module_of_what_it_reads() -> None
         )
         return rewrite(snap, [p]).unwrap().constants["w"].key
 
-    a_, b_, c_ = (Source(key=n, spec=spec(2)) for n in "abc")
+    a_, b_, c_, d_ = (Source(key=n, spec=spec(2)) for n in "abcd")
     assert key_of(Binary(op="add", a=a_, b=b_)) == "net.w"
     assert key_of(Binary(op="add", a=a_, b=c_)) == "w"
     assert key_of(Binary(op="mul", a=b_, b=b_)) == "net.l2.block.w"
+    assert key_of(Binary(op="mul", a=b_, b=d_)) == "net.l2.w"
 
 
 def test_plans_and_reasons_serialise_to_json() -> None:
