@@ -23,7 +23,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.snap import Captured, Program, capture_program, unreachable
+from adapters.snap import Captured, Program, aliases, capture_program, unreachable
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
@@ -603,9 +603,12 @@ def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, s
 
 
 def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
-    """Every plan whose new nodes read a tensor at another point than the nodes it replaces did,
-    with an in-place write to that tensor in between (an aten program may hold ``x.mul_(2)``: a
-    conv fused at its batch norm's place would read the written ``x``), with the reason."""
+    """Every plan after which a read sees another write than before, with the reason: its new
+    nodes read a tensor at another point than the nodes it replaces did, with an in-place write to
+    that tensor in between (an aten program may hold ``x.mul_(2)``: a conv fused at its batch norm's
+    place would read the written ``x``); or the uses it moves go to another tensor that is written
+    while they read it, or that they write (``y = z.clone(); y.add_(1)`` with the clone dropped
+    would write ``z``)."""
     if not cap.writes or not report.plans:
         return {}
     out: dict[tuple[str, str], Reason] = {}
@@ -615,13 +618,57 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
             if node in snap.index:
                 at.setdefault(value, []).append((snap.index[node], node))
         for p in stage:
-            for name, start, stop in read_spans(snap, p):
-                hit = next((w for i, w in at.get(cap.views.get(name, name), ()) if start <= i < stop), None)
-                if hit is not None:
-                    detail = f"{hit} writes {name} in place between its reads by the matched nodes and the new ones"
-                    out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=detail)
-                    break
+            hits = [
+                (f"{w} writes {name} in place between its reads by the matched nodes and the new ones")
+                for name, start, stop in read_spans(snap, p)
+                for i, w in at.get(cap.views.get(name, name), ())
+                if start <= i < stop
+            ]
+            hits += _moved_writes(cap, snap, p, at)
+            if hits:
+                out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0])
     return out
+
+
+def _moved_writes(
+    cap: Captured, snap: GraphSnapshot, p: RewritePlan, at: Mapping[str, list[tuple[int, str]]]
+) -> list[str]:
+    """The writes that the uses ``p`` moves would see, or make, on another tensor than before: from
+    each replaced node to the last of its uses, a write to the tensor it was (a use writing it
+    would now write its replacement) or to the tensor replacing it (the uses would read it)."""
+    out = []
+    for old, new in p.replace:
+        was, now = cap.views.get(old, old), _tensor_of(cap, snap, p, new)
+        if now is None or now == was:  # a new tensor the moved uses alone read, or the same one
+            continue
+        start = snap.index[old]
+        stop = max((snap.index[u] for u in snap.users.get(old, ())), default=start)
+        out += [f"{w} writes {old} in place, which would write {new}" for i, w in at.get(was, ()) if start < i <= stop]
+        out += [
+            f"{w} writes {new} in place while {old}'s uses would read it"
+            for i, w in at.get(now, ())
+            if start < i <= stop
+        ]
+    return out
+
+
+def _tensor_of(cap: Captured, snap: GraphSnapshot, p: RewritePlan, name: str) -> str | None:
+    """The tensor whose storage ``name`` (a node of ``snap`` or of ``p``) holds: the node itself, or
+    the one it is a view of; None for a tensor ``p`` computes anew."""
+    made = {n.name: n for n in p.nodes}
+    while name in made:
+        node = made[name]
+        if node.target == "getitem":  # an element of a split: a view when the split is one
+            source = node.args[0] if node.args else None
+        else:
+            returns_alias, args = aliases(resolve_target(node.target, snap.dialect))
+            if not returns_alias:
+                return None
+            source = next((node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(a) for i, a, _ in args), None)
+        if not isinstance(source, NodeRef):
+            return None
+        name = source.name
+    return cap.views.get(name, name)
 
 
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:

@@ -221,12 +221,12 @@ def capture_program(program: Program) -> Captured:
         return _capture(program)
 
 
-# per target: whether it returns an alias of an argument, and its aliased arguments as (position,
-# or -1 if keyword-only; name; written in place)
 _ALIASES: dict[Any, tuple[bool, tuple[tuple[int, str, bool], ...]]] = {}
 
 
-def _aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
+def aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
+    """Whether ``target`` returns an alias of an argument, and its aliased arguments as (position,
+    or -1 if keyword-only; name; written in place), from its schema (none without one)."""
     try:
         return _ALIASES[target]
     except KeyError:
@@ -287,7 +287,7 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                 views[n.name] = views[x.name]
             continue
         try:
-            returns_alias, args = _aliases(n.target)
+            returns_alias, args = aliases(n.target)
         except TypeError:  # an unhashable target: no schema to read
             continue
         for i, name, write in args:

@@ -331,6 +331,7 @@ a control-flow branch, one whose plan would remove a node a preserved module cal
 names (``torch.export``'s ``preserve_module_call_signature``), one whose plan writes an op the
 program's own verifier refuses (``op-not-allowed``: an edge program takes Core ATen ops and the
 exceptions it was made with), or one whose new nodes would read a tensor on the other side of an
-in-place write to it than the nodes they replace did (``written-between``), or one with a new node
+in-place write to it than the nodes they replace did, or whose moved uses would read, or write, a
+tensor written in place while they use it (``written-between``), or one with a new node
 an edge program's portable ExecuTorch kernels would refuse, its input channels last and its output
 laid out otherwise (``dim-order-changes``: a slice of a channels-last tensor)."""

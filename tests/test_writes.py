@@ -12,10 +12,13 @@ from torch import nn
 
 import adapters
 import fxpure
-from fxpure.plan import Rule
+from fxpure.families import VIEW, family
+from fxpure.pattern import Bound, Op, Planner, Var, rule
+from fxpure.plan import RewritePlan, Rule
 from fxpure.rules import concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn
+from fxpure.snapshot import NodeRef
 from tests.models import randomize_bn
-from tests.programs import Program, assert_close, build, run
+from tests.programs import Program, assert_close, build, count, run
 
 
 class ConvBN(nn.Module):
@@ -227,3 +230,96 @@ def test_a_value_computed_from_constants_that_the_program_writes_is_no_constant(
     assert [(r.reason.code, r.reason.path) for r in outcome.report.rejections] == [("not-constant", "bin.other")]
     assert not outcome.changed
     assert_close(run(p, x), want)
+
+
+# A rule dropping a copy, written with the public kit as a backend author would (no guard of its
+# own), and one re-spelling a view of a copy as a view of the original: the uses they move go to a
+# tensor the program may write, or that the moved uses write.
+CLONE = family("clone", "a copy", ["aten.clone.default(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor"])
+
+
+def _drop(p: Planner, op: Bound, x: NodeRef) -> RewritePlan:
+    return p.replace(op, x)
+
+
+def _view_of_source(p: Planner, view: Bound, x: NodeRef) -> RewritePlan:
+    return p.replace(view, p.respell(view, name=f"{view.name}_of_source", self=x))
+
+
+DROP_CLONE = rule("drop-clone", Op(CLONE, name="op", self=Var("x")), plan=_drop)
+VIEW_SOURCE = rule(
+    "view-source", Op(VIEW, name="view", self=Op(CLONE, name="copy", self=Var("x"))), plan=_view_of_source
+)
+
+
+class CopyWritten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(x)
+        y = z.clone()
+        y.add_(1.0)  # writes the copy: dropped, it would write z
+        return z + y
+
+
+class CopyWrittenThroughAView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(x)
+        y = z.clone()
+        y[:, :1].mul_(3.0)
+        return z + y
+
+
+class SourceWritten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(x)
+        y = z.clone()
+        z.add_(1.0)  # the copy's use below still reads the value before
+        return y * 2.0 + z
+
+
+class ViewOfCopyWritten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(x)
+        y = z.clone().view(-1)
+        y.add_(1.0)  # a view of z instead, it would write z
+        return z.sum() + y
+
+
+class SourceWrittenAfter(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(x)
+        w = z.clone() * 2.0  # the copy's last use
+        z.add_(1.0)
+        return w + z
+
+
+MOVED = [
+    (CopyWritten, DROP_CLONE, "add_ writes clone in place, which would write relu"),
+    (CopyWrittenThroughAView, DROP_CLONE, "mul_ writes clone in place, which would write relu"),
+    (SourceWritten, DROP_CLONE, "add_ writes relu in place while clone's uses would read it"),
+    (ViewOfCopyWritten, VIEW_SOURCE, "add_ writes view in place, which would write view_of_source"),
+]
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize(("cls", "dropping", "why"), MOVED, ids=[c[0].__name__ for c in MOVED])
+def test_uses_moved_to_a_tensor_written_while_they_read_or_write_it_are_declined(
+    cls: type[nn.Module], dropping: Rule, why: str, form: str
+) -> None:
+    model, x = cls(), (torch.randn(2, 3),)
+    want = _runs(model, x)
+    program = build(model, tuple(t.clone() for t in x), form)
+    outcome = adapters.transform(program, [dropping]).unwrap()
+    assert not outcome.changed
+    (reason,) = [j.reason for j in outcome.report.rejections]
+    assert (reason.code, reason.message) == ("written-between", why)
+    assert_close(_runs(program, x), want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_uses_moved_to_a_tensor_written_after_them_are_no_reason(form: str) -> None:
+    model, x = SourceWrittenAfter(), (torch.randn(2, 3),)
+    want = _runs(model, x)
+    program = build(model, tuple(t.clone() for t in x), form)
+    assert [p.rule for p in adapters.transform(program, [DROP_CLONE]).unwrap().report.plans] == ["drop-clone"]
+    assert count(program, "clone") == 0
+    assert_close(_runs(program, x), want)
