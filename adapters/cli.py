@@ -270,7 +270,7 @@ def _random_inputs(program: Any) -> tuple[Any, ...]:
             out.append(size(val) if isinstance(val, torch.SymInt) else val)
             continue
         shape = [size(d) for d in val.shape]
-        if val.dtype.is_floating_point:
+        if val.dtype.is_floating_point or val.dtype.is_complex:
             out.append(torch.randn(shape, dtype=val.dtype))
         else:
             out.append(torch.randint(0, 2, shape, dtype=val.dtype))

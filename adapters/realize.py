@@ -23,7 +23,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.snap import Captured, Program, aliases, capture_program, unreachable
+from adapters.snap import Captured, Program, aliases, capture_program, storage, unreachable
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
@@ -408,10 +408,13 @@ def _commit_ep(
         for n in cap.gm.graph.find_nodes(op="placeholder")
     ]
     live = {s.target for s in specs}
-    for old_spec in cap.specs.values():
-        if old_spec.target is not None and old_spec.target not in live:
-            c.del_item(ep.state_dict, old_spec.target)
-            c.del_item(ep.constants, old_spec.target)
+    gone = [t for t in (s.target for s in cap.specs.values()) if t is not None and t not in live]
+    # a strict export keeps a tied weight's second key, which no spec names: it goes with the first
+    freed = {storage(d[t]) for t in gone for d in (ep.state_dict, ep.constants) if t in d}
+    gone += [k for k, t in ep.state_dict.items() if k not in live and k not in gone and storage(t) in freed]
+    for target in gone:
+        c.del_item(ep.state_dict, target)
+        c.del_item(ep.constants, target)
     for name, t in new.items():
         info = after.constants[name]
         c.set_item(ep.constants if info.kind == "constant" else ep.state_dict, info.key, t)

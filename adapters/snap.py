@@ -131,7 +131,8 @@ def _values(t: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(int(v) for v in t.reshape(-1).tolist()) if small and integral else None
 
 
-def _storage(t: torch.Tensor) -> str:
+def storage(t: torch.Tensor) -> str:
+    """What identifies ``t``'s storage: tensors sharing one alias each other."""
     if t.is_meta:  # no data, no address: each meta tensor is its own storage
         return f"meta-{id(t):x}"
     return f"{t.untyped_storage().data_ptr():x}"
@@ -342,7 +343,7 @@ def _capture(program: Program) -> Captured:
                 t, kind, key = found
                 spec = tensor_spec(t)
                 assert spec is not None
-                constants[name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=_storage(t), values=_values(t))
+                constants[name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=storage(t), values=_values(t))
                 tensors[name] = t
         kwargs = n.kwargs
         nodes.append(

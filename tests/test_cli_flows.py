@@ -146,6 +146,23 @@ def test_verify_calls_a_program_with_its_keyword_inputs(
     assert code == 0, capsys.readouterr().out
 
 
+class _Complex(_ConvBN):
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.bn(self.c(x)) + torch.view_as_real(z).sum()  # type: ignore[no-any-return]
+
+
+def test_verify_feeds_a_complex_input_complex_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`_random_inputs` drew `torch.randint` for every dtype that is not floating: on a complex input
+    it raised, and `--verify` ended 'FAILED' (exit 1) with nothing written, the rewrite correct."""
+    torch.manual_seed(0)
+    src = _save(_Complex(), tmp_path / "c.pt2", X, torch.randn(3, dtype=torch.complex64))
+    code = _main(monkeypatch, "apply", src, "-o", tmp_path / "out.pt2", "--verify")
+    assert code == 0, capsys.readouterr().out
+    assert (tmp_path / "out.pt2").exists()
+
+
 # --- tracebacks instead of one clean line -------------------------------------------------------
 
 

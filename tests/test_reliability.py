@@ -14,7 +14,7 @@ from torch import nn
 import adapters
 import adapters.snap
 import fxpure
-from fxpure.rules import RULES, fold_binary, fuse_conv_bn, linear_to_conv2d, split_group_conv
+from fxpure.rules import RULES, fold_binary, fuse_conv_bn, fuse_linear_bn, linear_to_conv2d, split_group_conv
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, run
@@ -92,6 +92,32 @@ def test_a_derived_constant_is_keyed_under_the_module_it_comes_from(form: str) -
         assert_close([unflat(*x)], want)
         assert isinstance(unflat.get_submodule("0.0.conv2d_bn_weight"), torch.nn.Module)
         assert any(p.ndim == 4 for p in unflat.get_submodule("0.0.fc").parameters(recurse=False))
+
+
+class TiedLinears(nn.Module):
+    """Two linears of one weight, each before a batch norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.bna, self.bnb = nn.Linear(8, 8), nn.Linear(8, 8), nn.BatchNorm1d(8), nn.BatchNorm1d(8)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bna(self.a(x)) + self.bnb(self.b(torch.relu(x)))
+        return out
+
+
+def test_a_tied_weights_second_key_goes_with_it_in_a_strict_export() -> None:
+    model, x = randomize_bn(TiedLinears()), (torch.randn(4, 8),)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = torch.export.export(model, x, strict=True)
+    named = {s.target for s in program.graph_signature.input_specs}
+    assert "b.weight" in program.state_dict and "b.weight" not in named  # strict export keeps it unnamed
+    assert len(adapters.transform(program, [fuse_linear_bn()]).unwrap().report.plans) == 2
+    assert_close(run(program, x), want)
+    # the fused weights replace the tied one: neither key stays behind (torch.export.save writes both)
+    assert "a.weight" not in program.state_dict and "b.weight" not in program.state_dict
 
 
 class Overflow(nn.Module):
