@@ -519,7 +519,20 @@ class _Batch:
             self.redirect[old] = local.get(new, new)
         self.erase.update(p.erase)
         self.prune.update(p.prune)
+        # a new node another plan of the stage leaves unread goes (unless it writes in place)
+        self.prune.update(m.name for m in made if not _in_place(m.target))
         return None
+
+
+def _in_place(target: str) -> bool:
+    """Whether ``target`` names an in-place op (``aten.add_.Tensor``): it matters unread.
+
+    >>> _in_place("aten.add_.Tensor"), _in_place("aten.add.Tensor"), _in_place("aten.__and__.Tensor")
+    (True, False, False)
+    """
+    parts = target.split(".")
+    op = parts[1] if len(parts) == 3 else target
+    return op.endswith("_") and not op.endswith("__")
 
 
 def _module(snap: GraphSnapshot, expr: WeightExpr) -> str:
