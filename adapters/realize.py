@@ -28,18 +28,7 @@ from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_targ
 from adapters.weights import materialize
 from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
 from fxpure.reasons import Declined, NonFinite, Reason
-from fxpure.snapshot import (
-    Arg,
-    ConstantInfo,
-    DTypeArg,
-    GraphSnapshot,
-    NodeRef,
-    NodeSnapshot,
-    Opaque,
-    TensorSpec,
-    ref_list,
-    refs,
-)
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
 from fxpure.weights import infer_spec, sources
 
 V = TypeVar("V")
@@ -394,9 +383,9 @@ _INPUT_KINDS: Mapping[str, InputKind] = {
 }
 
 
-def _input_spec(name: str, info: ConstantInfo) -> InputSpec:
-    persistent = True if info.kind == "buffer" else None
-    return InputSpec(_INPUT_KINDS[info.kind], TensorArgument(name=name), info.key, persistent=persistent)
+def _input_spec(name: str, kind: str, key: str) -> InputSpec:
+    persistent = True if kind == "buffer" else None
+    return InputSpec(_INPUT_KINDS[kind], TensorArgument(name=name), key, persistent=persistent)
 
 
 def _commit_ep(
@@ -404,7 +393,7 @@ def _commit_ep(
 ) -> None:
     sig = ep.graph_signature
     specs = [
-        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name])
+        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name].kind, after.constants[n.name].key)
         for n in cap.gm.graph.find_nodes(op="placeholder")
     ]
     live = {s.target for s in specs}
@@ -622,7 +611,7 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
                 at.setdefault(value, []).append((snap.index[node], node))
         for p in stage:
             hits = [
-                (f"{w} writes {name} in place between its reads by the matched nodes and the new ones")
+                f"{w} writes {name} in place between its reads by the matched nodes and the new ones"
                 for name, start, stop in read_spans(snap, p)
                 for i, w in at.get(cap.views.get(name, name), ())
                 if start <= i < stop
@@ -664,7 +653,10 @@ def _tensor_of(cap: Captured, snap: GraphSnapshot, p: RewritePlan, name: str) ->
         if node.target == "getitem":  # an element of a split: a view when the split is one
             source = node.args[0] if node.args else None
         else:
-            returns_alias, args = aliases(resolve_target(node.target, snap.dialect))
+            try:
+                returns_alias, args = aliases(resolve_target(node.target, snap.dialect))
+            except ValueError:  # an op torch does not have: the commit refuses the plan
+                return None
             if not returns_alias:
                 return None
             source = next((node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(a) for i, a, _ in args), None)
