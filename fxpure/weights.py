@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Literal, TypeAlias, final
 
@@ -497,17 +497,12 @@ def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
     True
     """
     out: list[WeightExpr] = []
-    for f in fields(expr):
-        value = getattr(expr, f.name)
+    for value in expr._key()[1:]:  # the fields' values, in order
         if isinstance(value, tuple):
-            out.extend(v for v in value if _is_expr(v))
-        elif _is_expr(value):
+            out.extend(v for v in value if isinstance(v, WeightExpr))
+        elif isinstance(value, WeightExpr):
             out.append(value)
     return tuple(out)
-
-
-def _is_expr(value: object) -> bool:
-    return isinstance(value, WeightExpr)
 
 
 def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
