@@ -550,9 +550,11 @@ def _module(snap: GraphSnapshot, expr: WeightExpr) -> str:
     ('block.', 'block.conv.')
     """
     common: list[str] | None = None
+    constants = snap.constants
     for k in sources(expr):
-        if k in snap.constants:
-            path = snap.constants[k].key.split(".")[:-1]
+        info = constants.get(k)
+        if info is not None:
+            path = info.key.split(".")[:-1]
             shared = 0
             while common is not None and shared < min(len(common), len(path)) and common[shared] == path[shared]:
                 shared += 1
