@@ -23,7 +23,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.snap import Captured, Program, aliases, capture_program, storage, unreachable
+from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, unreachable
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
 from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
@@ -392,8 +392,12 @@ def _commit_ep(
     c: _Commit, cap: Captured, ep: ExportedProgram, new: Mapping[str, torch.Tensor], after: GraphSnapshot
 ) -> None:
     sig = ep.graph_signature
+    # a new constant goes under the module of what it reads, unless that module's call signature is
+    # preserved (a module swapped in for it would not hold it): then at the root, by its node's name
+    preserved = tuple(f"{e.fqn}." for e in ep.module_call_graph if e.fqn and e.signature is not None)
+    keys = {k: k if after.constants[k].key.startswith(preserved) else after.constants[k].key for k in new}
     specs = [
-        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name].kind, after.constants[n.name].key)
+        cap.specs.get(n.name) or _input_spec(n.name, after.constants[n.name].kind, keys.get(n.name, n.name))
         for n in cap.gm.graph.find_nodes(op="placeholder")
     ]
     live = {s.target for s in specs}
@@ -405,8 +409,7 @@ def _commit_ep(
         c.del_item(ep.state_dict, target)
         c.del_item(ep.constants, target)
     for name, t in new.items():
-        info = after.constants[name]
-        c.set_item(ep.constants if info.kind == "constant" else ep.state_dict, info.key, t)
+        c.set_item(ep.constants if after.constants[name].kind == "constant" else ep.state_dict, keys[name], t)
     result = cap.gm.graph.output_node().args[0]
     values = list(result) if isinstance(result, (list, tuple)) else [result]
     # outputs that are None or Python constants have no node: their specs stay as they are
@@ -601,69 +604,118 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     place would read the written ``x``); or the uses it moves go to another tensor that is written
     while they read it, or that they write (``y = z.clone(); y.add_(1)`` with the clone dropped
     would write ``z``)."""
-    if not cap.writes or not report.plans:
-        return {}
     out: dict[tuple[str, str], Reason] = {}
     for snap, stage in planned_on(report):
-        at: dict[str, list[tuple[int, str]]] = {}  # a tensor -> (index, node) of each write to it
-        for node, value in cap.writes:
-            if node in snap.index:
-                at.setdefault(value, []).append((snap.index[node], node))
+        if not stage:
+            continue
+        al = _aliasing(cap, snap)
+        if not al.at:
+            continue
         for p in stage:
             hits = [
                 f"{w} writes {name} in place between its reads by the matched nodes and the new ones"
                 for name, start, stop in read_spans(snap, p)
-                for i, w in at.get(cap.views.get(name, name), ())
+                for i, w in al.at.get(al.root.get(name, name), ())
                 if start <= i < stop
             ]
-            hits += _moved_writes(cap, snap, p, at)
+            hits += _moved_writes(snap, p, al)
             if hits:
                 out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0])
     return out
 
 
-def _moved_writes(
-    cap: Captured, snap: GraphSnapshot, p: RewritePlan, at: Mapping[str, list[tuple[int, str]]]
-) -> list[str]:
+@final
+@dataclass(frozen=True, slots=True)
+class _Aliasing:
+    """A snapshot's views and in-place writes: those of the captured program, and those of the
+    nodes earlier stages added."""
+
+    root: dict[str, str]  # a view -> the tensor it views
+    copies: set[str]  # views that may be copies (``MAYBE_COPIES``), or of one
+    at: dict[str, list[tuple[int, str]]]  # a tensor -> (index, node) of each write to it
+    of: dict[str, list[str]]  # a tensor -> its views
+
+
+def _aliasing(cap: Captured, snap: GraphSnapshot) -> _Aliasing:
+    root, copies = dict(cap.views), set(cap.copies)
+    at: dict[str, list[tuple[int, str]]] = {}
+    for node, value in cap.writes:
+        if node in snap.index:
+            at.setdefault(value, []).append((snap.index[node], node))
+    for i, n in enumerate(snap.nodes):
+        if n.op != "call_function" or n.name in cap.snap.index:
+            continue
+        for x, write, view, copy in _effects(n, snap.dialect):
+            if write:
+                at.setdefault(root.get(x, x), []).append((i, n.name))
+            if view:
+                root[n.name] = root.get(x, x)
+                if copy or x in copies:
+                    copies.add(n.name)
+    of: dict[str, list[str]] = {}
+    for v, r in root.items():
+        of.setdefault(r, []).append(v)
+    return _Aliasing(root, copies, at, of)
+
+
+def _effects(node: NodeSnapshot | NewNode, dialect: str) -> list[tuple[str, bool, bool, bool]]:
+    """For each node a new node reads as an aliased argument: (its name, whether the node writes
+    it, whether the node's result is a view of it, whether that view may be a copy)."""
+    if node.target == "getitem":  # an element of a split: a view when the split is one
+        source = node.args[0] if node.args else None
+        return [(source.name, False, True, False)] if isinstance(source, NodeRef) else []
+    try:
+        target = resolve_target(node.target, dialect)
+    except ValueError:  # an op torch does not have: the commit refuses the plan
+        return []
+    returns_alias, args = aliases(target)
+    copy = may_copy(target)
+    out = []
+    for i, name, write in args:
+        value = node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(name)
+        for x in refs(value):
+            out.append((x, write, returns_alias, copy))
+    return out
+
+
+def _moved_writes(snap: GraphSnapshot, p: RewritePlan, al: _Aliasing) -> list[str]:
     """The writes that the uses ``p`` moves would see, or make, on another tensor than before: from
-    each replaced node to the last of its uses, a write to the tensor it was (a use writing it
-    would now write its replacement) or to the tensor replacing it (the uses would read it)."""
+    each replaced node to the last use of it or of a view of it, a write to the tensor it was (a
+    use writing it would now write its replacement) or to the tensor replacing it (the uses would
+    read it)."""
     out = []
     for old, new in p.replace:
-        was, now = cap.views.get(old, old), _tensor_of(cap, snap, p, new)
-        if now is None or now == was:  # a new tensor the moved uses alone read, or the same one
+        was = al.root.get(old, old)
+        now, copy = _tensor_of(snap, p, new, al)
+        if now is None or (now == was and not copy and old not in al.copies):  # a new tensor, or the same
             continue
         start = snap.index[old]
-        stop = max((snap.index[u] for u in snap.users.get(old, ())), default=start)
-        out += [f"{w} writes {old} in place, which would write {new}" for i, w in at.get(was, ()) if start < i <= stop]
+        readers = [old, *(v for v in al.of.get(was, ()) if snap.index.get(v, -1) > start)]
+        stop = max((snap.index[u] for r in readers for u in snap.users.get(r, ())), default=start)
+        out += [
+            f"{w} writes {old} in place, which would write {new}" for i, w in al.at.get(was, ()) if start < i <= stop
+        ]
         out += [
             f"{w} writes {new} in place while {old}'s uses would read it"
-            for i, w in at.get(now, ())
-            if start < i <= stop
+            for i, w in al.at.get(now, ())
+            if start < i <= stop and now != was
         ]
     return out
 
 
-def _tensor_of(cap: Captured, snap: GraphSnapshot, p: RewritePlan, name: str) -> str | None:
+def _tensor_of(snap: GraphSnapshot, p: RewritePlan, name: str, al: _Aliasing) -> tuple[str | None, bool]:
     """The tensor whose storage ``name`` (a node of ``snap`` or of ``p``) holds: the node itself, or
-    the one it is a view of; None for a tensor ``p`` computes anew."""
+    the one it is a view of, and whether one of the views between may be a copy; None for a tensor
+    ``p`` computes anew."""
     made = {n.name: n for n in p.nodes}
+    copy = False
     while name in made:
-        node = made[name]
-        if node.target == "getitem":  # an element of a split: a view when the split is one
-            source = node.args[0] if node.args else None
-        else:
-            try:
-                returns_alias, args = aliases(resolve_target(node.target, snap.dialect))
-            except ValueError:  # an op torch does not have: the commit refuses the plan
-                return None
-            if not returns_alias:
-                return None
-            source = next((node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(a) for i, a, _ in args), None)
-        if not isinstance(source, NodeRef):
-            return None
-        name = source.name
-    return cap.views.get(name, name)
+        views = [(x, c) for x, _, view, c in _effects(made[name], snap.dialect) if view]
+        if not views:
+            return None, False
+        name, c = views[0]
+        copy = copy or c
+    return al.root.get(name, name), copy or name in al.copies
 
 
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:

@@ -155,6 +155,7 @@ class Captured:
     # each in-place write in the graph, in order: (the node that writes, the tensor it writes)
     writes: tuple[tuple[str, str], ...] = ()
     views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
+    copies: frozenset[str] = frozenset()  # views that may be copies (``MAYBE_COPIES``), or of one
 
 
 def _pinned(ep: ExportedProgram | None) -> dict[str, str]:
@@ -257,6 +258,7 @@ class _Writes:
     written: set[str] = field(default_factory=set)
     events: list[tuple[str, str]] = field(default_factory=list)
     views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
+    copies: set[str] = field(default_factory=set)  # views that may be copies (MAYBE_COPIES), or of one
 
     def write(self, node: str, value: str) -> None:
         root = self.views.get(value, value)
@@ -299,7 +301,23 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         w.write(n.name, x.name)
                     if returns_alias:  # a view, or an in-place op's result: the tensor it was given
                         views[n.name] = views.get(x.name, x.name)
+                        if x.name in w.copies or may_copy(n.target):
+                            w.copies.add(n.name)
     return w
+
+
+# ops whose schema returns an alias of their input that return a copy when the input's strides (or
+# dtype) call for one: ``x.t().contiguous()`` is a new tensor, ``x.contiguous()`` is ``x``
+MAYBE_COPIES = frozenset(
+    f"aten::{op}"
+    for op in ("reshape", "reshape_as", "contiguous", "flatten", "ravel", "to", "resolve_conj", "resolve_neg")
+)
+
+
+def may_copy(target: Any) -> bool:
+    """Whether ``target``'s result, which its schema says aliases its input, may be a copy."""
+    schema = getattr(target, "_schema", None)
+    return isinstance(schema, torch.FunctionSchema) and schema.name in MAYBE_COPIES
 
 
 def _branches_write(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
@@ -371,7 +389,19 @@ def _capture(program: Program) -> Captured:
         least_sizes=_least_sizes(ep, gm, symbolic) if symbolic else None,
         written=written,
     )
-    return Captured(program, gm, snap, tensors, specs, calls, branches, _pinned(ep), tuple(writes.events), writes.views)
+    return Captured(
+        program,
+        gm,
+        snap,
+        tensors,
+        specs,
+        calls,
+        branches,
+        _pinned(ep),
+        tuple(writes.events),
+        writes.views,
+        frozenset(writes.copies),
+    )
 
 
 # modules whose calls (in a symbolic_trace GraphModule) stand for an ATen op a rule may anchor on

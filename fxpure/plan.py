@@ -51,8 +51,9 @@ class NewConstant:
     """A derived constant the plan adds, as an unmaterialised expression.
 
     ``name`` is its node's (made unique when taken). In an exported program its state-dict key is
-    that name under the module the constants it reads share (``layer1.conv2d_bn_weight``); in a
-    GraphModule it is an attribute of the root module."""
+    that name under the module the constants it reads share (``layer1.conv2d_bn_weight``), of
+    those the snapshot still holds (an earlier stage's derived weight reads constants it removed:
+    then at the root); in a GraphModule it is an attribute of the root module."""
 
     name: str
     expr: WeightExpr
@@ -519,20 +520,10 @@ class _Batch:
             self.redirect[old] = local.get(new, new)
         self.erase.update(p.erase)
         self.prune.update(p.prune)
-        # a new node another plan of the stage leaves unread goes (unless it writes in place)
-        self.prune.update(m.name for m in made if not _in_place(m.target))
+        # a new node that stands for a replaced one goes if another plan of the stage leaves it
+        # unread (a node the plan adds for another purpose, an assert say, stays)
+        self.prune.update(local[new] for _, new in p.replace if new in local)
         return None
-
-
-def _in_place(target: str) -> bool:
-    """Whether ``target`` names an in-place op (``aten.add_.Tensor``): it matters unread.
-
-    >>> _in_place("aten.add_.Tensor"), _in_place("aten.add.Tensor"), _in_place("aten.__and__.Tensor")
-    (True, False, False)
-    """
-    parts = target.split(".")
-    op = parts[1] if len(parts) == 3 else target
-    return op.endswith("_") and not op.endswith("__")
 
 
 def _module(snap: GraphSnapshot, expr: WeightExpr) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 from collections.abc import Callable
@@ -92,6 +93,39 @@ def test_a_derived_constant_is_keyed_under_the_module_it_comes_from(form: str) -
         assert_close([unflat(*x)], want)
         assert isinstance(unflat.get_submodule("0.0.conv2d_bn_weight"), torch.nn.Module)
         assert any(p.ndim == 4 for p in unflat.get_submodule("0.0.fc").parameters(recurse=False))
+
+
+class Sub(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class ReadsSubsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sub = Sub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self.sub(x), self.sub.lin.weight)  # the root reads sub's weight too
+
+
+def test_a_new_weight_stays_out_of_a_module_whose_call_signature_is_preserved() -> None:
+    # the root's linear reads sub's weight: its 1x1 weight, keyed under ``sub.lin.``, would be missing
+    # once ``sub`` is swapped for a module, what preserving its signature is for
+    model, x = ReadsSubsWeight().eval(), (torch.randn(3, 4),)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = torch.export.export(copy.deepcopy(model), x, preserve_module_call_signature=("sub",))
+    plans = adapters.transform(program, [linear_to_conv2d()]).unwrap().report.plans
+    assert [p.anchor for p in plans] == ["linear_1"]  # the root's; sub's is declined preserved-signature
+    unflat = torch.export.unflatten(program)
+    unflat.set_submodule("sub", copy.deepcopy(model.sub))
+    assert_close([unflat(*x)], want)
+    assert not any(k.startswith("sub.") and k not in model.state_dict() for k in program.state_dict)
 
 
 class TiedLinears(nn.Module):

@@ -12,7 +12,7 @@ from torch import nn
 
 import adapters
 import fxpure
-from fxpure.families import VIEW, family
+from fxpure.families import RELU, RELU_, VIEW, family
 from fxpure.pattern import Bound, Op, Planner, Var, rule
 from fxpure.plan import RewritePlan, Rule
 from fxpure.rules import concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn
@@ -246,7 +246,21 @@ def _view_of_source(p: Planner, view: Bound, x: NodeRef) -> RewritePlan:
     return p.replace(view, p.respell(view, name=f"{view.name}_of_source", self=x))
 
 
+CONTIGUOUS = family(
+    "contiguous",
+    "a contiguous copy",
+    ["aten.contiguous.default(Tensor self, *, MemoryFormat memory_format=contiguous_format) -> Tensor"],
+)
 DROP_CLONE = rule("drop-clone", Op(CLONE, name="op", self=Var("x")), plan=_drop)
+DROP_CONTIGUOUS = rule("drop-contiguous", Op(CONTIGUOUS, name="op", self=Var("x")), plan=_drop)
+# relu of a copy read by nothing else, run in place on the copy: valid alone
+RELU_IN_PLACE = rule(
+    "relu-in-place",
+    Op(RELU, name="relu", self=Op(CLONE, name="c", self=Var("z"))),
+    plan=lambda p, relu, c, z: p.replace(
+        relu, p.call(RELU_.schemas["aten.relu_.default"], name=f"{relu.name}_ip", spec=relu.spec, self=NodeRef(c.name))
+    ),
+)
 VIEW_SOURCE = rule(
     "view-source", Op(VIEW, name="view", self=Op(CLONE, name="copy", self=Var("x"))), plan=_view_of_source
 )
@@ -284,6 +298,33 @@ class ViewOfCopyWritten(nn.Module):
         return z.sum() + y
 
 
+class ViewOfCopyWrittenAfterItsLastUse(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.clone().view(-1)  # the view is the copy's one use; the write comes after it
+        v.add_(1.0)
+        return v * 2.0
+
+
+class SourceWrittenWhileAViewOfTheCopyIsRead(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = torch.relu(x)
+        v = z.clone().view(-1)
+        z.add_(1.0)
+        return v * 2.0, z
+
+
+class ContiguousCopyWritten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = x.t().contiguous()  # a copy: x.t() is not contiguous
+        c.add_(1.0)
+        return c * 2.0
+
+
+class CopyAnEarlierRuleWrites(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x.clone()) * 2.0, x * 1.0
+
+
 class SourceWrittenAfter(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = torch.relu(x)
@@ -297,6 +338,9 @@ MOVED = [
     (CopyWrittenThroughAView, DROP_CLONE, "mul_ writes clone in place, which would write relu"),
     (SourceWritten, DROP_CLONE, "add_ writes relu in place while clone's uses would read it"),
     (ViewOfCopyWritten, VIEW_SOURCE, "add_ writes view in place, which would write view_of_source"),
+    (ViewOfCopyWrittenAfterItsLastUse, DROP_CLONE, "add_ writes clone in place, which would write x"),
+    (SourceWrittenWhileAViewOfTheCopyIsRead, DROP_CLONE, "add_ writes relu in place while clone's uses would read it"),
+    (ContiguousCopyWritten, DROP_CONTIGUOUS, "add_ writes contiguous in place, which would write t"),
 ]
 
 
@@ -312,6 +356,18 @@ def test_uses_moved_to_a_tensor_written_while_they_read_or_write_it_are_declined
     assert not outcome.changed
     (reason,) = [j.reason for j in outcome.report.rejections]
     assert (reason.code, reason.message) == ("written-between", why)
+    assert_close(_runs(program, x), want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_write_by_a_node_an_earlier_rule_added_counts(form: str) -> None:
+    model, x = CopyAnEarlierRuleWrites(), (torch.tensor([[-1.0, 2.0, -3.0]]),)
+    want = _runs(model, x)
+    program = build(model, tuple(t.clone() for t in x), form)
+    outcome = adapters.transform(program, [RELU_IN_PLACE, DROP_CLONE]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["relu-in-place"]
+    (reason,) = [j.reason for j in outcome.report.rejections]
+    assert (reason.code, reason.message) == ("written-between", "relu_ip writes clone in place, which would write x")
     assert_close(_runs(program, x), want)
 
 
