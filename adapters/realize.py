@@ -401,10 +401,10 @@ def _commit_ep(
         for n in cap.gm.graph.find_nodes(op="placeholder")
     ]
     live = {s.target for s in specs}
-    gone = [t for t in (s.target for s in cap.specs.values()) if t is not None and t not in live]
+    gone = {t: None for t in (s.target for s in cap.specs.values()) if t is not None and t not in live}
     # a strict export keeps a tied weight's second key, which no spec names: it goes with the first
     freed = {storage(d[t]) for t in gone for d in (ep.state_dict, ep.constants) if t in d}
-    gone += [k for k, t in ep.state_dict.items() if k not in live and k not in gone and storage(t) in freed]
+    gone |= {k: None for k, t in ep.state_dict.items() if k not in live and k not in gone and storage(t) in freed}
     for target in gone:
         c.del_item(ep.state_dict, target)
         c.del_item(ep.constants, target)
@@ -604,6 +604,9 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     place would read the written ``x``); or the uses it moves go to another tensor that is written
     while they read it, or that they write (``y = z.clone(); y.add_(1)`` with the clone dropped
     would write ``z``)."""
+    dialect = cap.snap.dialect
+    if not cap.writes and not any(w for p in report.plans for n in p.nodes for _, w, _, _ in _effects(n, dialect)):
+        return {}  # nothing is written in place: no stage need be made again
     out: dict[tuple[str, str], Reason] = {}
     for snap, stage in planned_on(report):
         if not stage:
@@ -658,18 +661,24 @@ def _aliasing(cap: Captured, snap: GraphSnapshot) -> _Aliasing:
     return _Aliasing(root, copies, at, of)
 
 
+# (canonical target, dialect) -> whether it returns an alias, its aliased arguments, whether it may copy
+_ALIASING: dict[tuple[str, str], tuple[bool, tuple[tuple[int, str, bool], ...], bool]] = {}
+
+
 def _effects(node: NodeSnapshot | NewNode, dialect: str) -> list[tuple[str, bool, bool, bool]]:
     """For each node a new node reads as an aliased argument: (its name, whether the node writes
     it, whether the node's result is a view of it, whether that view may be a copy)."""
     if node.target == "getitem":  # an element of a split: a view when the split is one
         source = node.args[0] if node.args else None
         return [(source.name, False, True, False)] if isinstance(source, NodeRef) else []
-    try:
-        target = resolve_target(node.target, dialect)
-    except ValueError:  # an op torch does not have: the commit refuses the plan
-        return []
-    returns_alias, args = aliases(target)
-    copy = may_copy(target)
+    known = _ALIASING.get((node.target, dialect))
+    if known is None:
+        try:
+            target = resolve_target(node.target, dialect)
+        except ValueError:  # an op torch does not have: the commit refuses the plan
+            return []
+        known = _ALIASING[(node.target, dialect)] = (*aliases(target), may_copy(target))
+    returns_alias, args, copy = known
     out = []
     for i, name, write in args:
         value = node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(name)
