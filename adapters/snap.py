@@ -406,7 +406,7 @@ def _capture(program: Program) -> Captured:
 
 # modules whose calls (in a symbolic_trace GraphModule) stand for an ATen op a rule may anchor on
 _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
-    (torch.nn.ConvTranspose1d, "aten.conv_transpose1d.input"),
+    (torch.nn.ConvTranspose1d, "aten.conv_transpose1d.default"),
     (torch.nn.ConvTranspose2d, "aten.conv_transpose2d.input"),
     (torch.nn.ConvTranspose3d, "aten.conv_transpose3d.input"),
     (torch.nn.Conv1d, "aten.conv1d.default"),

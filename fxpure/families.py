@@ -183,8 +183,7 @@ CONV = family(
         *(parse_schema(f"aten.conv{r}d.padding({_CONV_PAD.format(r=r)}", fixed=_REGULAR) for r in (1, 2, 3)),
         *(
             parse_schema(f"aten.conv_transpose{r}d.{ov}({_CONV_T.format(r=r)}", fixed={"transposed": True})
-            for r in (1, 2, 3)
-            for ov in ("default", "input")
+            for r, ov in ((1, "default"), (2, "input"), (3, "input"))  # torch's overload names
         ),
         "aten.convolution.default(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,"
         " SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
@@ -196,15 +195,20 @@ CONV = family(
 (unless a string), dilation and output_padding; ``transposed``; ``rank`` (spatial dims)."""
 
 _BN = "Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training"
+_BN_STATS = "Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training"
 BATCH_NORM = family(
     "batch_norm",
     "a batch norm",
     [
         parse_schema(f"aten.batch_norm.default({_BN}, float momentum, float eps, bool cudnn_enabled) -> Tensor"),
         f"aten.native_batch_norm.default({_BN}, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
-        f"aten._native_batch_norm_legit.default({_BN}, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
-        f"aten._native_batch_norm_legit_functional.default({_BN}, float momentum, float eps)"
-        " -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        *(
+            f"aten.{op}.default({_BN_STATS}, float momentum, float eps) -> ({out})"
+            for op, out in (
+                ("_native_batch_norm_legit", "Tensor, Tensor, Tensor"),
+                ("_native_batch_norm_legit_functional", "Tensor, Tensor, Tensor, Tensor, Tensor"),
+            )
+        ),
         parse_schema(
             "aten._native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training,"
             " float momentum, float eps) -> (Tensor, Tensor, Tensor)",
@@ -284,6 +288,45 @@ UNARY = family(
     [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("sqrt", "rsqrt", "neg", "reciprocal")],
 )
 GETITEM = family("getitem", "a tuple projection", ["getitem(Any self, int index) -> Any"])
+SIGMOID = family("sigmoid", "a sigmoid", ["aten.sigmoid.default(Tensor self) -> Tensor"])
+# ops that may return their input unchanged; every spelling names its tensor ``self`` (a dropout's
+# ``input`` too), so that ``DROPOUT | CLONE | CAST`` reads it by one name
+DROPOUT = family(
+    "dropout",
+    "a dropout",
+    [parse_schema("aten.dropout.default(Tensor input, float p, bool train) -> Tensor", rename={"input": "self"})],
+)
+CLONE = family(
+    "clone",
+    "a clone",
+    [
+        "aten.clone.default(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor",
+        "dim_order_ops._clone_dim_order.default(Tensor self, *, bool non_blocking=False, int[]? dim_order=None)"
+        " -> Tensor",
+    ],
+)
+_COPY = "ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None"
+CAST = family(
+    "cast",
+    "a cast",
+    [
+        "aten.to.dtype(Tensor self, ScalarType dtype, bool non_blocking=False, bool copy=False,"
+        " MemoryFormat? memory_format=None) -> Tensor",
+        f"aten._to_copy.default(Tensor self, *, {_COPY}, bool non_blocking=False, MemoryFormat? memory_format=None)"
+        " -> Tensor",
+        f"dim_order_ops._to_dim_order_copy.default(Tensor self, *, {_COPY}, bool non_blocking=False,"
+        " int[]? dim_order=None) -> Tensor",
+    ],
+)
+"""A copy to another dtype (or layout, device, memory format, dim order): ``dtype`` None keeps it."""
+EXPAND = family(
+    "expand",
+    "an expand",
+    [
+        f"aten.{op}.default(Tensor self, SymInt[] size, *, bool implicit=False) -> Tensor"
+        for op in ("expand", "expand_copy")
+    ],
+)
 
 _BINARY = "(Tensor self, {other} other{alpha}) -> Tensor"
 MUL = family(
@@ -410,6 +453,11 @@ STANDARD: tuple[Family, ...] = (
     RELU,
     UNARY,
     GETITEM,
+    SIGMOID,
+    DROPOUT,
+    CLONE,
+    CAST,
+    EXPAND,
     MUL,
     DIV,
     ADD,

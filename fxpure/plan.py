@@ -477,8 +477,11 @@ class _Batch:
         for n in p.nodes:
             local[n.name] = _fresh(n.name, self.used)
         sources = [old for old, _ in p.replace] or [p.anchor]
-        if not all(s in snap.index for s in sources + list(p.erase) + list(p.prune)):
-            return PlanConflict(node=p.anchor, detail="plan names a node the graph does not have")
+        missing = next((s for s in (*sources, *p.erase, *p.prune) if s not in snap.index), None)
+        if missing is not None:
+            detail = f"plan names {missing}, a node the graph does not have"
+            # the usual cause: the plans of a rule that runs again, each made on the last run's result
+            return PlanConflict(node=p.anchor, detail=f"{detail} (a later stage's plan? see RewriteReport.stages)")
         for name in (*p.erase, *p.prune):  # the program's signature is no plan's to change
             op = snap.nodes[snap.index[name]].op
             if op == "output" or (op == "placeholder" and name not in snap.constants):

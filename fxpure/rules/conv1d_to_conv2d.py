@@ -42,7 +42,6 @@ CONV2D: Mapping[str, str] = {
     "aten.conv1d.default": "aten.conv2d.default",
     "aten.conv1d.padding": "aten.conv2d.padding",
     "aten.conv_transpose1d.default": "aten.conv_transpose2d.input",
-    "aten.conv_transpose1d.input": "aten.conv_transpose2d.input",
     "aten.convolution.default": "aten.convolution.default",
 }
 EDGE_CONV = "aten.convolution.default"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Literal, TypeAlias
 
-from fxpure.families import ADD, ADD_, ADDMM, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW, family
+from fxpure.families import ADD, ADD_, ADDMM, CAST, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW
 from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
@@ -63,17 +63,7 @@ PRODUCER = OneOf(
 )
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
-TO_COPY = family(
-    "to-copy",
-    "a dtype copy",
-    [
-        "dim_order_ops._to_dim_order_copy.default(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, "
-        "Device? device=None, bool? pin_memory=None, bool non_blocking=False, int[]? dim_order=None) -> Tensor",
-        "aten._to_copy.default(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
-        "bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor",
-    ],
-)
-OPERAND = OneOf(Const("c"), Scalar("c"), Op(TO_COPY, name="copy", self=Const("c")))
+OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
 ALPHA = Scalar("alpha")
 TRUE = Lit(None)  # a division's rounding mode: none (floor or trunc division is no scale)
 

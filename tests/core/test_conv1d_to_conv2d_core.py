@@ -19,7 +19,7 @@ from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Slice, Source, Unsqueeze
 
 RULE = conv1d_to_conv2d()
-TRANSPOSED = ("aten.conv_transpose1d.default", "aten.conv_transpose1d.input")
+TRANSPOSED = ("aten.conv_transpose1d.default",)
 
 
 def conv1d(
@@ -105,7 +105,7 @@ SPELLINGS: list[tuple[dict[str, Any], str, dict[str, Arg]]] = [
         {"stride": (1, 2), "padding": (0, 1), "output_padding": (0, 1), "groups": 2, "dilation": (1, 1)},
     ),
     (
-        {"target": "aten.conv_transpose1d.input", "dilation": 2},
+        {"target": "aten.conv_transpose1d.default", "dilation": 2},
         "aten.conv_transpose2d.input",
         {"stride": (1, 2), "padding": (0, 1), "output_padding": (0, 0), "groups": 1, "dilation": (1, 2)},
     ),

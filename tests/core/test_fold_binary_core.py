@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from returns.result import Failure
 
 import fxpure
-from fxpure import NodeRef, plan, verify
+from fxpure import NodeRef, plan, rewrite, verify
 from fxpure.plan import MAX_RUNS
 from fxpure.reasons import GENERIC_CODES, Declined
 from fxpure.rules.fold_binary import fold_binary
@@ -498,6 +499,10 @@ def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
     once = plan(g.build(), [replace(RULE, repeat=False)])  # a rule without repeat runs once
     assert [p.anchor for p in once.plans] == ["mul"] and once.rejections == ()  # the add reads the mul
     assert plan(once.after, [RULE]).after == both.after
+    # the second run's plan reads the first's new conv: applied flat to the first snapshot, it says so
+    flat = rewrite(g.build(), both.plans)
+    assert isinstance(flat, Failure) and flat.failure().node == "add"
+    assert flat.failure().detail.endswith("does not have (a later stage's plan? see RewriteReport.stages)")
     env = {
         "w": values_for((OC, IC, 3, 3), 0.5, 0.01),
         "b": values_for((OC,), 0.6, 0.01),

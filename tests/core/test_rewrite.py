@@ -324,13 +324,10 @@ def test_two_plans_taking_one_node_conflict() -> None:
 
 def test_a_plan_that_does_not_fit_the_graph_conflicts_with_the_reason() -> None:
     ghost = RewritePlan(rule="r", anchor="a", erase=("ghost",))
-    assert rewrite(chain(), [ghost]) == Failure(
-        PlanConflict(node="a", detail="plan names a node the graph does not have")
-    )
+    hint = "a node the graph does not have (a later stage's plan? see RewriteReport.stages)"
+    assert rewrite(chain(), [ghost]) == Failure(PlanConflict(node="a", detail=f"plan names ghost, {hint}"))
     moved = RewritePlan(rule="r", anchor="a", nodes=(new("n", NodeRef("x")),), replace=(("ghost", "n"),))
-    assert rewrite(chain(), [moved]) == Failure(
-        PlanConflict(node="a", detail="plan names a node the graph does not have")
-    )
+    assert rewrite(chain(), [moved]) == Failure(PlanConflict(node="a", detail=f"plan names ghost, {hint}"))
     bad = NewConstant(name="k", expr=Reshape(x=Source(key="w", spec=spec(2)), shape=(3,)))
     assert rewrite(chain(), [_reading((bad,))]) == Failure(
         PlanConflict(node="a", detail="constant k: cannot reshape (2,) to (3,)")
