@@ -166,14 +166,66 @@ class Progress:
             print(f"... {message}", file=sys.stderr, flush=True)
 
 
-def _rules(spec: str) -> list[str]:
+def _rules(spec: str) -> list[tuple[str, Any]]:
+    """The rules ``--rules`` names, each with its name: a shipped rule's name, or your own as
+    ``module:attribute`` or ``path/to/file.py:attribute`` (a rule, or a function that makes one)."""
     from fxpure.rules import RULES
 
-    names = [r.strip() for r in spec.split(",") if r.strip()]
-    unknown = [r for r in names if r not in RULES]
-    if unknown or not names:
-        raise BadInput(f"unknown rule {unknown[0] if unknown else spec!r} (available: {', '.join(RULES)})")
-    return names
+    entries = [r.strip() for r in spec.split(",") if r.strip()]
+    if not entries:
+        raise BadInput(f"no rule in --rules {spec!r} (available: {', '.join(RULES)}, or module:attribute)")
+    out = []
+    for entry in entries:
+        if ":" in entry:
+            rule = _own_rule(entry)
+            out.append((str(rule.name), rule))
+        elif entry in RULES:
+            out.append((entry, RULES[entry]()))
+        else:
+            raise BadInput(f"unknown rule {entry!r} (available: {', '.join(RULES)}, or module:attribute)")
+    return out
+
+
+def _own_rule(entry: str) -> Any:
+    """A rule of the user's own: ``module:attribute`` or ``file.py:attribute``."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    where, _, attr = entry.rpartition(":")
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if not path.is_file() or spec is None or spec.loader is None:
+                raise BadInput(f"--rules {entry}: no file {where}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except BadInput:
+        raise
+    except Exception as e:  # the user's module does not import: say so in one line
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise BadInput(f"--rules {entry}: cannot import {where} ({type(e).__name__}: {first})") from e
+    found = getattr(module, attr, None)
+    if found is None:
+        raise BadInput(f"--rules {entry}: {where} has no attribute {attr}")
+    rule, why = found, ""
+    if not _is_rule(found) and callable(found):
+        try:
+            rule = found()
+        except Exception as e:  # not a maker of rules after all: say what calling it did
+            rule, why = None, f": calling it raised {type(e).__name__}"
+    if not _is_rule(rule):
+        raise BadInput(f"--rules {entry}: {attr} is not a rule (name, anchors, plan_at) nor makes one{why}")
+    return rule
+
+
+def _is_rule(obj: Any) -> bool:
+    return isinstance(getattr(obj, "name", None), str) and all(
+        callable(getattr(obj, a, None)) for a in ("anchors", "plan_at")
+    )
 
 
 # float rewrites; quantized-conv is asked for by name (it applies to PT2E-quantized programs only)
@@ -313,17 +365,6 @@ def _save(writes: Sequence[tuple[str, Callable[[str], object]]]) -> None:
         raise
 
 
-def _default_tolerance(program: Any) -> float:
-    """1e-4, or eight steps of the least precise floating dtype the program computes in (float16
-    and bfloat16 round much coarser than that, and so does an output cast to float32 from them)."""
-    import torch
-
-    values = [n.meta.get("val") for n in program.graph.nodes]
-    dtypes = {v.dtype for v in values if isinstance(v, torch.Tensor)}
-    steps = [torch.finfo(d).eps for d in dtypes if d.is_floating_point]
-    return max([1e-4, *(8 * e for e in steps)])
-
-
 def _outputs(program: Any, flat: tuple[Any, ...]) -> list[Any]:
     """Every value a run of ``program`` returns (through dicts and nested tuples), on a copy of
     ``flat`` (user inputs in order: a program may write into an input) put back in the call's own
@@ -398,9 +439,9 @@ def explain(args: argparse.Namespace) -> int:
 
     from adapters.realize import transform
     from adapters.report import node_meta, table, to_json
-    from fxpure.rules import RULES
 
-    names, progress = _rules(args.rules), Progress()
+    names, rules = [n for n, _ in args.loaded], [r for _, r in args.loaded]
+    progress = Progress()
     progress(f"loading {args.model}")
     program = _load(args.model)
     if args.edge:
@@ -411,13 +452,13 @@ def explain(args: argparse.Namespace) -> int:
             first = (str(e).strip().splitlines() or [""])[0]
             raise BadInput(f"{args.model}: to_edge cannot lower this program ({type(e).__name__}: {first})") from e
     progress("planning")
-    result = transform(program, [RULES[n]() for n in names], dry_run=True)
+    result = transform(program, rules, dry_run=True)
     if isinstance(result, Failure):
         print(f"fxpure: error: {result.failure()}", file=sys.stderr)
         return EXIT_BAD_INPUT
     report = result.unwrap().report
     if args.node is not None:
-        return _explain_node(report, [RULES[n]() for n in names], args.node, args.json)
+        return _explain_node(report, rules, args.node, args.json)
     if args.json:
         print(
             _json(
@@ -475,17 +516,17 @@ def apply_cmd(args: argparse.Namespace) -> int:
     from adapters.realize import transform
     from adapters.report import node_meta, to_json
     from adapters.snap import capture_program
-    from adapters.validate import check_plans
-    from fxpure.rules import RULES
+    from adapters.validate import check_plans, default_tolerance
 
-    names, progress = _rules(args.rules), Progress()
+    names, rules = [n for n, _ in args.loaded], [r for _, r in args.loaded]
+    progress = Progress()
     progress(f"loading {args.model}")
     program = _load(args.model)
     original = copy.deepcopy(program) if args.verify else None
     before = capture_program(program) if args.verify else None
     metas = node_meta(program.graph_module)
     progress("planning and applying")
-    result = transform(program, [RULES[n]() for n in names])
+    result = transform(program, rules)
     if isinstance(result, Failure):
         print(f"fxpure: error: {result.failure()} (program unchanged, nothing written)", file=sys.stderr)
         return EXIT_REWRITE_FAILED
@@ -495,7 +536,7 @@ def apply_cmd(args: argparse.Namespace) -> int:
     if original is not None and before is not None:
         progress("verifying each plan, then the whole program, on random inputs")
         if args.tolerance is None:
-            args.tolerance = _default_tolerance(original)
+            args.tolerance = default_tolerance(original)
         checks = check_plans(before, outcome.report, tolerance=args.tolerance)
         doc["plan_checks"] = [
             {"rule": c.rule, "anchor": c.anchor, "ok": c.ok, "max_rel": c.max_rel, "note": c.note} for c in checks
@@ -596,7 +637,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("demo", help="run every rule on an embedded CNN, lower to .pte and run it")
     from fxpure.rules import RULES
 
-    rules_help = f"comma-separated rule names from {', '.join(RULES)} (default: {DEFAULT_RULES})"
+    rules_help = (
+        f"comma-separated rule names from {', '.join(RULES)} (default: {DEFAULT_RULES}), or your own as"
+        " module:attribute or file.py:attribute (a rule, or a function that makes one)"
+    )
     ex = sub.add_parser("explain", help="show what each rule would rewrite or decline, and why")
     ex.add_argument("model", help="a .pt2 file saved with torch.export.save")
     ex.add_argument("--rules", default=DEFAULT_RULES, help=rules_help)
@@ -619,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command != "demo":  # bad input is answered before torch is even imported
-            _rules(args.rules)
+            args.loaded = _rules(args.rules)
             _check_path(args.model)
             if args.command == "apply":
                 _check_writable(args.model, args.output, args.pte)

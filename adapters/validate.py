@@ -238,11 +238,23 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float,
     return PlanCheck(rule=p.rule, anchor=p.anchor, ok=worst <= tolerance, max_rel=worst, note=note)
 
 
+def default_tolerance(program: Program) -> float:
+    """1e-4, or eight steps of the least precise floating dtype the program computes in (float16
+    and bfloat16 round much coarser than that, and so does an output cast to float32 from them)."""
+    values = [n.meta.get("val") for n in program.graph.nodes]
+    dtypes = {v.dtype for v in values if isinstance(v, torch.Tensor)}
+    steps = [torch.finfo(d).eps for d in dtypes if d.is_floating_point]
+    return max([1e-4, *(8 * e for e in steps)])
+
+
 def check_plans(
-    program: Program | Captured, report: RewriteReport, *, tolerance: float = 1e-4, seed: int = 0
+    program: Program | Captured, report: RewriteReport, *, tolerance: float | None = None, seed: int = 0
 ) -> list[PlanCheck]:
-    """Check each plan of ``report`` (made on ``program`` before it was changed) on its own."""
+    """Check each plan of ``report`` (made on ``program`` before it was changed) on its own, within
+    ``tolerance`` (relative; by default :func:`default_tolerance` of the program)."""
     cap = program if isinstance(program, Captured) else capture_program(program)
+    if tolerance is None:
+        tolerance = default_tolerance(cap.program)
     out: list[PlanCheck] = []
     for i, (current, stage) in enumerate(planned_on(report)):
         out.extend(_check(cap, current, p, tolerance, seed + 2 * i) for p in stage)

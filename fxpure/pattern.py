@@ -90,7 +90,7 @@ from fxpure.snapshot import (
     ref_list,
     refs,
 )
-from fxpure.weights import EXPR_NODE, WeightExpr, infer_spec, out_channels
+from fxpure.weights import EXPR_NODE, Source, WeightExpr, infer_spec, int_values, out_channels
 
 ONE: Literal["one"] = "one"
 ANY: Literal["any"] = "any"
@@ -174,8 +174,9 @@ class OneOf:
 class Op:
     """A node of ``family`` whose arguments (by schema name) match sub-patterns; a plain value is
     ``Lit(value)``. An inner node must be read by its parent only (``users=ONE``) unless
-    ``users=ANY``; ``user=`` matches the node's one consumer; ``out=i`` reads a tuple-output op
-    through ``getitem(·, i)`` (all its users must: checked after its arguments); ``commute=True`` tries the family's two
+    ``users=ANY`` (and then not written in place: its parent would read the write); ``user=``
+    matches the node's one consumer; ``out=i`` reads a tuple-output op through ``getitem(·, i)``
+    (all its users must: checked after its arguments); ``commute=True`` tries the family's two
     commuting arguments both ways. ``code``/``shared``/``out_code`` name the three reasons.
     ``transparent=True``: reasons about its operands name the node and argument that read it
     (a dequantized weight that is not a constant is "weight of conv", not "input of dq")."""
@@ -402,11 +403,13 @@ class Match:
         return None
 
     def values(self, name: str) -> tuple[int, ...] | None:
-        """The data of a bound constant when it is a small integer vector (zero points, say)."""
+        """The data of a bound constant when it is a small integer vector (zero points, say): the
+        program's, or an earlier rule's fill of one integer (``Fill(shape=(oc,), value=0)``)."""
         value = self.bindings.get(name)
-        key = getattr(value, "key", None)
-        info = self.snap.constants.get(key) if isinstance(key, str) else None
-        return info.values if info is not None and info.source is None else None
+        if isinstance(value, Source):  # the program's own: captured when small
+            info = self.snap.constants.get(value.key)
+            return info.values if info is not None and info.source is None else None
+        return int_values(value) if isinstance(value, WeightExpr) else None
 
 
 @final
@@ -616,6 +619,11 @@ def _op(
                 return OutputShared(code=p.shared, node=node.name, users=others, path=path)
             # read for its sizes only (a dynamic program's x.shape): a replacement of its shape answers
             st.sized[node.name] = OutputShared(code=p.shared, node=node.name, users=sizes, path=path)
+    elif reader is not None and node.name in st.snap.written:
+        # shared, and written in place (directly or through a view): the reader may not read what
+        # the op computes, which a plan reading the op's operands instead would
+        others = tuple(u for u in st.snap.users[node.name] if u != reader)
+        return OutputShared(code=p.shared, node=node.name, users=others, path=path)
     bound_op = Bound(node=node, family=p.family, args=args, uses=uses, out=p.out)
     err = st.bind(p.name, bound_op, node.name, "output", path, count=False)  # counted on matching
     if err is not None:

@@ -202,14 +202,22 @@ class GraphBuilder:
         """The graph's outputs."""
         self._output = NodeSnapshot(name="output", op="output", target="output", args=(tuple(results),))
 
-    def build(self, *, reserved: Sequence[str] = ()) -> GraphSnapshot:
+    def build(self, *, reserved: Sequence[str] = (), written: Sequence[NodeRef | str] = ()) -> GraphSnapshot:
         """The snapshot, ordered as programs are: lifted constants before the inputs, ``get_attr``
         nodes after them, then the calls and the output; ValueError if it is no valid graph (two
-        nodes of one name, a node read before it is defined or never)."""
+        nodes of one name, a node read before it is defined or never). ``written``: the nodes whose
+        tensor the program writes in place (an adapter finds them from the ops' schemas; here you
+        say which: ``y.mul_(2)`` writes ``y``, ``y.view(-1).mul_(2)`` writes ``y`` through a view)."""
         head = [*self._consts, *self._inputs] if self.lifted else [*self._inputs, *self._consts]
         nodes = [*head, *self._calls, *([self._output] if self._output else [])]
         snap = snapshot(
-            nodes, self._infos, dialect=self.dialect, lifted=self.lifted, reserved=reserved, least_sizes=self._least
+            nodes,
+            self._infos,
+            dialect=self.dialect,
+            lifted=self.lifted,
+            reserved=reserved,
+            least_sizes=self._least,
+            written=[w.name if isinstance(w, NodeRef) else w for w in written],
         )
         bad = verify(snap)
         if isinstance(bad, Failure):

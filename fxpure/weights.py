@@ -505,6 +505,18 @@ def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
     return tuple(out)
 
 
+def int_values(expr: WeightExpr) -> tuple[int, ...] | None:
+    """The data of a derived constant that fills an integer vector (or scalar) with one value, as
+    ``ConstantInfo.values`` holds a captured one's (zero points, say); None for anything else.
+
+    >>> int_values(Fill(shape=(3,), value=0.0, dtype="int64")), int_values(Fill(shape=(3,), value=0.0, dtype="float32"))
+    ((0, 0, 0), None)
+    """
+    if isinstance(expr, Fill) and expr.dtype.startswith(("int", "uint")) and len(expr.shape) <= 1:
+        return (int(expr.value),) * math.prod(expr.shape)
+    return None
+
+
 def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
     """``expr`` and every expression inside it.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -305,3 +306,74 @@ def test_random_inputs_keep_the_values_export_kept() -> None:
     ep = torch.export.export(_Moded(), (torch.randn(2, 3), "x", 3))
     x, mode, k = cli._random_inputs(ep)
     assert isinstance(x, torch.Tensor) and x.shape == (2, 3) and (mode, k) == ("x", 3)
+
+
+OWN_RULE = """
+from fxpure.families import CLONE
+from fxpure.pattern import Bound, Op, Planner, Var, rule
+from fxpure.snapshot import NodeRef
+
+
+def _drop(p: Planner, c: Bound, x: NodeRef):
+    return p.replace(c, x)
+
+
+DROP_CLONE = rule("drop-clone", Op(CLONE, name="c", self=Var("x")), plan=_drop)
+
+
+def make():
+    return DROP_CLONE
+"""
+
+
+class _Clones(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.clone()) + x.clone().mul(2)
+
+
+def test_a_rule_of_your_own_is_named_by_module_or_file(tmp_path: Path) -> None:
+    (tmp_path / "myrules.py").write_text(OWN_RULE)
+    program = tmp_path / "clones.pt2"
+    torch.export.save(torch.export.export(_Clones(), (torch.randn(2, 3),)), program)
+    # a file and its attribute: the rule itself, with a shipped one beside it
+    r = fxpure("explain", program, "--rules", f"{tmp_path}/myrules.py:DROP_CLONE,fuse-conv-bn")
+    assert r.returncode == 0, r.stderr
+    summary = ["drop-clone: 2 to rewrite, 0 declined", "fuse-conv-bn: 0 to rewrite, 0 declined"]
+    assert r.stdout.splitlines()[-2:] == summary
+    # a module on the path and a function that makes the rule; applied, verified, lowered
+    out, pte = tmp_path / "out.pt2", tmp_path / "out.pte"
+    args = ["apply", program, "-o", out, "--rules", "myrules:make", "--verify", "--pte", pte, "--json"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([FXPURE, *map(str, args)], capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["rules"] == ["drop-clone"] and doc["verify"]["ok"] and doc["written"]
+    assert [c["outcome"] for c in doc["candidates"]] == ["will rewrite"] * 2
+    rewritten = torch.export.load(out)
+    assert not [n for n in rewritten.graph.nodes if "clone" in str(n.target)]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{dir}/none.py:RULE", "--rules {dir}/none.py:RULE: no file {dir}/none.py"),
+        ("{dir}/broken.py:RULE", "--rules {dir}/broken.py:RULE: cannot import {dir}/broken.py (NameError: name"),
+        ("{dir}/myrules.py:NOPE", "--rules {dir}/myrules.py:NOPE: {dir}/myrules.py has no attribute NOPE"),
+        ("{dir}/myrules.py:CLONE", "--rules {dir}/myrules.py:CLONE: CLONE is not a rule"),
+        ("json:dumps", "--rules json:dumps: dumps is not a rule (name, anchors, plan_at) nor makes one: calling"),
+        ("no_such_module_here:R", "--rules no_such_module_here:R: cannot import no_such_module_here (ModuleNotF"),
+        ("fuse-conv-bn,", None),  # a trailing comma is no rule of its own
+    ],
+)
+def test_a_rule_of_your_own_that_cannot_load_is_one_line_and_exit_2(
+    saved: dict[str, Path], tmp_path: Path, entry: str, message: str | None
+) -> None:
+    (tmp_path / "myrules.py").write_text(OWN_RULE)
+    (tmp_path / "broken.py").write_text("RULE = undefined_name\n")
+    r = fxpure("explain", saved["plain"], "--rules", entry.format(dir=tmp_path))
+    if message is None:
+        assert r.returncode == 0, r.stderr
+        return
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"fxpure: error: {message.format(dir=tmp_path)}"), line

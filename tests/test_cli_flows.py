@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from adapters import cli
+from adapters.validate import default_tolerance
 
 
 def _main(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> int:
@@ -327,5 +328,5 @@ def test_the_default_tolerance_is_that_of_the_least_precise_dtype_the_program_co
             return self.c(x.half()).float()  # type: ignore[no-any-return]
 
     half = torch.export.export(Half().eval(), (X,))
-    assert cli._default_tolerance(half) == 8 * torch.finfo(torch.float16).eps
-    assert cli._default_tolerance(torch.export.export(_ConvBN().eval(), (X,))) == 1e-4
+    assert default_tolerance(half) == 8 * torch.finfo(torch.float16).eps
+    assert default_tolerance(torch.export.export(_ConvBN().eval(), (X,))) == 1e-4

@@ -8,14 +8,16 @@ import copy
 
 import pytest
 import torch
+import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers the quantized_decomposed ops)
 from torch import nn
+from torch.nn import functional as F
 
 import adapters
 import fxpure
-from fxpure.families import RELU, RELU_, VIEW, family
+from fxpure.families import CLONE, RELU, RELU_, VIEW, family
 from fxpure.pattern import Bound, Op, Planner, Var, rule
 from fxpure.plan import RewritePlan, Rule
-from fxpure.rules import concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn
+from fxpure.rules import concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn, quantized_conv
 from fxpure.snapshot import NodeRef
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, build, count, run
@@ -235,9 +237,6 @@ def test_a_value_computed_from_constants_that_the_program_writes_is_no_constant(
 # A rule dropping a copy, written with the public kit as a backend author would (no guard of its
 # own), and one re-spelling a view of a copy as a view of the original: the uses they move go to a
 # tensor the program may write, or that the moved uses write.
-CLONE = family("clone", "a copy", ["aten.clone.default(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor"])
-
-
 def _drop(p: Planner, op: Bound, x: NodeRef) -> RewritePlan:
     return p.replace(op, x)
 
@@ -378,4 +377,39 @@ def test_uses_moved_to_a_tensor_written_after_them_are_no_reason(form: str) -> N
     program = build(model, tuple(t.clone() for t in x), form)
     assert [p.rule for p in adapters.transform(program, [DROP_CLONE]).unwrap().report.plans] == ["drop-clone"]
     assert count(program, "clone") == 0
+    assert_close(_runs(program, x), want)
+
+
+class WrittenDequantizedWeight(nn.Module):
+    """dq(x) -> depthwise conv(dq(int8 w), written in place through a view) -> q: six channels, which
+    no q8ta kernel takes (quantized-conv's fallback would fold dq(w) into a float weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        qd = torch.ops.quantized_decomposed
+        w = torch.randn(6, 1, 3, 3)
+        self.register_buffer("scale", w.abs().amax(dim=(1, 2, 3)) / 127)
+        self.register_buffer("zp", torch.zeros(6, dtype=torch.int64))
+        self.register_buffer("wq", qd.quantize_per_channel(w, self.scale, self.zp, 0, -127, 127, torch.int8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        xq = qd.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8)
+        w = qd.dequantize_per_channel(self.wq, self.scale, self.zp, 0, -127, 127, torch.int8)
+        w.view(-1)[:27].mul_(3.0)
+        y = F.conv2d(qd.dequantize_per_tensor(xq, 0.05, 0, -128, 127, torch.int8), w, groups=6)
+        yq = qd.quantize_per_tensor(y, 0.1, 0, -128, 127, torch.int8)
+        return qd.dequantize_per_tensor(yq, 0.1, 0, -128, 127, torch.int8)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_dequantized_weight_the_program_writes_through_a_view_is_not_folded(form: str) -> None:
+    # the fallback dequantized the weight into a constant and dropped the write: 66% off
+    model, x = WrittenDequantizedWeight(), (torch.randn(1, 6, 8, 8),)
+    want = _runs(model, x)
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [quantized_conv()]).unwrap()
+    assert not outcome.changed
+    (reason,) = [j.reason for j in outcome.report.rejections]
+    assert (reason.code, reason.node, reason.path) == ("output-shared", "dequantize_per_channel", "conv.weight/dqw")
     assert_close(_runs(program, x), want)

@@ -409,6 +409,26 @@ def test_shared_inner_node_is_pruned_not_erased() -> None:
     assert "r" in verify(plan(g.build(), [shared_relu]).after).unwrap().index
 
 
+def test_a_shared_inner_node_the_program_writes_in_place_is_declined() -> None:
+    # r = relu(x); r.view(-1).mul_(2); add(r, y): the add reads the written r, not relu(x), so a plan
+    # reading relu's operand instead would lose the write
+    skip = rule(
+        "skip-relu",
+        Op(ADD, name="add", self=Op(RELU, name="r", users=ANY, self=Var("x")), other=Var("y")),
+        plan=lambda p, add, x, y: p.replace(add, p.respell(add, self=x)),
+    )
+    g = GraphBuilder()
+    x, y = g.input("x", (2,)), g.input("y", (2,))
+    r = g.call("aten.relu.default", name="r", self=x)
+    g.call("aten.mul_.Tensor", name="mul_", self=g.call("aten.view.default", name="v", self=r, size=(-1,)), other=2)
+    g.output(g.call("aten.add.Tensor", name="add", self=r, other=y))
+    assert len(plan(g.build(), [skip]).plans) == 1  # the builder says nothing is written
+    (no,) = plan(g.build(written=[r]), [skip]).rejections
+    assert (no.reason.code, no.reason.node, no.reason.path) == ("output-shared", "r", "add.self/r")
+    assert no.reason.message == "output of r is also used by v"
+    assert len(plan(g.build(written=["y"]), [skip]).plans) == 1  # another node written: no matter
+
+
 @pytest.mark.parametrize("read_elsewhere", [False, True])
 def test_a_plan_prunes_nodes_outside_the_pattern(read_elsewhere: bool) -> None:
     # relu(x + k) with k computed from x: k is no part of the pattern, but what the erased add read

@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from fxpure import NodeRef, plan, snapshot, verify
+from fxpure.families import DEQUANTIZE_PER_CHANNEL
+from fxpure.pattern import Bound, Const, Match, Op, Planner, need, rule
+from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, UnsupportedDtype
 from fxpure.rules import quantized_conv
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot
@@ -294,3 +297,44 @@ def test_what_is_not_a_quantized_conv_gets_no_fallback() -> None:
     for knobs in ({"float_weight": True}, {"float_input": True}, {"weight_is_input": True}):
         report = plan(qconv(**knobs), [quantized_conv()])  # type: ignore[arg-type]
         assert report.plans == () and len(report.rejections) == 1
+
+
+@pytest.mark.parametrize("written", ["dqw0", "dqx0"])
+def test_a_dequantize_the_program_writes_in_place_is_neither_packed_nor_folded(written: str) -> None:
+    # w = dq(wq); w.view(-1)[:9].mul_(3); conv(x, w): the conv reads the written w, so neither the
+    # packed int8 weight nor the fallback's float constant dq(wq) is what it reads; the same for the
+    # activations' dequantize, which the q8ta conv would read around
+    g = replace(qconv(convs=2), written=frozenset({written}))
+    report = plan(g, [quantized_conv()])
+    assert [p.anchor for p in report.plans] == ["conv1"]
+    (r,) = report.rejections
+    assert (r.node, r.reason.code, r.reason.node) == ("conv0", "output-shared", written)
+    assert r.reason.path == ("conv.weight/dqw" if written == "dqw0" else "conv.input/dqx")
+
+
+@pytest.mark.parametrize(("fill", "packed"), [(0, True), (1, False)])
+def test_zero_points_an_earlier_rule_derives_as_a_fill_are_known(fill: int, packed: bool) -> None:
+    # a rule before it gives the weight's dequantize new zero points, a fill of one integer: their
+    # values are known as a captured buffer's are (a fill of 0 packs; of 1 is asymmetric)
+    def refill(p: Planner, dq: Bound) -> RewritePlan:
+        zeros = Fill(shape=(8,), value=float(fill), dtype="int64")
+        return p.replace(dq, p.respell(dq, zero_point=p.const(zeros, "zp_fill", kind="constant")))
+
+    zp_rule = rule("refill-zero-points", Op(DEQUANTIZE_PER_CHANNEL, name="dq", zero_point=Const("zp")), plan=refill)
+    report = plan(qconv(), [zp_rule, quantized_conv(fallback="none")])
+    assert [p.rule for p in report.plans] == ["refill-zero-points", *(["quantized-conv"] if packed else [])]
+    if packed:  # the packed weight needs no zero points
+        assert report.rejections == () and "zp_fill" not in report.after.constants
+    else:
+        assert report.after.constants["zp_fill"].values == (1,) * 8
+        (r,) = report.rejections
+        assert r.reason.code == "asymmetric-weight" and "not a known constant" not in r.reason.message
+        seen = []  # and a check of another rule reads them as a match's values
+
+        def look(match: Match) -> Reason | None:
+            seen.append(match.values("zp"))
+            return None
+
+        probe = rule("probe", zp_rule.pattern, need.check(look, codes=["x"]), plan=refill)
+        plan(report.after, [probe])
+        assert seen == [(1,) * 8]
