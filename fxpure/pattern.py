@@ -762,6 +762,7 @@ class Check:
     computed: bool = False  # it may read need.compute values (need.check); need.static & co read bindings
     needs: frozenset[str] = frozenset()  # parameters of need.check's function without a default
     ops: tuple[str, ...] = ()  # what it reads as a matched op (need.spatial_rank, need.channels' conv)
+    weights: tuple[str, ...] = ()  # what it reads as a constant's layout (need.channels' weight)
 
     def __call__(self, m: Match, values: Values = _NOTHING) -> Reason | None:
         """The reason (located, see ``_locate``) or None; ``values``: what earlier ``need.compute``
@@ -989,7 +990,7 @@ class _Need:
         reads = (name, of) if conv is None else (name, of, conv)
         codes = frozenset({"channel-mismatch"})
         ops = () if conv is None else (conv,)
-        return Check(label=f"channels({name})", reads=reads, codes=codes, run=run, ops=ops)
+        return Check(label=f"channels({name})", reads=reads, codes=codes, run=run, ops=ops, weights=(of,))
 
     @staticmethod
     def check(fn: Callable[..., Reason | None], *, codes: Iterable[str], at: str | None = None) -> Check:
@@ -1694,6 +1695,12 @@ def _steps(
                 by = ", ".join(sorted(kinds[r]))
                 raise PatternError(
                     f"{name}: check {check.label} reads {r!r} as an op, and the pattern binds it by {by}, not Op"
+                )
+        for r in check.weights if isinstance(check, Check) else ():
+            if r in kinds and "Const" not in kinds[r]:  # (its dim 0 is no channel count of an activation)
+                by = ", ".join(sorted(kinds[r]))
+                raise PatternError(
+                    f"{name}: check {check.label} reads {r!r} as a weight, and the pattern binds it by {by}, not Const"
                 )
         if isinstance(check, Compute):
             if check.binds == "match":

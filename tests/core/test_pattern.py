@@ -807,6 +807,14 @@ def test_checks_that_need_an_op_are_refused_on_other_bindings() -> None:
     assert rule("ok", CONV_XW, need.spatial_rank("conv", (2,)), plan=_plan_nothing).name == "ok"
 
 
+def test_channels_of_what_is_no_weight_is_refused() -> None:
+    # an activation's dim 0 is its batch: the check would compare the vector with that
+    message = r"check channels\(w\) reads 'x' as a weight, and the pattern binds it by Var, not Const"
+    with pytest.raises(PatternError, match=message):
+        rule("ch", CONV_XW, need.channels("w", of="x", conv="conv"), plan=_plan_nothing)
+    assert rule("ok", CONV_XW, need.channels("w", of="w", conv="conv"), plan=_plan_nothing).name == "ok"
+
+
 def test_a_check_that_declines_with_a_code_it_did_not_declare_is_a_bug_in_the_rule() -> None:
     def sneaky(r: Bound) -> Reason | None:
         return Declined(code="surprise", node=r.name, detail="undeclared")
