@@ -336,6 +336,13 @@ def test_half_precision_folds_in_float32_and_declines_promotion(dtype: torch.dty
     outcome = adapters.transform(program, [fold_binary()]).unwrap()
     assert [r.reason.code for r in outcome.report.rejections] == ["dtype-promotion"] and not outcome.changed
     assert run(program, x)[0].dtype == torch.float32
+    # on edge the mul reads to_edge's float32 copy of the conv's output: reported all the same (it
+    # was no candidate, neither planned nor reported)
+    edge = to_edge(torch.export.export(promoted, x)).exported_program()
+    outcome = adapters.transform(edge, [fold_binary()]).unwrap()
+    (rejection,) = outcome.report.rejections
+    assert rejection.reason.code == "dtype-promotion" and not outcome.changed
+    assert "(through dim_order_ops__to_dim_order_copy_default) into float32" in rejection.reason.message
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -9,9 +9,11 @@ weight) and cast back, as ``fold_batch_norm`` does.
 The candidates are the mul, div (``true_divide`` and ``div(..., rounding_mode=None)`` too; a
 rounding one is declined ``arg-mismatch``), add, sub and rsub ops with an operand computed by a conv or a
 linear whose other operand is not another activation of the op's shape: neither a residual
-``x + y`` of two other ops nor ``x + conv(x)`` is one. The in-place ``y.mul_(c)``, ``div_``,
-``add_`` and ``sub_`` of an aten program are candidates too (the conv's output, which they write,
-has no other reader: ``conv-output-shared`` otherwise). A chain ``conv * s + t`` (a frozen batch
+``x + y`` of two other ops nor ``x + conv(x)`` is one. An op of an edge program that reads the
+output through a dtype copy (``to_edge`` writes a promotion so) is a candidate too, declined
+``dtype-promotion`` as the aten form is. The in-place ``y.mul_(c)``, ``div_``, ``add_`` and
+``sub_`` of an aten program are candidates too (the conv's output, which they write, has no other
+reader: ``conv-output-shared`` otherwise). A chain ``conv * s + t`` (a frozen batch
 norm) folds whole: the rule runs again while it folds (``repeat``), and the second run folds the
 ``add`` into the first one's (still unmaterialised) weights.
 """
@@ -64,6 +66,7 @@ PRODUCER = OneOf(
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
+PROMOTED = Op(CAST, name="promoted", self=PRODUCER)
 ALPHA = Scalar("alpha")
 TRUE = Lit(None)  # a division's rounding mode: none (floor or trunc division is no scale)
 
@@ -84,14 +87,22 @@ PATTERN = OneOf(
     Op(DIV_, name="bin", self=PRODUCER, other=OPERAND, rounding_mode=TRUE),
     Op(ADD_, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),
     Op(SUB_, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),
+    # on edge, an op that promotes the output (a float16 conv times a float32 constant) reads it
+    # through to_edge's dtype copy: to be declined (dtype-promotion), as the aten form is
+    Op(MUL | DIV | ADD | SUB, name="bin", self=PROMOTED, other=OPERAND),
+    Op(MUL | DIV | ADD | SUB, name="bin", other=PROMOTED, self=OPERAND),
 )
 MATMULS = ADDMM.targets | MM.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
-    """``value`` is a conv's or linear's output: its product's, or the reshape's after a matmul."""
+    """``value`` is a conv's or linear's output: its product's, or the reshape's after a matmul; or
+    a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so: a
+    candidate, declined as the aten form's is reported)."""
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
+    if node is not None and node.target in CAST.targets and node.args:
+        return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
         return node is not None and node.target in PRODUCTS
     inner = node.args[0] if node.args else None
@@ -162,9 +173,15 @@ def _producer(match: Match) -> Bound:
     return y
 
 
+_BINARIES = (MUL, DIV, ADD, SUB, RSUB, MUL_, DIV_, ADD_, SUB_)
+
+
 def _key(bin: Bound, match: Match) -> tuple[str, bool]:
-    op = bin.family.name.removesuffix("_")  # mul_ scales as mul does, true_divide as div
-    return op, bin.args.get("self") == NodeRef(_producer(match).name)
+    # by the node's own family (a joined one matched it): mul_ scales as mul does, true_divide as div
+    op = next(f.name for f in _BINARIES if bin.node.target in f.schemas).removesuffix("_")
+    read = match.bindings.get("promoted") or _producer(match)  # what the op reads: y, or its copy
+    assert isinstance(read, Bound)
+    return op, bin.args.get("self") == NodeRef(read.name)
 
 
 def _affine(bin: Bound, match: Match) -> Reason | None:
@@ -176,15 +193,17 @@ def _affine(bin: Bound, match: Match) -> Reason | None:
     return Declined(code=DIVISOR, node=bin.name, detail=detail, path=match.sites[_name(match)].path)
 
 
-def _same_dtype(bin: Bound, match: Match) -> Reason | None:
-    """The op keeps the producer's dtype (folding cannot promote, e.g. float16 times a float32 tensor)."""
+def _same_dtype(bin: Bound, match: Match, promoted: Bound | None = None) -> Reason | None:
+    """The op keeps the producer's dtype (folding cannot promote, e.g. float16 times a float32 tensor),
+    and reads it as it is (not through the copy to_edge writes for a promotion)."""
     y = _producer(match)
     if bin.spec is None or y.spec is None:
         return Malformed(node=bin.name, detail="the op or its operand has no known dtype")
-    if bin.spec.dtype == y.spec.dtype:
+    if bin.spec.dtype == y.spec.dtype and promoted is None:
         return None
-    detail = f"{bin.name} turns the {y.spec.dtype} output of {y.name} into {bin.spec.dtype} (a folded op keeps it)"
-    return Declined(code=PROMOTION, node=bin.name, detail=detail)
+    through = f" (through {promoted.name})" if promoted is not None else ""
+    turns = f"{bin.name} turns the {y.spec.dtype} output of {y.name}{through} into {bin.spec.dtype}"
+    return Declined(code=PROMOTION, node=bin.name, detail=f"{turns} (a folded op keeps it)")
 
 
 def _channels(w: TensorSpec, conv: Bound | None) -> int:

@@ -514,6 +514,49 @@ def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
     assert set(both.after.constants) == {"conv_mul_weight", "conv_mul_add_bias"}
 
 
+@pytest.mark.parametrize(
+    ("op", "conv_first", "code"),
+    [
+        ("aten.mul.Tensor", True, "dtype-promotion"),
+        ("aten.mul.Tensor", False, "dtype-promotion"),
+        ("aten.div.Tensor", True, "dtype-promotion"),
+        ("aten.div.Tensor", False, "output-is-divisor"),  # c / y: no scale, whatever the dtypes
+        ("aten.sub.Tensor", False, "dtype-promotion"),
+    ],
+)
+def test_on_edge_an_op_reading_a_promoting_copy_of_the_output_is_declined(op: str, conv_first: bool, code: str) -> None:
+    # to_edge writes conv_fp16 * c_fp32 as mul(_to_dim_order_copy(conv, float32), c): no candidate
+    # before, neither planned nor reported
+    g = GraphBuilder(dialect="edge")
+    w, c = g.parameter("w", (OC, IC, 3, 3), "float16"), g.buffer("c", (OC, 1, 1))
+    y = g.call(
+        "aten.convolution.default",
+        name="conv",
+        out=spec(B, OC, 6, 6, dtype="float16"),
+        input=g.input("x", (B, IC, 8, 8), "float16"),
+        weight=w,
+        bias=None,
+        stride=(1, 1),
+        padding=(0, 0),
+        dilation=(1, 1),
+        transposed=False,
+        output_padding=(0, 0),
+        groups=1,
+    )
+    copy = g.call(
+        "dim_order_ops._to_dim_order_copy.default",
+        name="copy",
+        out=(B, OC, 6, 6),
+        self=y,
+        dtype=DTypeArg(name="float32"),
+    )
+    a, b = (copy, c) if conv_first else (c, copy)
+    g.output(g.call(op, name="bin", out=(B, OC, 6, 6), self=a, other=b))
+    report = plan(g.build(), [RULE])
+    assert report.plans == ()
+    assert [(r.node, r.reason.code) for r in report.rejections] == [("bin", code)]
+
+
 def test_a_candidate_a_later_run_declines_is_reported_there() -> None:
     # (conv * c) + d, d not per channel: the add becomes a candidate in the second run, which declines it
     g = GraphBuilder()
