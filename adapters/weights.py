@@ -14,6 +14,7 @@ from fxpure.weights import (
     Concat,
     Dequantize,
     Fill,
+    MaxOver,
     PadTo,
     Permute,
     Quantize,
@@ -82,6 +83,8 @@ _UNARY: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "rsqrt": torch.rsqrt,
     "neg": torch.neg,
     "reciprocal": torch.reciprocal,
+    "abs": torch.abs,
+    "sign": torch.sign,
 }
 
 _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
@@ -91,6 +94,7 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
     Slice: lambda e, ev: ev(e.x).narrow(e.dim, e.start, e.stop - e.start),
     PadTo: _pad_to,
     SumOver: _sum_over,
+    MaxOver: lambda e, ev: ev(e.x).amax(dim=e.dims),
     Cast: lambda e, ev: ev(e.x).to(dtype_of(e.dtype)),
     Concat: lambda e, ev: torch.cat([ev(x) for x in e.xs], dim=e.dim),
     Fill: lambda e, _: torch.full(e.shape, e.value, dtype=dtype_of(e.dtype)),

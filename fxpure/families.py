@@ -285,7 +285,7 @@ RELU = family("relu", "a relu", ["aten.relu.default(Tensor self) -> Tensor"])
 UNARY = family(
     "unary",
     "an elementwise function",
-    [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("sqrt", "rsqrt", "neg", "reciprocal")],
+    [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign")],
 )
 GETITEM = family("getitem", "a tuple projection", ["getitem(Any self, int index) -> Any"])
 SIGMOID = family("sigmoid", "a sigmoid", ["aten.sigmoid.default(Tensor self) -> Tensor"])

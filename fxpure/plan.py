@@ -174,8 +174,8 @@ RESHAPES = frozenset(
 BINARY_OPS: Mapping[str, Literal["add", "sub", "mul", "div"]] = {
     f"aten.{op}.{overload}": op for op in ("add", "sub", "mul", "div") for overload in ("Tensor", "Scalar")
 }
-UNARY_OPS: Mapping[str, Literal["sqrt", "rsqrt", "neg", "reciprocal"]] = {
-    f"aten.{op}.default": op for op in ("sqrt", "rsqrt", "neg", "reciprocal")
+UNARY_OPS: Mapping[str, Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]] = {
+    f"aten.{op}.default": op for op in ("sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign")
 }
 # the powers torch's CPU kernel computes as these ops (``x ** 2`` as ``x * x``)
 POWERS: Mapping[float, Literal["square", "sqrt", "rsqrt", "reciprocal"]] = {

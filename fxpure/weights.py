@@ -2,8 +2,8 @@
 
 A rule author composes derived weights from this vocabulary and writes no adapter
 code: layout (``Permute``, ``Reshape``, ``Unsqueeze``, ``Slice``, ``PadTo``, ``Concat``),
-reduction (``SumOver``), ``Cast``, constants (``Fill``), elementwise arithmetic
-(``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal) and
+reductions (``SumOver``, ``MaxOver``), ``Cast``, constants (``Fill``), elementwise arithmetic
+(``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal/abs/sign) and
 ``Quantize``/``Dequantize`` with per-tensor or per-channel parameters. Folds are
 built from these (:func:`fold_batch_norm`).
 
@@ -146,6 +146,16 @@ class SumOver(_Expr):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class MaxOver(_Expr):
+    """The greatest element of ``x`` over ``dims`` (one or more, each once; dropped), in ``x``'s dtype
+    (torch's ``amax``): with ``Unary("abs")``, a per-channel quantization scale ``amax(|w|) / 127``."""
+
+    x: WeightExpr
+    dims: tuple[int, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Cast(_Expr):
     """``x.to(dtype)``."""
 
@@ -192,9 +202,10 @@ class Binary(_Expr):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Unary(_Expr):
-    """Elementwise ``op(x)``; sqrt, rsqrt and reciprocal need a floating ``x``."""
+    """Elementwise ``op(x)``; sqrt, rsqrt and reciprocal need a floating ``x``, neg, abs and sign a
+    numeric one (not bool)."""
 
-    op: Literal["sqrt", "rsqrt", "neg", "reciprocal"]
+    op: Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]
     x: WeightExpr
 
 
@@ -234,6 +245,7 @@ WeightExpr: TypeAlias = (
     | Slice
     | PadTo
     | SumOver
+    | MaxOver
     | Cast
     | Concat
     | Fill
@@ -315,13 +327,17 @@ def _pad_to(e: PadTo, s: TensorSpec) -> Inferred:
     return TensorSpec(shape=(*s.shape[:d], padded, *s.shape[d + 1 :]), dtype=s.dtype)
 
 
-def _sum_over(e: SumOver, s: TensorSpec) -> Inferred:
+def _sum_over(e: SumOver | MaxOver, s: TensorSpec) -> Inferred:
+    what = "sum" if isinstance(e, SumOver) else "max"
     dims = {_norm_dim(d, len(s.shape)) for d in e.dims}
     if None in dims or not e.dims or len(dims) != len(e.dims):  # torch sums all of () and refuses a repeat
-        return _bad(f"sum over {e.dims} does not fit rank {len(s.shape)}")
-    if e.dtype not in DTYPES:
+        return _bad(f"{what} over {e.dims} does not fit rank {len(s.shape)}")
+    if isinstance(e, SumOver) and e.dtype not in DTYPES:
         return _bad(f"sum as {e.dtype!r}")
-    return TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=e.dtype)
+    if isinstance(e, MaxOver) and any(s.shape[d] == 0 for d in dims if d is not None):  # (a sum of nothing is 0)
+        return _bad(f"max over {e.dims} of the empty dims of {s.shape}")
+    dtype = e.dtype if isinstance(e, SumOver) else s.dtype
+    return TensorSpec(shape=tuple(x for i, x in enumerate(s.shape) if i not in dims), dtype=dtype)
 
 
 def _concat(e: Concat) -> Inferred:
@@ -383,8 +399,9 @@ def _binary(e: Binary) -> Inferred:
 
 
 def _unary(e: Unary, s: TensorSpec) -> Inferred:
-    if (e.op != "neg" or s.dtype == "bool") and s.dtype not in FLOAT_DTYPES:  # torch refuses -bool
-        return _bad(f"{e.op} of {s.dtype} (needs a {'floating' if e.op != 'neg' else 'numeric'} dtype)")
+    numeric = e.op in ("neg", "abs", "sign")
+    if (not numeric or s.dtype == "bool") and s.dtype not in FLOAT_DTYPES:  # torch refuses -bool
+        return _bad(f"{e.op} of {s.dtype} (needs a {'numeric' if numeric else 'floating'} dtype)")
     return s
 
 
@@ -479,7 +496,7 @@ def _infer(expr: WeightExpr) -> Inferred:
             return _slice(expr, s)
         case PadTo():
             return _pad_to(expr, s)
-        case SumOver():
+        case SumOver() | MaxOver():
             return _sum_over(expr, s)
         case Unary():
             return _unary(expr, s)

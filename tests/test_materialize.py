@@ -9,7 +9,20 @@ import torch
 
 from adapters.weights import Memo, materialize
 from fxpure.snapshot import TensorSpec
-from fxpure.weights import Binary, Cast, Dequantize, Fill, Permute, Quantize, Reshape, Slice, Source, WeightExpr
+from fxpure.weights import (
+    Binary,
+    Cast,
+    Dequantize,
+    Fill,
+    MaxOver,
+    Permute,
+    Quantize,
+    Reshape,
+    Slice,
+    Source,
+    Unary,
+    WeightExpr,
+)
 
 W = Source(key="w", spec=TensorSpec(shape=(2, 3), dtype="float32"))
 DOUBLED = Binary(op="mul", a=W, b=Fill(shape=(), value=2.0, dtype="float32"))
@@ -100,3 +113,21 @@ def test_a_slice_of_a_derived_weight_holds_only_its_own_bytes() -> None:
     for i, g in zip((0, 4), groups, strict=True):
         assert g.untyped_storage().nbytes() == g.numel() * g.element_size() == 4 * 3 * 4
         assert torch.equal(g, w[i : i + 4] * 2)
+
+
+def test_a_per_channel_scale_from_a_weights_greatest_magnitude() -> None:
+    # amax(|w|) over all but the output channel, / 127: how an observer sets a symmetric int8 scale;
+    # checked against plain Python over the numbers, not torch
+    rows = [[0.5, -2.0, 1.0], [-0.25, 0.0, 0.125], [3.0, -3.5, 0.0], [-1.0, -1.0, -1.0]]
+    w = torch.tensor(rows).reshape(4, 3, 1, 1)
+    source = _src("w", w)
+    scale = Binary(
+        op="div", a=MaxOver(x=Unary(op="abs", x=source), dims=(1, 2, 3)), b=Fill(shape=(), value=127.0, dtype="float32")
+    )
+    got = materialize(scale, {"w": w}, Memo())
+    assert got.shape == (4,) and got.tolist() == [torch.tensor(max(abs(v) for v in r) / 127).item() for r in rows]
+    signs = materialize(Unary(op="sign", x=source), {"w": w}, Memo())
+    assert signs.reshape(4, 3).tolist() == [[(v > 0) - (v < 0) for v in r] for r in rows]
+    q = torch.tensor([[-128, 5], [7, -3]], dtype=torch.int8)
+    ints = materialize(MaxOver(x=Unary(op="abs", x=_src("q", q)), dims=(0,)), {"q": q}, Memo())
+    assert ints.dtype == torch.int8 and ints.tolist() == [7, 5]  # |-128| wraps to -128 in int8, as in torch

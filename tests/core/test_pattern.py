@@ -1162,6 +1162,8 @@ V = Source(key="v", spec=spec(4))
         ("aten.div.Tensor", {"other": 3.0}, Binary(op="div", a=V, b=Fill(shape=(), value=3.0, dtype="float32"))),
         ("aten.rsqrt.default", {}, Unary(op="rsqrt", x=V)),
         ("aten.neg.default", {}, Unary(op="neg", x=V)),
+        ("aten.abs.default", {}, Unary(op="abs", x=V)),
+        ("aten.sign.default", {}, Unary(op="sign", x=V)),
         (
             "aten.add.Tensor",
             {"other": 2, "alpha": 1},

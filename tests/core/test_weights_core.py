@@ -25,6 +25,7 @@ from fxpure.weights import (
     Concat,
     Dequantize,
     Fill,
+    MaxOver,
     PadTo,
     Permute,
     Quantize,
@@ -102,6 +103,8 @@ UNARY: dict[str, Callable[[Array], Array]] = {
     "sqrt": np.sqrt,
     "rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
     "reciprocal": np.reciprocal,
+    "abs": np.abs,
+    "sign": np.sign,
 }
 
 
@@ -154,6 +157,9 @@ def _evaluate(e: WeightExpr, env: Mapping[str, Array]) -> Array:
             out = BINARY[e.op](a, b)
             assert out.dtype == a.dtype
             return out
+        case MaxOver():
+            x = evaluate(e.x, env)
+            return np.asarray(np.max(x, axis=tuple(_axis(d, x.ndim) for d in e.dims)))
         case Unary():
             assert e.op in UNARY, e.op
             x = evaluate(e.x, env)
@@ -235,6 +241,10 @@ SPECS: list[tuple[WeightExpr, TensorSpec]] = [
     (PadTo(x=src("n", 6), dim=1, multiple=4), spec("n", 8)),
     (SumOver(x=src(2, 3, 4, dtype="float16"), dims=(0, 2), dtype="float32"), spec(3)),
     (SumOver(x=src(2, 3, 4), dims=(-1,), dtype="float64"), spec(2, 3, dtype="float64")),
+    (SumOver(x=src(2, 0), dims=(1,), dtype="float32"), spec(2)),  # a sum of nothing is 0
+    (MaxOver(x=src(2, 3, 4, dtype="float16"), dims=(0, 2)), spec(3, dtype="float16")),
+    (MaxOver(x=src(2, 3, dtype="int8"), dims=(-1,)), spec(2, dtype="int8")),
+    (MaxOver(x=src("n", 3), dims=(1,)), spec("n")),
     (Concat(xs=(src(2, 3), src(4, 3)), dim=0), spec(6, 3)),
     (Concat(xs=(src(2, 3, dtype="int8"), src(2, 5, dtype="int8")), dim=-1), spec(2, 8, dtype="int8")),
     (Concat(xs=(src(2, 3),), dim=1), spec(2, 3)),
@@ -248,6 +258,8 @@ SPECS: list[tuple[WeightExpr, TensorSpec]] = [
     (Unary(op="reciprocal", x=src(2, dtype="float64")), spec(2, dtype="float64")),
     (Unary(op="neg", x=src(2, 3, dtype="int8")), spec(2, 3, dtype="int8")),
     (Unary(op="neg", x=src(2)), spec(2)),
+    (Unary(op="abs", x=src(2, dtype="int8")), spec(2, dtype="int8")),
+    (Unary(op="sign", x=src(2, 3, dtype="bfloat16")), spec(2, 3, dtype="bfloat16")),
     (quantize(), spec(4, 3, dtype="int8")),
     (quantize(x=src(4, 3, dtype="float16"), scale=Fill(shape=(1,), value=0.1, dtype="float32")),
      spec(4, 3, dtype="int8")),
@@ -308,6 +320,13 @@ FAILURES: list[tuple[WeightExpr, str]] = [
     (Cast(x=W43, dtype="flaot32"), "cast to 'flaot32'"),
     (Cast(x=W43, dtype="float"), "cast to 'float'"),
     (SumOver(x=W43, dims=(0,), dtype="long"), "sum as 'long'"),
+    (MaxOver(x=W43, dims=(2,)), "max over (2,) does not fit rank 2"),
+    (MaxOver(x=src(2, 3), dims=()), "max over () does not fit rank 2"),
+    (MaxOver(x=src(2, 3), dims=(1, -1)), "max over (1, -1) does not fit rank 2"),
+    (MaxOver(x=src(2, 0), dims=(1,)), "max over (1,) of the empty dims of (2, 0)"),  # torch refuses it
+    (MaxOver(x=BAD, dims=(0,)), BAD_MSG),
+    (Unary(op="abs", x=src(2, dtype="bool")), "abs of bool (needs a numeric dtype)"),
+    (Unary(op="sign", x=src(2, dtype="bool")), "sign of bool (needs a numeric dtype)"),
     # torch refuses -x and x - y on bool tensors
     (Unary(op="neg", x=src(2, dtype="bool")), "neg of bool (needs a numeric dtype)"),
     (Binary(op="sub", a=src(2, dtype="bool"), b=src(2, dtype="bool")), "sub of bool"),
