@@ -219,3 +219,40 @@ def test_a_channels_last_input_still_packs() -> None:
     report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
     assert len(report.plans) == 6 and "dim-order-changes" not in codes(report)
     assert_exact(ep, original, report, x)
+
+
+class NarrowOutput(torch.nn.Module):
+    """dq(x) -> 1x1 conv(dq(int8 w)) -> q to [low, 127]: a range the q8ta kernels (which clamp to
+    [-128, 127]) do not keep."""
+
+    def __init__(self, low: int) -> None:
+        super().__init__()
+        qd = torch.ops.quantized_decomposed
+        w = torch.randn(8, 8, 1, 1)
+        self.register_buffer("scale", w.abs().amax(dim=(1, 2, 3)) / 127)
+        self.register_buffer("zp", torch.zeros(8, dtype=torch.int64))
+        self.register_buffer("wq", qd.quantize_per_channel(w, self.scale, self.zp, 0, -127, 127, torch.int8))
+        self.low = low
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        xd = qd.dequantize_per_tensor(
+            qd.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8), 0.05, 0, -128, 127, torch.int8
+        )
+        w = qd.dequantize_per_channel(self.wq, self.scale, self.zp, 0, -127, 127, torch.int8)
+        y = qd.quantize_per_tensor(torch.nn.functional.conv2d(xd, w), 0.01, 0, self.low, 127, torch.int8)
+        return qd.dequantize_per_tensor(y, 0.01, 0, self.low, 127, torch.int8)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("low", [-127, 0])
+def test_an_output_quantized_to_a_narrower_range_than_the_kernels_is_not_packed(low: int) -> None:
+    # packed, the values the program clamps to `low` came out down to -128 (128 steps off for [0, 127])
+    model, x = NarrowOutput(low).eval(), (torch.randn(1, 8, 4, 4) * 3,)
+    want = model(*x)
+    ep = torch.export.export(model, x)
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
+    (r,) = report.rejections
+    assert r.reason.code == "no-kernel" and f"quantized to [{low}, 127]" in r.reason.message
+    outcome = adapters.transform(ep, [quantized_conv()]).unwrap()  # the float fallback keeps the range
+    assert q8ta_calls(ep) == [] and outcome.changed
+    assert torch.equal(ep.module()(*x), want) and want.min() == low * 0.01

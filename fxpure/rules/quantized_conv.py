@@ -136,6 +136,16 @@ def _int8(conv: Bound, dqx: Bound, dqw: Bound, q: Bound, match: Match) -> Reason
     return None
 
 
+def _full_range(conv: Bound, q: Bound) -> Reason | None:
+    """The output is quantized to int8's whole range, to which the kernels clamp (a narrower one,
+    [-127, 127] or [0, 127], would come out with values outside it)."""
+    low, high = q.args.get("quant_min"), q.args.get("quant_max")
+    if (low, high) == (-128, 127):
+        return None
+    detail = f"{conv.name}: its output is quantized to [{low}, {high}], the kernels' to [-128, 127]"
+    return Declined(code="no-kernel", node=conv.name, detail=detail)
+
+
 def _symmetric(conv: Bound, dqw: Bound, match: Match) -> Reason | None:
     """The weight's zero points are all 0 (the int8 kernels assume symmetric weights)."""
     zero = dqw.args.get("zero_point")
@@ -421,6 +431,7 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         need.spatial_rank("conv", (2,)),
         need.check(_explicit, codes=("no-kernel",)),
         need.check(_int8, codes=("unsupported-dtype",)),
+        need.check(_full_range, codes=("no-kernel",)),
         need.check(_symmetric, codes=("asymmetric-weight",)),
         need.compute("geo", _geometry, codes=("malformed-node",)),
         need.check(_shapes, codes=("malformed-node", "symbolic-shape")),

@@ -146,6 +146,7 @@ def qconv(
     act_dtype: str = "int8",
     channels: int | str | None = None,
     convs: int = 1,
+    out_range: tuple[int, int] = (-128, 127),
 ) -> GraphSnapshot:
     """int8 x -> dq -> conv(dq(int8 W), b) -> [relu] -> q -> output, repeated ``convs`` times on one
     weight (``cin == cout``); knobs for every kernel and every rejection."""
@@ -203,7 +204,7 @@ def qconv(
             relu_target = "aten.relu_.default" if relu == "in_place" else "aten.relu.default"
             last = g.call(relu_target, name=f"relu{i}", out=out, self=last)
         if not float_output:
-            q = _qparams(last, 0.05, -1, i8)
+            q = {**_qparams(last, 0.05, -1, i8), "quant_min": out_range[0], "quant_max": out_range[1]}
             last = g.call(
                 "quantized_decomposed.quantize_per_tensor.default",
                 name=f"q{i}",

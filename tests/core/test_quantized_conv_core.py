@@ -131,6 +131,10 @@ def test_no_relu_and_no_bias() -> None:
         ({"bias_is_input": True}, "not-constant", "bias of conv is not a constant"),
         ({"channels": "s0"}, "symbolic-shape", "input of conv has symbolic shape (1, 's0', 8, 8)"),
         ({"act_dtype": "uint8"}, "unsupported-dtype", "quantized input of conv has dtype uint8"),
+        # the kernels clamp to [-128, 127]: values a narrower range clamps would come out beyond it
+        ({"out_range": (-127, 127)}, "no-kernel", "conv: its output is quantized to [-127, 127], the kernels'"),
+        ({"out_range": (0, 127)}, "no-kernel", "conv: its output is quantized to [0, 127], the kernels'"),
+        ({"out_range": (-128, 100)}, "no-kernel", "conv: its output is quantized to [-128, 100], the kernels'"),
     ],
 )
 def test_rejections(knobs: dict[str, Any], code: str, message: str) -> None:
