@@ -30,11 +30,18 @@ qd = torch.ops.quantized_decomposed
 
 
 def pt2e(
-    model: nn.Module, x: tuple[torch.Tensor, ...], *, per_channel: bool = True, dynamic: Any = None
+    model: nn.Module,
+    x: tuple[torch.Tensor, ...],
+    *,
+    per_channel: bool = True,
+    dynamic: Any = None,
+    dynamic_quant: bool = False,
 ) -> ExportedProgram:
-    """PT2E with ``XNNPACKQuantizer`` (symmetric int8), exported again: an aten program."""
+    """PT2E with ``XNNPACKQuantizer`` (symmetric int8; ``dynamic_quant``: activations quantized at
+    run time, ``choose_qparams``), exported again: an aten program."""
     gm = torch.export.export(copy.deepcopy(model).eval(), x, dynamic_shapes=dynamic).module()
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=per_channel))
+    config = get_symmetric_quantization_config(is_per_channel=per_channel, is_dynamic=dynamic_quant)
+    quantizer = XNNPACKQuantizer().set_global(config)
     prepared = prepare_pt2e(gm, quantizer)
     prepared(*x)
     return torch.export.export(convert_pt2e(prepared), x, dynamic_shapes=dynamic)
