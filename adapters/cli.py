@@ -174,7 +174,7 @@ def _rules(spec: str) -> list[tuple[str, Any]]:
     entries = [r.strip() for r in spec.split(",") if r.strip()]
     if not entries:
         raise BadInput(f"no rule in --rules {spec!r} (available: {', '.join(RULES)}, or module:attribute)")
-    out = []
+    out: list[tuple[str, Any]] = []
     for entry in entries:
         if ":" in entry:
             rule = _own_rule(entry)
@@ -183,6 +183,8 @@ def _rules(spec: str) -> list[tuple[str, Any]]:
             out.append((entry, RULES[entry]()))
         else:
             raise BadInput(f"unknown rule {entry!r} (available: {', '.join(RULES)}, or module:attribute)")
+        if [n for n, _ in out].count(out[-1][0]) > 1:  # a report names a rule's candidates by its name
+            raise BadInput(f"--rules names two rules {out[-1][0]!r} ({entry} is the second)")
     return out
 
 
@@ -193,16 +195,21 @@ def _own_rule(entry: str) -> Any:
     from pathlib import Path
 
     where, _, attr = entry.rpartition(":")
-    try:
-        if where.endswith(".py"):
-            path = Path(where)
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            if not path.is_file() or spec is None or spec.loader is None:
-                raise BadInput(f"--rules {entry}: no file {where}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+    try:  # what the module prints goes to stderr: stdout is the report (``--json``)
+        with contextlib.redirect_stdout(sys.stderr):
+            if where.endswith(".py"):
+                path = Path(where).resolve()
+                # as if run from its folder: it imports the files beside it; registered under a name
+                # of its own (a dataclass looks its module up), which shadows no module
+                name = f"fxpure_rules_{path.stem}"
+                spec = importlib.util.spec_from_file_location(name, path)
+                if not path.is_file() or spec is None or spec.loader is None:
+                    raise BadInput(f"--rules {entry}: no file {where}")
+                sys.path.insert(0, str(path.parent))
+                module = sys.modules[name] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            else:
+                module = importlib.import_module(where)
     except BadInput:
         raise
     except Exception as e:  # the user's module does not import: say so in one line
@@ -220,6 +227,23 @@ def _own_rule(entry: str) -> Any:
     if not _is_rule(rule):
         raise BadInput(f"--rules {entry}: {attr} is not a rule (name, anchors, plan_at) nor makes one{why}")
     return rule
+
+
+class RuleRaised(Exception):
+    """Planning raised (a bug in a rule, say): nothing was applied."""
+
+
+def _planned(run: Callable[[], T]) -> T:
+    """``run()``; an exception a rule raised while planning (nothing is applied then) as one line
+    that says where (``transform`` rolls back any failure of its own)."""
+    import traceback
+
+    try:
+        return run()
+    except Exception as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise RuleRaised(f"{type(e).__name__}: {first} (at {frame.filename}:{frame.lineno})") from e
 
 
 def _is_rule(obj: Any) -> bool:
@@ -452,7 +476,7 @@ def explain(args: argparse.Namespace) -> int:
             first = (str(e).strip().splitlines() or [""])[0]
             raise BadInput(f"{args.model}: to_edge cannot lower this program ({type(e).__name__}: {first})") from e
     progress("planning")
-    result = transform(program, rules, dry_run=True)
+    result = _planned(lambda: transform(program, rules, dry_run=True))
     if isinstance(result, Failure):
         print(f"fxpure: error: {result.failure()}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -526,7 +550,7 @@ def apply_cmd(args: argparse.Namespace) -> int:
     before = capture_program(program) if args.verify else None
     metas = node_meta(program.graph_module)
     progress("planning and applying")
-    result = transform(program, rules)
+    result = _planned(lambda: transform(program, rules))
     if isinstance(result, Failure):
         print(f"fxpure: error: {result.failure()} (program unchanged, nothing written)", file=sys.stderr)
         return EXIT_REWRITE_FAILED
@@ -676,6 +700,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as e:
         print(f"fxpure: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RuleRaised as e:
+        print(f"fxpure: error: planning raised {e} (program unchanged, nothing written)", file=sys.stderr)
+        return EXIT_REWRITE_FAILED
     except BrokenPipeError:  # the reader of the output closed it (``| head``): nothing more to say
         import os
 

@@ -620,10 +620,12 @@ def _op(
             # read for its sizes only (a dynamic program's x.shape): a replacement of its shape answers
             st.sized[node.name] = OutputShared(code=p.shared, node=node.name, users=sizes, path=path)
     elif reader is not None and node.name in st.snap.written:
-        # shared, and written in place (directly or through a view): the reader may not read what
-        # the op computes, which a plan reading the op's operands instead would
+        # shared, and written in place (directly or through a view) by another node: the reader may
+        # not read what the op computes, which a plan reading the op's operands instead would (the
+        # reader's own write, as a relu_'s, comes after its read)
         others = tuple(u for u in st.snap.users[node.name] if u != reader)
-        return OutputShared(code=p.shared, node=node.name, users=others, path=path)
+        if others:
+            return OutputShared(code=p.shared, node=node.name, users=others, path=path)
     bound_op = Bound(node=node, family=p.family, args=args, uses=uses, out=p.out)
     err = st.bind(p.name, bound_op, node.name, "output", path, count=False)  # counted on matching
     if err is not None:

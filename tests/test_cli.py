@@ -377,3 +377,35 @@ def test_a_rule_of_your_own_that_cannot_load_is_one_line_and_exit_2(
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.splitlines()
     assert line.startswith(f"fxpure: error: {message.format(dir=tmp_path)}"), line
+
+
+def test_a_rule_file_loads_as_a_script_would_and_its_failures_are_one_line(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    files = {
+        # prints when imported (stdout is the report), declares a dataclass under postponed
+        # annotations (the module must be registered), imports the file beside it
+        "loud.py": (
+            "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom beside import RULE\n"
+            'print("loading my rules")\n\n\n@dataclass\nclass Options:\n    eps: float = 1e-5\n'
+        ),
+        "beside.py": OWN_RULE.replace("DROP_CLONE", "RULE"),
+        "boom.py": OWN_RULE.replace("return p.replace(c, x)", "return 1 / 0"),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    r = fxpure("explain", saved["plain"], "--rules", f"{tmp_path}/loud.py:RULE", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rules"] == ["drop-clone"] and "loading my rules" in r.stderr
+    program = tmp_path / "clones.pt2"
+    torch.export.save(torch.export.export(_Clones(), (torch.randn(2, 3),)), program)
+    r = fxpure("apply", program, "-o", tmp_path / "out.pt2", "--rules", f"{tmp_path}/boom.py:DROP_CLONE")
+    (line,) = r.stderr.splitlines()
+    assert r.returncode == 3 and "Traceback" not in r.stderr and not (tmp_path / "out.pt2").exists()
+    assert line.startswith("fxpure: error: planning raised ZeroDivisionError: division by zero (at ")
+    assert f"{tmp_path}/boom.py:" in line and line.endswith("(program unchanged, nothing written)")
+    # two rules of one name would share their report lines
+    r = fxpure("explain", saved["plain"], "--rules", f"fuse-conv-bn,{tmp_path}/beside.py:RULE,{tmp_path}/loud.py:RULE")
+    assert r.returncode == 2
+    expected = f"fxpure: error: --rules names two rules 'drop-clone' ({tmp_path}/loud.py:RULE is the second)"
+    assert r.stderr.splitlines() == ["loading my rules", expected]

@@ -13,7 +13,7 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, rewrite, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, SUB, TRANSPOSE, UNARY, family, in_place
+from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, RELU_, SUB, TRANSPOSE, UNARY, family, in_place
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -427,6 +427,16 @@ def test_a_shared_inner_node_the_program_writes_in_place_is_declined() -> None:
     assert (no.reason.code, no.reason.node, no.reason.path) == ("output-shared", "r", "add.self/r")
     assert no.reason.message == "output of r is also used by v"
     assert len(plan(g.build(written=["y"]), [skip]).plans) == 1  # another node written: no matter
+    # written by the reader itself (a relu_ on it, as ReLU(inplace=True) after a conv): it reads first
+    plain = rule(
+        "plain-relu",
+        Op(RELU_, name="relu", self=Op(RELU, name="r", users=ANY, self=Var("x"))),
+        plan=lambda p, relu, r, x: p.replace(relu, p.call("aten.relu.default", name="p", spec=relu.spec, self=x)),
+    )
+    g = GraphBuilder()
+    r = g.call("aten.relu.default", name="r", self=g.input("x", (2,)))
+    g.output(g.call("aten.relu_.default", name="relu", self=r))
+    assert len(plan(g.build(written=[r]), [plain]).plans) == 1
 
 
 @pytest.mark.parametrize("read_elsewhere", [False, True])
