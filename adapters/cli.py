@@ -559,9 +559,9 @@ def apply_cmd(args: argparse.Namespace) -> int:
     code = EXIT_OK
     if original is not None and before is not None:
         progress("verifying each plan, then the whole program, on random inputs")
+        checks = check_plans(before, outcome.report, tolerance=args.tolerance)  # (None: each plan's dtypes')
         if args.tolerance is None:
             args.tolerance = default_tolerance(original)
-        checks = check_plans(before, outcome.report, tolerance=args.tolerance)
         doc["plan_checks"] = [
             {"rule": c.rule, "anchor": c.anchor, "ok": c.ok, "max_rel": c.max_rel, "note": c.note} for c in checks
         ]

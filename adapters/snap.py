@@ -17,6 +17,7 @@ from adapters.torchnames import dtype_name, is_edge, target_name
 from fxpure.plan import no_cyclic_gc
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import (
+    SMALL_VALUES,
     Arg,
     ConstantInfo,
     ConstantKind,
@@ -119,10 +120,6 @@ def _least_sizes(
         if low.is_integer and low.is_finite:
             out[name] = int(low)
     return out
-
-
-# integer vectors up to this size are captured by value (zero points, index tables)
-SMALL_VALUES = 4096
 
 
 def _values(t: torch.Tensor) -> tuple[int, ...] | None:

@@ -207,13 +207,15 @@ def _misdeclared(node: NodeSnapshot, value: Any, symbols: Mapping[str, int]) -> 
     return None
 
 
-def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float, seed: int) -> PlanCheck:
+def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float | None, seed: int) -> PlanCheck:
     removed = set(p.erase) | {old for old, _ in p.replace} | set(p.prune)
     before_nodes = [n for n in snap.nodes if n.name in removed and n.op == "call_function"]
     new_nodes = [
         NodeSnapshot(name=n.name, op="call_function", target=n.target, args=n.args, kwargs=n.kwargs, spec=n.spec)
         for n in p.nodes
     ]
+    if tolerance is None:
+        tolerance = _plan_tolerance(before_nodes + new_nodes)
     symbols = symbol_values(cap.program)
     inputs: dict[str, Any] = {}
     try:
@@ -304,19 +306,26 @@ def default_tolerance(program: Program) -> float:
     """1e-4, or eight steps of the least precise floating dtype the program computes in (float16
     and bfloat16 round much coarser than that, and so does an output cast to float32 from them)."""
     values = [n.meta.get("val") for n in program.graph.nodes]
-    dtypes = {v.dtype for v in values if isinstance(v, torch.Tensor)}
-    steps = [torch.finfo(d).eps for d in dtypes if d.is_floating_point]
-    return max([1e-4, *(8 * e for e in steps)])
+    return _tolerance({v.dtype for v in values if isinstance(v, torch.Tensor)})
+
+
+def _tolerance(dtypes: set[torch.dtype]) -> float:
+    return max([1e-4, *(8 * torch.finfo(d).eps for d in dtypes if d.is_floating_point)])
+
+
+def _plan_tolerance(nodes: list[NodeSnapshot]) -> float:
+    """:func:`default_tolerance` of what a plan's region computes in (its old and new nodes)."""
+    specs = [s for n in nodes for s in (n.spec if isinstance(n.spec, tuple) else (n.spec,))]
+    return _tolerance({dtype_of(s.dtype) for s in specs if s is not None})
 
 
 def check_plans(
     program: Program | Captured, report: RewriteReport, *, tolerance: float | None = None, seed: int = 0
 ) -> list[PlanCheck]:
     """Check each plan of ``report`` (made on ``program`` before it was changed) on its own, within
-    ``tolerance`` (relative; by default :func:`default_tolerance` of the program)."""
+    ``tolerance`` (relative; by default that of the dtypes the plan's old and new nodes compute in,
+    as :func:`default_tolerance` gives a program's)."""
     cap = program if isinstance(program, Captured) else capture_program(program)
-    if tolerance is None:
-        tolerance = default_tolerance(cap.program)
     out: list[PlanCheck] = []
     for i, (current, stage) in enumerate(planned_on(report)):
         out.extend(_check(cap, current, p, tolerance, seed + 2 * i) for p in stage)

@@ -14,6 +14,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
+from fxpure.families import CAST
 from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
@@ -192,7 +193,7 @@ SQUARE, RSUB = "aten.square.default", frozenset({"aten.rsub.Scalar", "aten.rsub.
 # another with nothing else changed (``to_edge`` lifts a number as a float32 tensor and copies it to
 # a float16 model's dtype)
 PERMUTES = frozenset({"aten.permute.default", "aten.permute_copy.default"})
-CASTS = frozenset({"aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"})
+CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
 
 
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:

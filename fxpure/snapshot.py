@@ -121,6 +121,10 @@ class NodeSnapshot:
         return self.spec if isinstance(self.spec, TensorSpec) else None
 
 
+# integer vectors up to this size are held by value (zero points, index tables)
+SMALL_VALUES = 4096
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConstantInfo:
@@ -129,7 +133,8 @@ class ConstantInfo:
     ``storage`` identifies the backing tensor so aliases are visible; ``source``
     is None for an existing tensor, or the expression of a derived one.
     ``values`` holds the data of a small integer vector (quantization zero
-    points, say) so planners can check it; None for anything else.
+    points, say; at most :data:`SMALL_VALUES` of them) so planners can check
+    it; None for anything else.
     """
 
     kind: ConstantKind

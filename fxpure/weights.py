@@ -24,7 +24,7 @@ from typing import Literal, TypeAlias, final
 from returns.result import Failure, Result, Success
 
 from fxpure.reasons import BadExpr
-from fxpure.snapshot import Dim, TensorSpec
+from fxpure.snapshot import SMALL_VALUES, Dim, TensorSpec
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 INT_DTYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
@@ -529,9 +529,10 @@ def int_values(expr: WeightExpr) -> tuple[int, ...] | None:
     >>> int_values(Fill(shape=(3,), value=0.0, dtype="int64")), int_values(Fill(shape=(3,), value=0.0, dtype="float32"))
     ((0, 0, 0), None)
     """
-    if isinstance(expr, Fill) and expr.dtype.startswith(("int", "uint")) and len(expr.shape) <= 1:
-        return (int(expr.value),) * math.prod(expr.shape)
-    return None
+    if not isinstance(expr, Fill) or not expr.dtype.startswith(("int", "uint")) or len(expr.shape) > 1:
+        return None
+    n = math.prod(expr.shape)
+    return (int(expr.value),) * n if n <= SMALL_VALUES else None
 
 
 def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:

@@ -12,13 +12,13 @@ from torch import nn
 
 import adapters
 from adapters.cli import main
-from adapters.validate import check_plans
-from fxpure.families import BATCH_NORM, CONV, RELU
+from adapters.validate import check_plans, default_tolerance
+from fxpure.families import BATCH_NORM, CONV, MUL, RELU
 from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, Var, rule
 from fxpure.plan import RewritePlan
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.snapshot import DTypeArg, NodeRef, TensorSpec
-from fxpure.weights import WeightExpr, fold_batch_norm
+from fxpure.weights import Binary, Fill, Reshape, WeightExpr, fold_batch_norm
 from tests.models import ResNetish, example, randomize_bn
 from tests.programs import build
 from tests.quantized import pt2e
@@ -262,3 +262,32 @@ def test_plans_of_a_quantized_program_are_checked_where_it_quantizes(rule_name: 
     wrong = rule("requantize-doubled", Op(RELU, name="r", self=Var("x")), plan=_requantize_doubled)
     (check,) = check_plans(program, adapters.transform(program, [wrong], dry_run=True).unwrap().report)
     assert check.ok is False
+
+
+class _FloatConvBesideBfloat16(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 1, bias=False)
+        self.register_buffer("g", torch.rand(1, 8, 1, 1) + 0.5)
+        self.side = nn.Linear(4, 4).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.c(x) * self.g, self.side(z)
+
+
+def _sloppy(p: Planner, mul: Bound, conv: Bound, w: WeightExpr, g: WeightExpr) -> RewritePlan:
+    # deliberately wrong: folds g * 1.03, 3% off
+    gain = Binary(op="mul", a=Reshape(x=g, shape=(8, 1, 1, 1)), b=Fill(shape=(1,), value=1.03, dtype="float32"))
+    return p.replace(mul, p.respell(conv, weight=p.const(Binary(op="mul", a=w, b=gain), "w_scaled")))
+
+
+def test_a_float32_plan_is_checked_at_float32s_tolerance_beside_a_bfloat16_branch() -> None:
+    # the program's own tolerance is bfloat16's (6%): a float32 plan 3% off passed with it
+    pattern = Op(MUL, name="mul", self=Op(CONV, name="conv", weight=Const("w"), bias=None), other=Const("g"))
+    program = torch.export.export(
+        _FloatConvBesideBfloat16().eval(), (torch.randn(1, 3, 4, 4), torch.randn(2, 4).bfloat16())
+    )
+    report = adapters.transform(program, [rule("sloppy", pattern, plan=_sloppy)], dry_run=True).unwrap().report
+    assert default_tolerance(program) == 8 * torch.finfo(torch.bfloat16).eps
+    (check,) = check_plans(program, report)
+    assert check.ok is False and 0.02 < check.max_rel < 0.04

@@ -29,7 +29,7 @@ from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
-from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, TensorSpec
+from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.weights import (
     FLOAT_DTYPES,
     Binary,
@@ -101,12 +101,20 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so: a
     candidate, declined as the aten form's is reported)."""
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
-    if node is not None and node.target in CAST.targets and node.args:
+    if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
         return node is not None and node.target in PRODUCTS
     inner = node.args[0] if node.args else None
     return isinstance(inner, NodeRef) and snap.node(inner.name).target in MATMULS
+
+
+def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
+    """``copy`` changes its input's dtype (not only its layout)."""
+    x = copy.args[0]
+    spec = snap.node(x.name).tensor_spec if isinstance(x, NodeRef) and x.name in snap.index else None
+    out = copy.tensor_spec
+    return spec is not None and out is not None and spec.dtype != out.dtype
 
 
 def _activation(snap: GraphSnapshot, value: Arg, shape: tuple[Dim, ...]) -> bool:

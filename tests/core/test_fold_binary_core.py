@@ -557,6 +557,31 @@ def test_on_edge_an_op_reading_a_promoting_copy_of_the_output_is_declined(op: st
     assert [(r.node, r.reason.code) for r in report.rejections] == [("bin", code)]
 
 
+def test_on_edge_an_op_reading_a_layout_copy_of_the_output_is_no_candidate() -> None:
+    # a copy to another dim order only (no promotion): not a scale of the conv's output as it is
+    g = GraphBuilder(dialect="edge")
+    y = g.call(
+        "aten.convolution.default",
+        name="conv",
+        out=(B, OC, 6, 6),
+        input=g.input("x", (B, IC, 8, 8)),
+        weight=g.parameter("w", (OC, IC, 3, 3)),
+        bias=None,
+        stride=(1, 1),
+        padding=(0, 0),
+        dilation=(1, 1),
+        transposed=False,
+        output_padding=(0, 0),
+        groups=1,
+    )
+    copy = g.call(
+        "dim_order_ops._to_dim_order_copy.default", name="copy", out=(B, OC, 6, 6), self=y, dim_order=(0, 2, 3, 1)
+    )
+    g.output(g.call("aten.mul.Tensor", name="bin", out=(B, OC, 6, 6), self=copy, other=g.buffer("c", (OC, 1, 1))))
+    report = plan(g.build(), [RULE])
+    assert report.plans == () and report.rejections == ()
+
+
 def test_a_candidate_a_later_run_declines_is_reported_there() -> None:
     # (conv * c) + d, d not per channel: the add becomes a candidate in the second run, which declines it
     g = GraphBuilder()

@@ -1341,6 +1341,7 @@ def test_permutes_float_copies_squares_and_reversed_subtractions_of_constants_ar
         out=spec(dtype="float16"),
     )
     wide = g.node("aten._to_copy.default", (h,), {"dtype": DTypeArg("float32")}, name="wide", out=(3,))
+    narrow = g.node("aten.to.dtype", (v, DTypeArg("float16")), name="narrow", out=spec(2, 3, dtype="float16"))
     to_int = g.node(
         "aten._to_copy.default", (v,), {"dtype": DTypeArg("int32")}, name="to_int", out=spec(2, 3, dtype="int32")
     )
@@ -1349,12 +1350,13 @@ def test_permutes_float_copies_squares_and_reversed_subtractions_of_constants_ar
     r = g.node("aten.rsub.Scalar", (v, 2.0), name="r", out=(2, 3))
     rt = g.node("aten.rsub.Tensor", (v, v), name="rt", out=(2, 3))
     r2 = g.node("aten.rsub.Scalar", (v, 2.0, 3), name="r2", out=(2, 3))  # 2 - 3 v: alpha
-    g.output(t, half, wide, to_int, odd, sq, r, rt, r2)
+    g.output(t, half, wide, narrow, to_int, odd, sq, r, rt, r2)
     snap = g.build()
     V = Source(key="v", spec=spec(2, 3))
     assert constant_expr(snap, "t") == Permute(x=V, dims=(1, 0))
     assert constant_expr(snap, "half") == Cast(x=Source(key="eps", spec=spec()), dtype="float16")
     assert constant_expr(snap, "wide") == Cast(x=Source(key="h", spec=spec(3, dtype="float16")), dtype="float32")
+    assert constant_expr(snap, "narrow") == Cast(x=V, dtype="float16")  # an aten program's w.to(torch.half)
     assert constant_expr(snap, "sq") == Binary(op="mul", a=V, b=V)
     assert constant_expr(snap, "r") == Binary(op="sub", a=Fill(shape=(), value=2.0, dtype="float32"), b=V)
     assert constant_expr(snap, "rt") == Binary(op="sub", a=V, b=V)

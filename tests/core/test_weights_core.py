@@ -17,7 +17,7 @@ from returns.result import Failure, Success
 
 from fxpure import weights
 from fxpure.reasons import BadExpr
-from fxpure.snapshot import Dim, TensorSpec
+from fxpure.snapshot import SMALL_VALUES, Dim, TensorSpec
 from fxpure.weights import (
     EXPR_NODE,
     Binary,
@@ -40,6 +40,7 @@ from fxpure.weights import (
     children,
     fold_batch_norm,
     infer_spec,
+    int_values,
     inverse,
     out_channels,
     sources,
@@ -843,3 +844,14 @@ def test_fold_failure(weight: WeightExpr, transposed: bool, groups: int, message
     bad = result.failure()
     assert isinstance(bad, BadExpr)
     assert (bad.node, bad.code, bad.message) == (EXPR_NODE, "bad-weight-expr", message)
+
+
+def test_the_values_of_an_integer_fill_are_known_as_a_captured_vectors_are() -> None:
+    assert int_values(Fill(shape=(3,), value=2.0, dtype="uint8")) == (2, 2, 2)
+    assert int_values(Fill(shape=(), value=-1.0, dtype="int32")) == (-1,)  # a scalar: one value
+    assert int_values(Fill(shape=(SMALL_VALUES,), value=0.0, dtype="int64")) == (0,) * SMALL_VALUES
+    # held by value no larger than a captured one is, of rank 1 at most, of an integer dtype
+    assert int_values(Fill(shape=(SMALL_VALUES + 1,), value=0.0, dtype="int64")) is None
+    assert int_values(Fill(shape=(2, 2), value=0.0, dtype="int64")) is None
+    assert int_values(Fill(shape=(2,), value=1.0, dtype="bool")) is None
+    assert int_values(Source(key="z", spec=spec(2, dtype="int64"))) is None  # the program's: captured
