@@ -468,3 +468,20 @@ def test_qualcomm_converts_only_the_preserved_linear_spelling() -> None:
     ours = edge(MLP, "edge").exported_program()
     adapters.transform(ours, [linear_to_conv2d()]).unwrap()
     assert convs(ours) == 3 and linears_left(ours) == 0
+
+
+def test_a_dynamically_quantized_linear_is_declined_and_the_program_still_lowers_to_xnnpack() -> None:
+    # its q/dq pair after the views read choose_qparams' outputs: XNNPACK's partitioner then found
+    # a dependency cycle, where the original lowers
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    x = (torch.randn(4, 16),)
+    program = pt2e(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)), x, dynamic_quant=True)
+    outcome = adapters.transform(program, [linear_to_conv2d()]).unwrap()
+    assert not outcome.changed
+    assert [(r.node, r.reason.code) for r in outcome.report.rejections] == [
+        ("linear", "dynamic-quantization"),
+        ("linear_1", "dynamic-quantization"),
+    ]
+    to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()

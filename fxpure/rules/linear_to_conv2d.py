@@ -218,6 +218,20 @@ def _plan(
     return p.replace(lin.outer, result)  # the erased reshapes' sizes (sym_size, mul) go with them
 
 
+DYNAMIC = "dynamic-quantization"
+
+
+def _static_input(site: _Site, match: Match) -> Reason | None:
+    """The input is not quantized at run time (``choose_qparams``: dynamic quantization): the q/dq
+    pair on its 4-d view would read parameters computed from the linear's input, a chain XNNPACK
+    cannot partition (a dependency cycle), and the NPUs this rule is for quantize statically."""
+    dq = quantized_as(match.snap, site.x.name)
+    if dq is None or all(type(a) is not NodeRef for a in dq.args[1:3]):
+        return None
+    detail = f"{site.lin.op.name}: its input {dq.name} is quantized at run time (scale and zero point are computed)"
+    return Declined(code=DYNAMIC, node=site.lin.op.name, detail=detail)
+
+
 LINEAR_TO_CONV2D = rule(
     NAME,
     PATTERN,
@@ -233,6 +247,7 @@ LINEAR_TO_CONV2D = rule(
             layout.CODE,
         ),
     ),
+    need.check(_static_input, codes=(DYNAMIC,)),
     plan=_plan,
 )
 
@@ -242,7 +257,7 @@ def linear_to_conv2d() -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(linear_to_conv2d().codes - GENERIC_CODES)
-    ['arg-mismatch', 'bias-not-per-channel', 'layout-sensitive-reader', 'not-constant', 'output-shared', \
-'symbolic-shape', 'unsupported-rank', 'wrong-op', 'zero-size']
+    ['arg-mismatch', 'bias-not-per-channel', 'dynamic-quantization', 'layout-sensitive-reader', 'not-constant', \
+'output-shared', 'symbolic-shape', 'unsupported-rank', 'wrong-op', 'zero-size']
     """
     return LINEAR_TO_CONV2D

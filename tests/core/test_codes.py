@@ -382,6 +382,30 @@ def _empty_linear(gen: _Gen) -> None:
     gen.result(gen.call("aten.linear.default", out, input=x, weight=gen.constant((o, i)), bias=_bias(gen, o)), out)
 
 
+def _dynamic_linear(gen: _Gen) -> None:
+    """A linear whose input is quantized at run time: its scale and zero point are computed
+    (``choose_qparams``, here any computed values) and read as tensors (``.tensor`` overloads)."""
+    f = gen.pick((2, 4))
+    x = gen.input((gen.batch, f))
+    n = len(gen.computed)
+    qp = gen.g.node(
+        f"{Q}.choose_qparams.tensor",
+        (x, -128, 127, 1e-5, DTypeArg("int8")),
+        name=f"qp_{n}",
+        out=(spec(1), spec(1, dtype="int64")),
+    )
+    scale = gen.g.getitem(qp, 0, name=f"qp_scale_{n}", out=(1,))
+    zero = gen.g.getitem(qp, 1, name=f"qp_zero_{n}", out=spec(1, dtype="int64"))
+    args = (scale, zero, -128, 127, DTypeArg("int8"))
+    xq = gen.g.node(
+        f"{Q}.quantize_per_tensor.tensor", (x, *args), name=f"dyn_q_{n}", out=spec(gen.batch, f, dtype="int8")
+    )
+    xd = gen.g.node(f"{Q}.dequantize_per_tensor.tensor", (xq, *args), name=f"dyn_dq_{n}", out=(gen.batch, f))
+    gen.computed.extend([xq, xd])
+    out = spec(gen.batch, f)
+    gen.result(gen.call("aten.linear.default", out, input=xd, weight=gen.constant((f, f)), bias=_bias(gen, f)), out)
+
+
 def _viewed_parallel_linears(gen: _Gen) -> None:
     """Two linears reading one new (batch, time, features) input, the second's output viewed as one dim."""
     _sequence(gen)
@@ -412,6 +436,7 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _odd_operand,
     _copied_operand,
     _empty_linear,
+    _dynamic_linear,
 )
 
 
