@@ -178,6 +178,33 @@ def _tensor_of(ep: ExportedProgram, spec: InputSpec) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) else None
 
 
+def _value_of(gm: torch.fx.GraphModule, n: torch.fx.Node, computed: dict[torch.fx.Node, Any]) -> Any:
+    """``n.meta["val"]``; for a call torch added without one (``convert_pt2e``'s quantize and
+    dequantize nodes, in the GraphModule it returns), its value computed on fake values of what it
+    reads (a constant's own tensor, made fake), kept in ``computed``; None where that fails."""
+    value = n.meta.get("val")
+    if value is not None or n.op != "call_function":
+        return value
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    reads = {a: a.meta.get("val", computed.get(a)) for a in n.all_input_nodes}
+    mode = detect_fake_mode([v for v in reads.values() if isinstance(v, torch.Tensor)]) or FakeTensorMode()
+    for a, v in reads.items():
+        t = _attr(gm, str(a.target)) if v is None and a.op == "get_attr" else None
+        reads[a] = mode.from_tensor(t) if isinstance(t, torch.Tensor) else v
+    if any(v is None for v in reads.values()):
+        return None
+    fn: Any = n.target
+    try:
+        with mode:
+            value = fn(*torch.fx.node.map_arg(n.args, reads.get), **torch.fx.node.map_arg(n.kwargs, reads.get))
+    except Exception:  # what torch cannot compute here has no spec, as before
+        return None
+    computed[n] = value
+    return value
+
+
 def _attr(gm: torch.nn.Module, path: str) -> Any:
     obj: Any = gm
     for atom in path.split("."):
@@ -340,6 +367,7 @@ def _capture(program: Program) -> Captured:
     branches: list[tuple[str, torch.fx.GraphModule]] = []
     refs: dict[torch.fx.Node, NodeRef] = {}
     symbolic: dict[str, torch.SymInt] = {}
+    computed: dict[torch.fx.Node, Any] = {}  # fake values of calls torch added without one
     edge = False
     for n in gm.graph.nodes:
         name, op = n.name, n.op
@@ -368,7 +396,7 @@ def _capture(program: Program) -> Captured:
                 target=target,
                 args=tuple([_arg(a, refs) for a in n.args]),
                 kwargs=pmap({k: _arg(v, refs) for k, v in kwargs.items()}) if kwargs else _EMPTY,
-                spec=_spec(n.meta.get("val"), symbolic),
+                spec=_spec(v if (v := n.meta.get("val")) is not None else _value_of(gm, n, computed), symbolic),
             )
         )
     writes = _writes(ep, gm)

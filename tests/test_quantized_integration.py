@@ -256,3 +256,30 @@ def test_an_output_quantized_to_a_narrower_range_than_the_kernels_is_not_packed(
     outcome = adapters.transform(ep, [quantized_conv()]).unwrap()  # the float fallback keeps the range
     assert q8ta_calls(ep) == [] and outcome.changed
     assert torch.equal(ep.module()(*x), want) and want.min() == low * 0.01
+
+
+def test_the_graph_module_convert_pt2e_returns_is_planned_as_its_export_is() -> None:
+    # convert_pt2e adds its quantize and dequantize nodes without meta["val"]: the conv had no known
+    # input shape (its float fallback, instead of malformed-node) and the linear was declined
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from fxpure.rules import linear_to_conv2d
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10)
+    ).eval()
+    x = (torch.randn(1, 8, 8, 8),)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(torch.export.export(model, x).module(), quantizer)
+    prepared(*x)
+    gm = convert_pt2e(prepared)
+    report = adapters.transform(copy.deepcopy(gm), [quantized_conv()], dry_run=True).unwrap().report
+    assert [(p.anchor, p.instead_of) for p in report.plans] == [("conv2d", None)] and report.rejections == ()
+    want = gm(*x)
+    outcome = adapters.transform(gm, [linear_to_conv2d()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["linear"] and outcome.changed
+    assert torch.allclose(gm(*x), want, atol=1e-6)
