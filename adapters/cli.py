@@ -639,6 +639,7 @@ def _lower(program: Any, names: list[str]) -> bytes:
     ops run there (quantized-conv), else with the portable kernels."""
     import logging
 
+    import executorch.kernels.quantized  # type: ignore[import-untyped]  # noqa: F401  (a PT2E program's q/dq out variants)
     from executorch.exir import to_edge
 
     logging.disable(logging.INFO)  # partitioners report their progress on the root logger

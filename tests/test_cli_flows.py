@@ -330,3 +330,17 @@ def test_the_default_tolerance_is_that_of_the_least_precise_dtype_the_program_co
     half = torch.export.export(Half().eval(), (X,))
     assert default_tolerance(half) == 8 * torch.finfo(torch.float16).eps
     assert default_tolerance(torch.export.export(_ConvBN().eval(), (X,))) == 1e-4
+
+
+def test_a_pt2e_program_lowers_to_a_pte_without_a_delegate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # --pte lowers with the portable kernels: a PT2E program's quantize and dequantize had no out
+    # variants there ("Missing out variants"), exit 3 and nothing written
+    from tests.programs import run_pte
+    from tests.quantized import pt2e
+
+    program = pt2e(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), (X,))
+    src, out, pte = tmp_path / "q.pt2", tmp_path / "o.pt2", tmp_path / "o.pte"
+    torch.export.save(program, src)
+    assert _main(monkeypatch, "apply", src, "-o", out, "--rules", "fuse-conv-bn", "--pte", pte) == 0
+    (got,) = run_pte(pte.read_bytes(), (X,))
+    assert torch.allclose(got, program.module()(X), atol=1e-5)
