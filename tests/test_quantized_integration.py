@@ -9,12 +9,14 @@ from collections import Counter
 import pytest
 import torch
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+from executorch.exir import to_edge
 from torch.export import ExportedProgram
 
 import adapters
 from adapters.passes import QuantizedConvolutionPass
 from fxpure.plan import RewriteReport
 from fxpure.rules import quantized_conv
+from tests import q8ta_oracle
 from tests.models import Q_MODELS, randomize_bn
 from tests.programs import count, dead_constants, validate
 from tests.quantized import assert_exact, pt2e, q8ta_calls, quantize, same_call, upstream_pack
@@ -247,6 +249,7 @@ class NarrowOutput(torch.nn.Module):
 @pytest.mark.parametrize("low", [-127, 0])
 def test_an_output_quantized_to_a_narrower_range_than_the_kernels_is_not_packed(low: int) -> None:
     # packed, the values the program clamps to `low` came out down to -128 (128 steps off for [0, 127])
+    torch.manual_seed(0)
     model, x = NarrowOutput(low).eval(), (torch.randn(1, 8, 4, 4) * 3,)
     want = model(*x)
     ep = torch.export.export(model, x)
@@ -256,6 +259,13 @@ def test_an_output_quantized_to_a_narrower_range_than_the_kernels_is_not_packed(
     outcome = adapters.transform(ep, [quantized_conv()]).unwrap()  # the float fallback keeps the range
     assert q8ta_calls(ep) == [] and outcome.changed
     assert torch.equal(ep.module()(*x), want) and want.min() == low * 0.01
+    # upstream packs it (its pattern reads no range): what the kernel stores goes below `low`
+    edge = to_edge(torch.export.export(model, x)).exported_program()
+    assert upstream_pack(edge) == 1
+    ((target, args),) = q8ta_calls(edge)
+    xq = torch.ops.quantized_decomposed.quantize_per_tensor(x[0], 0.05, 0, -128, 127, torch.int8)
+    stored = q8ta_oracle.run(q8ta_oracle.parse(target, args), xq, out_channels=8).q
+    assert stored.min() < low
 
 
 def test_the_graph_module_convert_pt2e_returns_is_planned_as_its_export_is() -> None:
