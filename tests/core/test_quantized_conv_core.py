@@ -14,7 +14,7 @@ from fxpure.pattern import Bound, Const, Match, Op, Planner, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, UnsupportedDtype
 from fxpure.rules import quantized_conv
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeSnapshot
 from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, Source, SumOver, infer_spec, unpack
 from tests.core.build import qconv, spec
 
@@ -308,11 +308,19 @@ def test_a_dequantize_the_program_writes_in_place_is_neither_packed_nor_folded(w
     # w = dq(wq); w.view(-1)[:9].mul_(3); conv(x, w): the conv reads the written w, so neither the
     # packed int8 weight nor the fallback's float constant dq(wq) is what it reads; the same for the
     # activations' dequantize, which the q8ta conv would read around
-    g = replace(qconv(convs=2), written=frozenset({written}))
+    g = qconv(convs=2)
+    at = g.index[written] + 1  # the write, right after the dequantize
+    write = NodeSnapshot(name="write", op="call_function", target="aten.mul_.Scalar", args=(NodeRef(written), 3.0))
+    g = snapshot([*g.nodes[:at], write, *g.nodes[at:]], g.constants, dialect="edge", written=[written])
     report = plan(g, [quantized_conv()])
     assert [p.anchor for p in report.plans] == ["conv1"]
     (r,) = report.rejections
-    assert (r.node, r.reason.code, r.reason.node) == ("conv0", "output-shared", written)
+    assert (r.node, r.reason.code, r.reason.node, r.reason.message) == (
+        "conv0",
+        "output-shared",
+        written,
+        f"output of {written} is also used by write",
+    )
     assert r.reason.path == ("conv.weight/dqw" if written == "dqw0" else "conv.input/dqx")
 
 
