@@ -192,6 +192,7 @@ def _own_rule(entry: str) -> Any:
     """A rule of the user's own: ``module:attribute`` or ``file.py:attribute``."""
     import importlib
     import importlib.util
+    import zlib
     from pathlib import Path
 
     where, _, attr = entry.rpartition(":")
@@ -199,9 +200,10 @@ def _own_rule(entry: str) -> Any:
         with contextlib.redirect_stdout(sys.stderr):
             if where.endswith(".py"):
                 path = Path(where).resolve()
-                # as if run from its folder: it imports the files beside it; registered under a name
-                # of its own (a dataclass looks its module up), which shadows no module
-                name = f"fxpure_rules_{path.stem}"
+                # as if run from its folder: it imports the files beside it (a module of one name
+                # is imported once: two folders' helpers.py are one); registered under a name of
+                # its own (a dataclass looks its module up), which shadows no module
+                name = f"fxpure_rules_{path.stem}_{zlib.crc32(str(path).encode()):08x}"  # one per file
                 spec = importlib.util.spec_from_file_location(name, path)
                 if not path.is_file() or spec is None or spec.loader is None:
                     raise BadInput(f"--rules {entry}: no file {where}")

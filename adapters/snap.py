@@ -178,30 +178,47 @@ def _tensor_of(ep: ExportedProgram, spec: InputSpec) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) else None
 
 
-def _value_of(gm: torch.fx.GraphModule, n: torch.fx.Node, computed: dict[torch.fx.Node, Any]) -> Any:
-    """``n.meta["val"]``; for a call torch added without one (``convert_pt2e``'s quantize and
-    dequantize nodes, in the GraphModule it returns), its value computed on fake values of what it
-    reads (a constant's own tensor, made fake), kept in ``computed``; None where that fails."""
-    value = n.meta.get("val")
-    if value is not None or n.op != "call_function":
-        return value
-    from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
+@dataclass
+class _Fakes:
+    """Values computed for calls torch added without ``meta["val"]``, and the program's fake mode
+    they are computed in (looked up once; None for a program with no fake values at all)."""
 
-    reads = {a: a.meta.get("val", computed.get(a)) for a in n.all_input_nodes}
-    mode = detect_fake_mode([v for v in reads.values() if isinstance(v, torch.Tensor)]) or FakeTensorMode()
-    for a, v in reads.items():
-        t = _attr(gm, str(a.target)) if v is None and a.op == "get_attr" else None
-        reads[a] = mode.from_tensor(t) if isinstance(t, torch.Tensor) else v
-    if any(v is None for v in reads.values()):
+    gm: torch.fx.GraphModule
+    values: dict[torch.fx.Node, Any] = field(default_factory=dict)
+    looked: bool = False
+    mode: Any = None
+
+    def fake_mode(self) -> Any:
+        if not self.looked:
+            from torch._guards import detect_fake_mode
+
+            self.looked = True
+            vals = (n.meta.get("val") for n in self.gm.graph.nodes)
+            self.mode = detect_fake_mode([next((v for v in vals if isinstance(v, torch.Tensor)), None)])
+        return self.mode
+
+
+def _value_of(n: torch.fx.Node, fakes: _Fakes) -> Any:
+    """The value of a call torch added without ``meta["val"]`` (``convert_pt2e``'s quantize and
+    dequantize nodes, in the GraphModule it returns), computed on the fake values of what it reads
+    (a constant's own tensor made fake in the program's mode); None where a read has none (a
+    ``symbolic_trace`` module has none at all), or torch cannot compute it."""
+    mode = fakes.fake_mode() if n.op == "call_function" else None
+    if mode is None:
         return None
+    reads = {a: a.meta.get("val", fakes.values.get(a)) for a in n.all_input_nodes}
     fn: Any = n.target
     try:
+        for a, v in reads.items():
+            t = _attr(fakes.gm, str(a.target)) if v is None and a.op == "get_attr" else None
+            reads[a] = mode.from_tensor(t) if isinstance(t, torch.Tensor) else v
+        if any(v is None for v in reads.values()):
+            return None
         with mode:
             value = fn(*torch.fx.node.map_arg(n.args, reads.get), **torch.fx.node.map_arg(n.kwargs, reads.get))
     except Exception:  # what torch cannot compute here has no spec, as before
         return None
-    computed[n] = value
+    fakes.values[n] = value
     return value
 
 
@@ -367,7 +384,7 @@ def _capture(program: Program) -> Captured:
     branches: list[tuple[str, torch.fx.GraphModule]] = []
     refs: dict[torch.fx.Node, NodeRef] = {}
     symbolic: dict[str, torch.SymInt] = {}
-    computed: dict[torch.fx.Node, Any] = {}  # fake values of calls torch added without one
+    fakes = _Fakes(gm)  # values of calls torch added without one
     edge = False
     for n in gm.graph.nodes:
         name, op = n.name, n.op
@@ -396,7 +413,7 @@ def _capture(program: Program) -> Captured:
                 target=target,
                 args=tuple([_arg(a, refs) for a in n.args]),
                 kwargs=pmap({k: _arg(v, refs) for k, v in kwargs.items()}) if kwargs else _EMPTY,
-                spec=_spec(v if (v := n.meta.get("val")) is not None else _value_of(gm, n, computed), symbolic),
+                spec=_spec(v if (v := n.meta.get("val")) is not None else _value_of(n, fakes), symbolic),
             )
         )
     writes = _writes(ep, gm)

@@ -248,13 +248,12 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float 
     if wrong is not None:
         return PlanCheck(rule=p.rule, anchor=p.anchor, ok=False, note=wrong)
     worst = max((_rel(after.env[new], before.env[old]) for old, new in p.replace), default=0.0)
-    if worst > tolerance and any(n.target in _QUANTIZE for n in new_nodes):
-        # a plan that quantizes its output again (a q/dq pair after a conv of a quantized program)
-        # differs from the float it replaces by that rounding: compare where the program quantizes
-        steps = [_requantized(snap, cap, old, before.env[old], after.env[new], symbols) for old, new in p.replace]
-        if all(s is not None and s <= 1 for s in steps):
-            note = "equal where the program quantizes the output (within one step)"
-            return PlanCheck(rule=p.rule, anchor=p.anchor, ok=True, max_rel=worst, note=note)
+    # a plan that quantizes its output again (a q/dq pair after a conv of a quantized program)
+    # differs from the float it replaces by that rounding: compare where the program quantizes
+    quantizes = worst > tolerance and any(n.target in _QUANTIZE for n in new_nodes)
+    if quantizes and all(_requantized(snap, cap, o, before.env[o], after.env[n], symbols) for o, n in p.replace):
+        note = "equal where the program quantizes the output"
+        return PlanCheck(rule=p.rule, anchor=p.anchor, ok=True, max_rel=worst, note=note)
     note = "" if worst <= tolerance else f"max relative difference {worst:.3g} > {tolerance:g}"
     return PlanCheck(rule=p.rule, anchor=p.anchor, ok=worst <= tolerance, max_rel=worst, note=note)
 
@@ -270,36 +269,43 @@ _QUANTIZE = frozenset(
 )
 
 
-def _requantized(
-    snap: GraphSnapshot, cap: Captured, old: str, want: Any, got: Any, symbols: Mapping[str, int]
-) -> float | None:
-    """How many quantization steps apart the program's next quantize of ``old`` puts ``want`` and
-    ``got`` (``old``'s value and its replacement's), through the ops between that read nothing
-    else computed (a relu); None if ``old`` is not quantized so."""
+def _requantized(snap: GraphSnapshot, cap: Captured, old: str, want: Any, got: Any, symbols: Mapping[str, int]) -> bool:
+    """Whether the program's next quantize of ``old`` (per tensor, through the ops between that read
+    nothing else computed, a relu) stores the same integers for ``want`` and ``got`` (``old``'s value
+    and its replacement's): equal, but for one step where ``want`` lies at a rounding tie (float
+    sums in another order may round the other way there)."""
     chain: list[NodeSnapshot] = []
     name = old
     while len(chain) < 4:
         users = snap.users.get(name, ())
         node = snap.node(users[0]) if len(users) == 1 else None
         if node is None or node.op != "call_function":
-            return None
+            return False
         if any(r != name and r not in snap.constants for r in node_refs(node)):
-            return None
+            return False
         chain.append(node)
         if node.target in _QUANTIZE:
             break
         name = node.name
     else:
-        return None
-    out = []
+        return False
+    q = chain[-1]
+    scale, zero = q.arg(1, "scale"), q.arg(2, "zero_point")
+    if not isinstance(scale, float) or not isinstance(zero, int):  # per channel: not compared here
+        return False
+    stored, read = [], []
     for value in (want, got):
         region = _Region(snap, cap, {old: value}, symbols, torch.Generator().manual_seed(0))
         region.run(chain, snap.dialect)
-        out.append(region.env[chain[-1].name])
-    a, b = out
+        stored.append(region.env[q.name])
+        read.append(region.env[chain[-2].name] if len(chain) > 1 else value)
+    a, b = stored
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
-        return None
-    return float((a.long() - b.long()).abs().max().item()) if a.numel() else 0.0
+        return False
+    steps = (a.long() - b.long()).abs()
+    units = read[0].double() / scale + zero
+    at_tie = ((units - units.floor()) - 0.5).abs() < 1e-3
+    return bool((steps == 0).logical_or((steps == 1).logical_and(at_tie)).all())
 
 
 def default_tolerance(program: Program) -> float:

@@ -10,10 +10,12 @@ import pytest
 import torch
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 from executorch.exir import to_edge
+from returns.result import Success
 from torch.export import ExportedProgram
 
 import adapters
 from adapters.passes import QuantizedConvolutionPass
+from adapters.snap import capture
 from fxpure.plan import RewriteReport
 from fxpure.rules import quantized_conv
 from tests import q8ta_oracle
@@ -289,6 +291,19 @@ def test_the_graph_module_convert_pt2e_returns_is_planned_as_its_export_is() -> 
     gm = convert_pt2e(prepared)
     report = adapters.transform(copy.deepcopy(gm), [quantized_conv()], dry_run=True).unwrap().report
     assert [(p.anchor, p.instead_of) for p in report.plans] == [("conv2d", None)] and report.rejections == ()
+    # nodes added after convert_pt2e without meta["val"], reading a weight's dequantize and an
+    # activation: one fake mode for both (a fresh one for the weight's made transform raise)
+    mixed = copy.deepcopy(gm)
+    dq = next(n for n in mixed.graph.nodes if n.target == torch.ops.quantized_decomposed.dequantize_per_channel.default)
+    conv = next(iter(dq.users))
+    with mixed.graph.inserting_after(conv):
+        total = mixed.graph.call_function(torch.ops.aten.sum.default, (dq,))
+    with mixed.graph.inserting_after(total):
+        shifted = mixed.graph.call_function(torch.ops.aten.add.Tensor, (conv, total))
+    conv.replace_all_uses_with(shifted, delete_user_cb=lambda u: u is not shifted)
+    mixed.recompile()
+    assert capture(mixed).node(shifted.name).spec == capture(gm).node(conv.name).spec
+    assert isinstance(adapters.transform(mixed, [quantized_conv()], dry_run=True), Success)
     want = gm(*x)
     outcome = adapters.transform(gm, [linear_to_conv2d()]).unwrap()
     assert [p.anchor for p in outcome.report.plans] == ["linear"] and outcome.changed

@@ -3,7 +3,9 @@ command line's reliability (atomic saves, one-line errors, dynamic shapes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ import adapters
 from adapters.cli import main
 from adapters.validate import check_plans, default_tolerance
 from fxpure.families import BATCH_NORM, CONV, MUL, RELU
-from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, Var, rule
+from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, Var, quantized_as, rule
 from fxpure.plan import RewritePlan
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.snapshot import DTypeArg, NodeRef, TensorSpec
@@ -22,6 +24,8 @@ from fxpure.weights import Binary, Fill, Reshape, WeightExpr, fold_batch_norm
 from tests.models import ResNetish, example, randomize_bn
 from tests.programs import build
 from tests.quantized import pt2e
+
+_QD = "quantized_decomposed"
 
 
 def _forgets_gamma(
@@ -218,50 +222,52 @@ def test_a_half_precision_fold_is_checked_within_its_dtypes_rounding() -> None:
     assert not all(c.ok for c in check_plans(program, report, tolerance=1e-4))
 
 
-def _requantize_doubled(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
-    # deliberately wrong: relu(2x), quantized again, where the program computes relu(x)
-    spec = r.spec
-    assert spec is not None
-    doubled = p.call("aten.mul.Tensor", name="twice", spec=spec, self=x, other=2.0)
-    relu = p.call("aten.relu.default", name="relu2", spec=spec, self=doubled)
-    i8, q8 = TensorSpec(shape=spec.shape, dtype="int8"), DTypeArg(name="int8")
-    dq = "quantized_decomposed.dequantize_per_tensor.default"
-    q = p.call(
-        "quantized_decomposed.quantize_per_tensor.default",
-        name="rq",
-        spec=i8,
-        input=relu,
-        scale=0.01,
-        zero_point=0,
-        quant_min=-128,
-        quant_max=127,
-        dtype=q8,
+def _requantized_off(p: Planner, r: Bound, x: NodeRef, twice: bool) -> RewritePlan:
+    # deliberately wrong: relu(x) quantized with the program's next parameters, dequantized one step
+    # off (every value one step up), or relu(2x)
+    spec, q_next = r.spec, quantized_as(p.match.snap, r.name)
+    assert spec is not None and q_next is not None
+    scale, zero = q_next.args[1], q_next.args[2]
+    assert isinstance(zero, int)
+    y = p.call("aten.mul.Tensor", name="twice", spec=spec, self=x, other=2.0) if twice else x
+    relu = p.call("aten.relu.default", name="relu2", spec=spec, self=y)
+    i8, q8, dq = (
+        TensorSpec(shape=spec.shape, dtype="int8"),
+        DTypeArg(name="int8"),
+        f"{_QD}.dequantize_per_tensor.default",
     )
-    back = p.call(dq, name="rdq", spec=spec, input=q, scale=0.01, zero_point=0, quant_min=-128, quant_max=127, dtype=q8)
-    return p.replace(r, back)
+    common: dict[str, Any] = {"scale": scale, "quant_min": -128, "quant_max": 127, "dtype": q8}
+    q = p.call(f"{_QD}.quantize_per_tensor.default", name="rq", spec=i8, input=relu, zero_point=zero, **common)
+    return p.replace(r, p.call(dq, name="rdq", spec=spec, input=q, zero_point=zero if twice else zero + 1, **common))
+
+
+def _off(twice: bool) -> Callable[[Planner, Bound, NodeRef], RewritePlan]:
+    return lambda p, r, x: _requantized_off(p, r, x, twice)
 
 
 @pytest.mark.parametrize("rule_name", ["conv1d-to-conv2d", "linear-to-conv2d"])
 def test_plans_of_a_quantized_program_are_checked_where_it_quantizes(rule_name: str) -> None:
-    # conv1d-to-conv2d quantizes its conv2d's output again (a q/dq pair with the program's next
-    # quantize's parameters); linear-to-conv2d quantizes its 4-d input again (dynamic quantization's
-    # own scale): both differ from the float they replace by that rounding, and were failed, where
-    # the whole program's outputs are equal
+    # conv1d-to-conv2d and linear-to-conv2d quantize their conv2d's input and output again (q/dq
+    # pairs with the program's parameters): both differ from the float they replace by that
+    # rounding, and were failed, where the whole program's outputs are equal
     conv1d = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 1))
     if rule_name == "conv1d-to-conv2d":
         program = pt2e(conv1d, (torch.randn(2, 8, 20),), per_channel=False)
     else:
-        program = pt2e(
-            nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)), (torch.randn(4, 16),), dynamic_quant=True
-        )
+        program = pt2e(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)), (torch.randn(4, 16),))
     report = adapters.transform(program, [RULES[rule_name]()], dry_run=True).unwrap().report
     checks = check_plans(program, report)
     assert len(checks) == 2 and all(c.ok for c in checks), checks
-    # a wrong plan that quantizes again is still failed there
+    # a wrong plan that quantizes again is still failed there: one step off everywhere, or far off
     program = pt2e(conv1d, (torch.randn(2, 8, 20),), per_channel=False)
-    wrong = rule("requantize-doubled", Op(RELU, name="r", self=Var("x")), plan=_requantize_doubled)
-    (check,) = check_plans(program, adapters.transform(program, [wrong], dry_run=True).unwrap().report)
-    assert check.ok is False
+    for twice in (False, True):
+        wrong = rule(
+            "requantized-off",
+            Op(RELU, name="r", self=Var("x")),
+            plan=_off(twice),
+        )
+        (check,) = check_plans(program, adapters.transform(program, [wrong], dry_run=True).unwrap().report)
+        assert check.ok is False, check
 
 
 class _FloatConvBesideBfloat16(nn.Module):

@@ -514,6 +514,26 @@ def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
     assert set(both.after.constants) == {"conv_mul_weight", "conv_mul_add_bias"}
 
 
+def _edge_conv_copied(conv_dtype: str, **copy: Arg) -> tuple[GraphBuilder, NodeRef]:
+    """An edge program's conv of ``conv_dtype``, then a ``_to_dim_order_copy`` of its output."""
+    g = GraphBuilder(dialect="edge")
+    y = g.call(
+        "aten.convolution.default",
+        name="conv",
+        out=spec(B, OC, 6, 6, dtype=conv_dtype),
+        input=g.input("x", (B, IC, 8, 8), conv_dtype),
+        weight=g.parameter("w", (OC, IC, 3, 3), conv_dtype),
+        bias=None,
+        stride=(1, 1),
+        padding=(0, 0),
+        dilation=(1, 1),
+        transposed=False,
+        output_padding=(0, 0),
+        groups=1,
+    )
+    return g, g.call("dim_order_ops._to_dim_order_copy.default", name="copy", out=(B, OC, 6, 6), self=y, **copy)
+
+
 @pytest.mark.parametrize(
     ("op", "conv_first", "code"),
     [
@@ -527,29 +547,8 @@ def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
 def test_on_edge_an_op_reading_a_promoting_copy_of_the_output_is_declined(op: str, conv_first: bool, code: str) -> None:
     # to_edge writes conv_fp16 * c_fp32 as mul(_to_dim_order_copy(conv, float32), c): no candidate
     # before, neither planned nor reported
-    g = GraphBuilder(dialect="edge")
-    w, c = g.parameter("w", (OC, IC, 3, 3), "float16"), g.buffer("c", (OC, 1, 1))
-    y = g.call(
-        "aten.convolution.default",
-        name="conv",
-        out=spec(B, OC, 6, 6, dtype="float16"),
-        input=g.input("x", (B, IC, 8, 8), "float16"),
-        weight=w,
-        bias=None,
-        stride=(1, 1),
-        padding=(0, 0),
-        dilation=(1, 1),
-        transposed=False,
-        output_padding=(0, 0),
-        groups=1,
-    )
-    copy = g.call(
-        "dim_order_ops._to_dim_order_copy.default",
-        name="copy",
-        out=(B, OC, 6, 6),
-        self=y,
-        dtype=DTypeArg(name="float32"),
-    )
+    g, copy = _edge_conv_copied("float16", dtype=DTypeArg(name="float32"))
+    c = g.buffer("c", (OC, 1, 1))
     a, b = (copy, c) if conv_first else (c, copy)
     g.output(g.call(op, name="bin", out=(B, OC, 6, 6), self=a, other=b))
     report = plan(g.build(), [RULE])
@@ -559,24 +558,7 @@ def test_on_edge_an_op_reading_a_promoting_copy_of_the_output_is_declined(op: st
 
 def test_on_edge_an_op_reading_a_layout_copy_of_the_output_is_no_candidate() -> None:
     # a copy to another dim order only (no promotion): not a scale of the conv's output as it is
-    g = GraphBuilder(dialect="edge")
-    y = g.call(
-        "aten.convolution.default",
-        name="conv",
-        out=(B, OC, 6, 6),
-        input=g.input("x", (B, IC, 8, 8)),
-        weight=g.parameter("w", (OC, IC, 3, 3)),
-        bias=None,
-        stride=(1, 1),
-        padding=(0, 0),
-        dilation=(1, 1),
-        transposed=False,
-        output_padding=(0, 0),
-        groups=1,
-    )
-    copy = g.call(
-        "dim_order_ops._to_dim_order_copy.default", name="copy", out=(B, OC, 6, 6), self=y, dim_order=(0, 2, 3, 1)
-    )
+    g, copy = _edge_conv_copied("float32", dim_order=(0, 2, 3, 1))
     g.output(g.call("aten.mul.Tensor", name="bin", out=(B, OC, 6, 6), self=copy, other=g.buffer("c", (OC, 1, 1))))
     report = plan(g.build(), [RULE])
     assert report.plans == () and report.rejections == ()
