@@ -408,7 +408,7 @@ class Match:
         value = self.bindings.get(name)
         if isinstance(value, Source):  # the program's own: captured when small
             info = self.snap.constants.get(value.key)
-            return info.values if info is not None and info.source is None else None
+            return info.values if info is not None else None
         return int_values(value) if isinstance(value, WeightExpr) else None
 
 
@@ -1050,14 +1050,19 @@ def quantized_as(snap: GraphSnapshot, name: str) -> NodeSnapshot | None:
     ``relu_``'s) only reader (a relu of a value rounded to those parameters' grid is on it: zero
     is). None if none."""
     node = snap.node(name)
-    if node.target in _PER_TENSOR and "dequantize" in node.target:
+    if _per_tensor(node) and "dequantize" in node.target:
         return node
     users = snap.users_of(name)
     if len(users) == 1 and users[0].target in _RELUS:
         users = snap.users_of(users[0].name)
-    if len(users) == 1 and users[0].target in _PER_TENSOR and "dequantize" not in users[0].target:
+    if len(users) == 1 and _per_tensor(users[0]) and "dequantize" not in users[0].target:
         return users[0]
     return None
+
+
+def _per_tensor(n: NodeSnapshot) -> bool:
+    """A per-tensor quantize or dequantize with its parameters in place: (scale, ..., dtype)."""
+    return n.target in _PER_TENSOR and len(n.args) == 6 and isinstance(n.args[5], DTypeArg)
 
 
 @final

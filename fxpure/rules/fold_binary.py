@@ -112,7 +112,7 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
     """``copy`` changes its input's dtype (not only its layout)."""
     x = copy.args[0]
-    spec = snap.node(x.name).tensor_spec if isinstance(x, NodeRef) and x.name in snap.index else None
+    spec = snap.node(x.name).tensor_spec if isinstance(x, NodeRef) else None
     out = copy.tensor_spec
     return spec is not None and out is not None and spec.dtype != out.dtype
 

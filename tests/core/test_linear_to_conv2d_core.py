@@ -413,3 +413,24 @@ def test_a_quantized_linear_keeps_dequantize_conv_quantize_around_its_views() ->
     assert new.node("lin_conv_dq").args == (NodeRef("lin_conv_q"), *out)
     assert new.node("lin_conv_q").spec == spec(2, 6, 1, 5, dtype="int8")
     assert new.node("lin_conv_q").args == (NodeRef("lin_conv"), *out)
+
+
+@pytest.mark.parametrize("computed", [(), ("scale",), ("zero_point",), ("scale", "zero_point")])
+def test_a_linear_quantized_at_run_time_is_declined(computed: tuple[str, ...]) -> None:
+    # dynamic quantization: the input's scale and zero point are computed (choose_qparams) and read
+    # as tensors; the pair the plan puts after the views would read them (XNNPACK: a cycle)
+    g = GraphBuilder()
+    xq, w = g.input("xq", (2, 8), "int8"), g.parameter("w", (6, 8))
+    scale = g.input("s", (1,)) if "scale" in computed else 0.05
+    zero = g.input("z", (1,), "int64") if "zero_point" in computed else 0
+    overload = "tensor" if computed else "default"
+    params = (scale, zero, -128, 127, DTypeArg("int8"))
+    x = g.node(f"quantized_decomposed.dequantize_per_tensor.{overload}", (xq, *params), name="x", out=(2, 8))
+    g.output(g.call("aten.linear.default", name="lin", out=(2, 6), input=x, weight=w, bias=None))
+    report = plan(g.build(), [linear_to_conv2d()])
+    if not computed:
+        assert [p.anchor for p in report.plans] == ["lin"]
+        return
+    (r,) = report.rejections
+    assert (r.node, r.reason.code, r.reason.node) == ("lin", "dynamic-quantization", "lin")
+    assert r.reason.message == "lin: its input x is quantized at run time (scale and zero point are computed)"

@@ -414,7 +414,7 @@ def test_a_shared_inner_node_the_program_writes_in_place_is_declined() -> None:
     # reading relu's operand instead would lose the write
     skip = rule(
         "skip-relu",
-        Op(ADD, name="add", self=Op(RELU, name="r", users=ANY, self=Var("x")), other=Var("y")),
+        Op(ADD, name="add", self=Op(RELU, name="r", users=ANY, shared="r-written", self=Var("x")), other=Var("y")),
         plan=lambda p, add, x, y: p.replace(add, p.respell(add, self=x)),
     )
     g = GraphBuilder()
@@ -424,7 +424,7 @@ def test_a_shared_inner_node_the_program_writes_in_place_is_declined() -> None:
     g.output(g.call("aten.add.Tensor", name="add", self=r, other=y))
     assert len(plan(g.build(), [skip]).plans) == 1  # the builder says nothing is written
     (no,) = plan(g.build(written=[r]), [skip]).rejections
-    assert (no.reason.code, no.reason.node, no.reason.path) == ("output-shared", "r", "add.self/r")
+    assert (no.reason.code, no.reason.node, no.reason.path) == ("r-written", "r", "add.self/r")
     assert no.reason.message == "output of r is also used by v"
     assert len(plan(g.build(written=["y"]), [skip]).plans) == 1  # another node written: no matter
     # written by the reader itself (a relu_ on it, as ReLU(inplace=True) after a conv): it reads first
@@ -823,6 +823,9 @@ def test_channels_of_what_is_no_weight_is_refused() -> None:
     with pytest.raises(PatternError, match=message):
         rule("ch", CONV_XW, need.channels("w", of="x", conv="conv"), plan=_plan_nothing)
     assert rule("ok", CONV_XW, need.channels("w", of="w", conv="conv"), plan=_plan_nothing).name == "ok"
+    either = OneOf(CONV_XW, Op(CONV, name="conv", input=Op(RELU, name="x"), weight=Const("w")))
+    with pytest.raises(PatternError, match=r"reads 'x' as a weight, and the pattern binds it by Op, Var, not Const"):
+        rule("ch2", either, need.channels("w", of="x", conv="conv"), plan=_plan_nothing)
 
 
 def test_a_check_that_declines_with_a_code_it_did_not_declare_is_a_bug_in_the_rule() -> None:

@@ -144,6 +144,8 @@ def test_rejections(knobs: dict[str, Any], code: str, message: str) -> None:
     (r,) = report.rejections
     assert r.rule == "quantized-conv" and r.node == "conv" and r.reason.code == code
     assert message in r.reason.message
+    if code == "no-kernel" and "quantized to" in message:
+        assert r.reason.node == "conv"
 
 
 def test_unknown_zero_points_are_declined() -> None:
