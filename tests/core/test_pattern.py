@@ -1550,6 +1550,12 @@ def test_requantize_copies_a_per_tensor_quantizes_parameters_and_refuses_another
         )
     )
     assert quantized_as(g2.build(), "xq") is None  # its reader dequantizes: no quantize to copy
+    assert quantized_as(g2.build(), "d") is not None
+    for bad in ((xq,), (xq, 0.1, 0, -128, 127, "int8")):  # no parameters to copy: no dequantize to copy
+        g3 = GraphBuilder()
+        xq3 = g3.input("xq", (2,), "int8")
+        g3.output(g3.node("quantized_decomposed.dequantize_per_tensor.default", (xq3, *bad[1:]), name="d"))
+        assert quantized_as(g3.build(), "d") is None
     assert quantized_as(snap, "r") is None and quantized_as(snap, "q") is None  # output; a quantize itself
     m = match(Op(RELU, name="relu", self=Var("x")), snap, snap.node("r")).unwrap()
     p = Planner("r", m)
