@@ -47,6 +47,16 @@ def pt2e(
     return torch.export.export(convert_pt2e(prepared), x, dynamic_shapes=dynamic)
 
 
+def register_int8_weight(module: nn.Module, w: torch.Tensor) -> None:
+    """Buffers ``scale``, ``zp`` and ``wq`` on ``module``: ``w`` quantized per output channel to
+    symmetric int8 ([-127, 127]), as a hand-written PT2E-shaped model holds its weight."""
+    scale = w.abs().amax(dim=tuple(range(1, w.dim()))) / 127
+    zp = torch.zeros(w.shape[0], dtype=torch.int64)
+    module.register_buffer("scale", scale)
+    module.register_buffer("zp", zp)
+    module.register_buffer("wq", qd.quantize_per_channel(w, scale, zp, 0, -127, 127, torch.int8))
+
+
 def quantize(
     model: nn.Module, x: tuple[torch.Tensor, ...], *, per_channel: bool = True, dynamic: Any = None
 ) -> EdgeProgramManager:

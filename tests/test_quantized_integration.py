@@ -21,7 +21,7 @@ from fxpure.rules import quantized_conv
 from tests import q8ta_oracle
 from tests.models import Q_MODELS, randomize_bn
 from tests.programs import count, dead_constants, validate
-from tests.quantized import assert_exact, pt2e, q8ta_calls, quantize, same_call, upstream_pack
+from tests.quantized import assert_exact, pt2e, q8ta_calls, quantize, register_int8_weight, same_call, upstream_pack
 
 
 def model_and_input(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -231,11 +231,7 @@ class NarrowOutput(torch.nn.Module):
 
     def __init__(self, low: int) -> None:
         super().__init__()
-        qd = torch.ops.quantized_decomposed
-        w = torch.randn(8, 8, 1, 1)
-        self.register_buffer("scale", w.abs().amax(dim=(1, 2, 3)) / 127)
-        self.register_buffer("zp", torch.zeros(8, dtype=torch.int64))
-        self.register_buffer("wq", qd.quantize_per_channel(w, self.scale, self.zp, 0, -127, 127, torch.int8))
+        register_int8_weight(self, torch.randn(8, 8, 1, 1))
         self.low = low
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from fxpure.rules import concat_parallel_linears, fold_binary, fuse_conv_bn, fus
 from fxpure.snapshot import NodeRef
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, build, count, run
+from tests.quantized import register_int8_weight
 
 
 class ConvBN(nn.Module):
@@ -386,11 +387,7 @@ class WrittenDequantizedWeight(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        qd = torch.ops.quantized_decomposed
-        w = torch.randn(6, 1, 3, 3)
-        self.register_buffer("scale", w.abs().amax(dim=(1, 2, 3)) / 127)
-        self.register_buffer("zp", torch.zeros(6, dtype=torch.int64))
-        self.register_buffer("wq", qd.quantize_per_channel(w, self.scale, self.zp, 0, -127, 127, torch.int8))
+        register_int8_weight(self, torch.randn(6, 1, 3, 3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qd = torch.ops.quantized_decomposed
