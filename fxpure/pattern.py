@@ -58,6 +58,7 @@ from fxpure.plan import (
     Rule,
     computed_by,
     constant_expr,
+    mixed_dtypes,
     not_constant,
     rewrite,
     runs,
@@ -1556,7 +1557,7 @@ class PatternRule:
         if isinstance(out, Failure):  # a code the rule does not list is a bug in the rule, as a check's
             _declared(out.failure(), self.plan_codes, "planner", _name(self.planner))
         result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
-        return result.alt(partial(_located, m)).bind(_typed)
+        return result.alt(partial(_located, m)).bind(partial(_typed, m.snap))
 
     def attempt(self, snap: GraphSnapshot, node: NodeSnapshot) -> Attempt:
         """How far the rule gets at ``node`` (for ``fxpure explain --node``)."""
@@ -1598,12 +1599,17 @@ def _located(m: Match, reason: Reason) -> Reason:
     return replace(reason, node=m.anchor, path=reason.path or "plan") if reason.node == EXPR_NODE else reason
 
 
-def _typed(p: RewritePlan) -> Result[RewritePlan, Reason]:
+def _typed(snap: GraphSnapshot, p: RewritePlan) -> Result[RewritePlan, Reason]:
+    """The plan, if its derived constants are well typed and its new nodes read operands of the
+    dtypes torch takes (:func:`fxpure.plan.mixed_dtypes`)."""
+    specs: dict[str, Spec] = {}
     for c in p.constants:
         spec = infer_spec(c.expr)
         if not isinstance(spec, Success):
             return Failure(replace(spec.failure(), node=p.anchor, path=f"plan.{c.name}"))
-    return Success(p)
+        specs[c.name] = spec.unwrap()
+    mixed = mixed_dtypes(snap, p, specs)
+    return Success(p) if mixed is None else Failure(replace(mixed, path="plan"))
 
 
 def rule(

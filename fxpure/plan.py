@@ -14,7 +14,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import CAST
+from fxpure.families import ADDMM, CAST, CONV, LINEAR, MM
 from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
@@ -441,6 +441,43 @@ def _conflict(node: str, detail: str) -> Result[GraphSnapshot, PlanConflict]:
     return Failure(PlanConflict(node=node, detail=detail))
 
 
+SAME_DTYPE = CONV.targets | LINEAR.targets | ADDMM.targets | MM.targets
+"""Ops whose tensor operands torch requires to share one dtype: a float16 conv given a float32
+bias fails when the program runs."""
+
+
+def mixed_dtypes(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
+    """A new node of ``p`` that reads tensors of two dtypes where torch takes one
+    (:data:`SAME_DTYPE`); ``specs``: those of ``p``'s new constants, by their names in ``p``.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> x, w = g.input("x", (1, 2, 4, 4), dtype="float16"), g.parameter("w", (2, 2, 1, 1), dtype="float16")
+    >>> g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 2, 4, 4)))
+    >>> conv = NewNode(name="c", target="aten.conv2d.default", args=(x, w, NodeRef("b")))
+    >>> p = RewritePlan(rule="r", anchor="conv", nodes=(conv,), replace=(("conv", "c"),), erase=("conv",))
+    >>> mixed_dtypes(g.build(), p, {"b": TensorSpec(shape=(2,), dtype="float32")}).message
+    'conv: new node c reads tensors of dtypes float16 (x) and float32 (b): aten.conv2d.default takes one'
+    """
+    local: dict[str, Spec] = {n.name: n.spec for n in p.nodes}
+    for n in p.nodes:
+        if n.target not in SAME_DTYPE:
+            continue
+        seen: dict[str, str] = {}  # dtype -> the first operand of it
+        for r in refs((n.args, tuple(n.kwargs.values()))):
+            if r in local or r in specs:
+                spec = local[r] if r in local else specs[r]
+            else:
+                spec = snap.node(r).spec if r in snap.index else None
+            if isinstance(spec, TensorSpec):
+                seen.setdefault(spec.dtype, r)
+        if len(seen) > 1:
+            (a, x), (b, y) = list(seen.items())[:2]
+            detail = f"new node {n.name} reads tensors of dtypes {a} ({x}) and {b} ({y}): {n.target} takes one"
+            return PlanConflict(node=p.anchor, detail=detail)
+    return None
+
+
 @final
 @dataclass(slots=True)
 class _Batch:
@@ -459,11 +496,12 @@ class _Batch:
     keep: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def add(self, p: RewritePlan) -> PlanConflict | None:
-        snap, local = self.snap, {}
+        snap, local, specs = self.snap, {}, {}
         for c in p.constants:
             spec = infer_spec(c.expr)
             if not isinstance(spec, Success):
                 return PlanConflict(node=p.anchor, detail=f"constant {c.name}: {spec.failure().message}")
+            specs[c.name] = spec.unwrap()
             if c.expr in self.by_expr:
                 local[c.name] = self.by_expr[c.expr]
                 continue
@@ -477,6 +515,9 @@ class _Batch:
             self.infos[name] = info
             op = "placeholder" if snap.lifted else "get_attr"
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
+        mixed = mixed_dtypes(snap, p, specs)
+        if mixed is not None:
+            return mixed
         for n in p.nodes:
             local[n.name] = _fresh(n.name, self.used)
         sources = [old for old, _ in p.replace] or [p.anchor]

@@ -616,6 +616,29 @@ def test_a_planner_failure_about_an_expression_is_located_at_the_anchor() -> Non
     assert (reason.code, reason.node, reason.path) == ("bad-weight-expr", "mul", "plan")
 
 
+def test_a_plan_whose_new_conv_reads_two_dtypes_is_declined_at_its_anchor_alone() -> None:
+    # a float16 conv given a float32 weight fails when the program runs: the candidate is declined,
+    # located at the plan, and the other candidates of the rule still plan
+    def widen(p: Planner, mul: Bound, conv: Bound, w: WeightExpr) -> RewritePlan:
+        weight = Cast(x=w, dtype="float32") if mul.name == "mul" else w
+        return p.replace(mul, p.respell(conv, weight=p.const(weight, "w32")))
+
+    g, half = GraphBuilder(), spec(1, 4, 6, 6, dtype="float16")
+    for i in range(2):
+        x, w = g.input(f"x{i}", (1, 3, 8, 8), "float16"), g.parameter(f"w{i}", (4, 3, 3, 3), "float16")
+        c = g.call("aten.conv2d.default", name=f"conv{i}", out=half, input=x, weight=w)
+        g.output(g.call("aten.mul.Tensor", name=["mul", "mul_1"][i], self=c, other=2.0, out=half))
+    report = plan(g.build(), [rule("widen", SCALED, plan=widen)])
+    assert [p.anchor for p in report.plans] == ["mul_1"]
+    ((rejection,),) = [report.rejections]
+    assert (rejection.node, rejection.reason.code, rejection.reason.path, rejection.reason.message) == (
+        "mul",
+        "plan-conflict",
+        "plan",
+        "mul: new node conv0 reads tensors of dtypes float16 (x0) and float32 (w32): aten.conv2d.default takes one",
+    )
+
+
 def test_rank_and_channel_checks() -> None:
     assert only_rejection(scaled(), rule("r", SCALED, need.rank("w", (2,)), plan=_scale)).code == "unsupported-rank"
     spatial = rule("s", SCALED, need.spatial_rank("conv", (1,)), plan=_scale)

@@ -161,6 +161,26 @@ def test_a_plan_that_takes_a_nodes_uses_reads_it_and_erases_it_conflicts() -> No
     assert rewrite(chain(), [p]) == Failure(PlanConflict(node="c", detail="erased but still read by n"))
 
 
+@pytest.mark.parametrize("bias", ["constant", "node", "input"])
+def test_a_new_conv_reading_two_dtypes_conflicts(bias: str) -> None:
+    # torch takes one dtype for a conv's input, weight and bias: the plan would apply and the
+    # program fail when it runs; the bias is a new constant, a new node, or one of the graph's
+    g = GraphBuilder()
+    x, w = g.input("x", (1, 2, 4, 4), "float16"), g.parameter("w", (2, 2, 1, 1), "float16")
+    b32 = g.input("b32", (2,))
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=spec(1, 2, 4, 4, dtype="float16")))
+    b = {"constant": NodeRef("b"), "node": NodeRef("b"), "input": b32}[bias]
+    conv = NewNode(name="c", target="aten.conv2d.default", args=(x, w, b), spec=spec(1, 2, 4, 4, dtype="float16"))
+    made = (NewNode(name="b", target="aten.neg.default", args=(b32,), spec=spec(2)),) if bias == "node" else ()
+    half = NewConstant(name="b", expr=Fill(shape=(2,), value=0.5, dtype="float32"))
+    constants = (half,) if bias == "constant" else ()
+    p = RewritePlan(rule="r", anchor="conv", constants=constants, nodes=(*made, conv), replace=(("conv", "c"),))
+    detail = f"new node c reads tensors of dtypes float16 (x) and float32 ({b.name}): aten.conv2d.default takes one"
+    assert rewrite(g.build(), [p]) == Failure(PlanConflict(node="conv", detail=detail))
+    same = replace(p, nodes=(*made, replace(conv, args=(x, w))))
+    assert isinstance(rewrite(g.build(), [same]), Success)
+
+
 def test_plans_moving_uses_in_a_cycle_end_as_a_conflict() -> None:
     g = GraphBuilder()
     x = g.input("x", (2,))
