@@ -308,11 +308,12 @@ class _Writes:
 
 
 def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
-    """The buffers a program's signature mutates, and each tensor an in-place op (or an ``out=``)
-    writes, traced back through the views it was taken of."""
+    """The buffers and parameters a program's signature mutates, and each tensor an in-place op (or
+    an ``out=``) writes, traced back through the views it was taken of."""
     w = _Writes()
     if ep is not None:
-        mutated = set(ep.graph_signature.buffers_to_mutate.values())
+        signature = ep.graph_signature
+        mutated = {*signature.buffers_to_mutate.values(), *signature.parameters_to_mutate.values()}
         w.written |= {
             s.arg.name for s in ep.graph_signature.input_specs if s.target in mutated and hasattr(s.arg, "name")
         }
@@ -334,7 +335,7 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
             returns_alias, args = aliases(n.target)
         except TypeError:  # an unhashable target: no schema to read
             continue
-        for i, name, write in args:
+        for i, name, write in (*args, *_updated_stats(n)):
             value = n.args[i] if 0 <= i < len(n.args) else n.kwargs.get(name)
             for x in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(x, torch.fx.Node):
@@ -345,6 +346,37 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         if x.name in w.copies or may_copy(n.target):
                             w.copies.add(n.name)
     return w
+
+
+_STATS: dict[Any, tuple[tuple[str, int], tuple[tuple[int, str, bool], ...]] | None] = {}
+# a norm that updates its running stats in place when it computes batch statistics, without its
+# schema saying so (``aten.batch_norm``, ``native_batch_norm``, ``instance_norm``): the flag that
+# says it does, and the stats
+_STATS_FLAGS = ("training", "use_input_stats")
+_STATS_ARGS = ("running_mean", "running_var")
+
+
+def _updated_stats(n: torch.fx.Node) -> tuple[tuple[int, str, bool], ...]:
+    """The running stats ``n`` writes, as ``aliases`` gives written arguments: those of a norm in
+    training mode (or one whose mode is not a literal) that its schema does not mark written."""
+    try:
+        found = _STATS[n.target]
+    except KeyError:
+        schema = getattr(n.target, "_schema", None)
+        found = None
+        if isinstance(schema, torch.FunctionSchema):
+            named = {a.name: (i, a) for i, a in enumerate(schema.arguments)}
+            mode = next(((f, named[f][0]) for f in _STATS_FLAGS if f in named), None)
+            stats = tuple((named[k][0], k, True) for k in _STATS_ARGS if k in named and named[k][1].alias_info is None)
+            found = (mode, stats) if mode is not None and stats else None
+        _STATS[n.target] = found
+    except TypeError:  # an unhashable target
+        return ()
+    if found is None:
+        return ()
+    (flag, at), stats = found
+    on = n.args[at] if at < len(n.args) else n.kwargs.get(flag)
+    return () if on is False else stats
 
 
 # ops whose schema returns an alias of their input that return a copy when the input's strides (or
