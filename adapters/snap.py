@@ -319,9 +319,21 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
         }
     views = w.views
     for n in gm.graph.nodes:
-        if n.op != "call_function":
+        if n.op == "call_module":  # ``nn.ReLU(inplace=True)`` in a symbolic_trace graph writes its input
+            x = n.args[0] if n.args else None
+            if getattr(_attr(gm, str(n.target)), "inplace", False) is True and isinstance(x, torch.fx.Node):
+                w.write(n.name, x.name)
+                views[n.name] = views.get(x.name, x.name)
             continue
-        if isinstance(n.target, torch._ops.HigherOrderOperator):
+        if n.op not in ("call_function", "call_method"):
+            continue
+        target = n.target if n.op == "call_function" else _method(str(n.target))
+        if n.op == "call_method" and target is None:
+            x = n.args[0] if n.args else None
+            if str(n.target).endswith("_") and not str(n.target).startswith("_") and isinstance(x, torch.fx.Node):
+                w.write(n.name, x.name)  # an in-place method of no aten op: it writes its tensor, so far as known
+            continue
+        if isinstance(target, torch._ops.HigherOrderOperator):
             if _branches_write(gm, n):  # ``with torch.no_grad(): buf.add_(1)`` writes what it is given
                 for x in n.all_input_nodes:
                     w.write(n.name, x.name)
@@ -332,10 +344,10 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                 views[n.name] = views[x.name]
             continue
         try:
-            returns_alias, args = aliases(n.target)
+            returns_alias, args = aliases(target)
         except TypeError:  # an unhashable target: no schema to read
             continue
-        for i, name, write in (*args, *_updated_stats(n)):
+        for i, name, write in (*args, *_updated_stats(n, target)):
             value = n.args[i] if 0 <= i < len(n.args) else n.kwargs.get(name)
             for x in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(x, torch.fx.Node):
@@ -343,9 +355,19 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         w.write(n.name, x.name)
                     if returns_alias:  # a view, or an in-place op's result: the tensor it was given
                         views[n.name] = views.get(x.name, x.name)
-                        if x.name in w.copies or may_copy(n.target):
+                        if x.name in w.copies or may_copy(target):
                             w.copies.add(n.name)
     return w
+
+
+def _method(name: str) -> torch._ops.OpOverload | None:
+    """The aten op a tensor method of a symbolic_trace graph calls (``x.mul_(2)``: ``aten.mul_``),
+    as one of its overloads: they alias and write alike, self first, as the method's arguments."""
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    overloads: list[str] = packet.overloads()  # type: ignore[no-untyped-call]
+    return getattr(packet, "default" if "default" in overloads else overloads[0]) if overloads else None
 
 
 _STATS: dict[Any, tuple[tuple[str, int], tuple[tuple[int, str, bool], ...]] | None] = {}
@@ -356,20 +378,21 @@ _STATS_FLAGS = ("training", "use_input_stats")
 _STATS_ARGS = ("running_mean", "running_var")
 
 
-def _updated_stats(n: torch.fx.Node) -> tuple[tuple[int, str, bool], ...]:
-    """The running stats ``n`` writes, as ``aliases`` gives written arguments: those of a norm in
-    training mode (or one whose mode is not a literal) that its schema does not mark written."""
+def _updated_stats(n: torch.fx.Node, target: Any) -> tuple[tuple[int, str, bool], ...]:
+    """The running stats ``n`` (calling ``target``) writes, as ``aliases`` gives written arguments:
+    those of a norm in training mode (or one whose mode is not a literal) that its schema does not
+    mark written."""
     try:
-        found = _STATS[n.target]
+        found = _STATS[target]
     except KeyError:
-        schema = getattr(n.target, "_schema", None)
+        schema = getattr(target, "_schema", None)
         found = None
         if isinstance(schema, torch.FunctionSchema):
             named = {a.name: (i, a) for i, a in enumerate(schema.arguments)}
             mode = next(((f, named[f][0]) for f in _STATS_FLAGS if f in named), None)
             stats = tuple((named[k][0], k, True) for k in _STATS_ARGS if k in named and named[k][1].alias_info is None)
             found = (mode, stats) if mode is not None and stats else None
-        _STATS[n.target] = found
+        _STATS[target] = found
     except TypeError:  # an unhashable target
         return ()
     if found is None:

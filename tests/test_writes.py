@@ -10,6 +10,8 @@ import pytest
 import torch
 import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers the quantized_decomposed ops)
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.nn import functional as F
 
 import adapters
@@ -410,3 +412,57 @@ def test_a_dequantized_weight_the_program_writes_through_a_view_is_not_folded(fo
     (reason,) = [j.reason for j in outcome.report.rejections]
     assert (reason.code, reason.node, reason.path) == ("output-shared", "dequantize_per_channel", "conv.weight/dqw")
     assert_close(_runs(program, x), want)
+
+
+aten = torch.ops.aten
+
+
+class MethodWrites(nn.Module):
+    """Written with aten ops and tensor methods, as a symbolic_trace graph keeps them: the conv's
+    input is written between the conv and the batch norm (``mode``: by ``x.mul_``, by
+    ``x.view(-1).mul_``, or by an ``nn.ReLU(inplace=True)`` module call), and the conv's output
+    scaled by a gain the program then updates with ``g.mul_``."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode, self.act = mode, nn.ReLU(inplace=True)
+        self.w = nn.Parameter(torch.randn(4, 3, 1, 1))
+        self.g = nn.Parameter(torch.rand(4, 1, 1) + 0.5, requires_grad=False)
+        self.rm, self.rv = nn.Buffer(torch.randn(4)), nn.Buffer(torch.rand(4) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = aten.conv2d.default(x, self.w)
+        if self.mode == "method":
+            x.mul_(-2.0)
+        elif self.mode == "view":
+            x.view(-1).mul_(-2.0)
+        else:
+            self.act(x)
+        bn = aten.batch_norm.default(y, None, None, self.rm, self.rv, False, 0.1, 1e-5, False)
+        scaled = aten.mul.Tensor(aten.conv2d.default(x, self.w), self.g)
+        self.g.mul_(1.5)
+        return bn, scaled
+
+
+def _traced(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    """``symbolic_trace`` with ``meta["val"]`` from fake values; the model's state as it was."""
+    gm = torch.fx.symbolic_trace(copy.deepcopy(model))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(mode.from_tensor(x))
+    gm.load_state_dict(model.state_dict())
+    return gm
+
+
+@pytest.mark.parametrize("mode", ["method", "view", "module"])
+def test_a_symbolic_trace_graphs_method_and_in_place_module_writes_count(mode: str) -> None:
+    # the write between the conv and its batch norm: written-between; the gain updated after each
+    # call: no constant. Before, neither was seen and the rewrites were wrong from the first call
+    x, model = torch.randn(1, 3, 4, 4), MethodWrites(mode)
+    gm, reference = _traced(model, x), _traced(model, x)
+    calls = [(n.op, str(n.target)) for n in gm.graph.nodes if n.op in ("call_method", "call_module")]
+    writer = ("call_module", "act") if mode == "module" else ("call_method", "mul_")
+    assert calls.count(writer) == 1 + (writer[1] == "mul_")  # and g.mul_
+    outcome = adapters.transform(gm, [fuse_conv_bn(), fold_binary()]).unwrap()
+    codes = {r.rule: r.reason.code for r in outcome.report.rejections}
+    assert codes == {"fuse-conv-bn": "written-between", "fold-binary": "not-constant"} and not outcome.changed
+    assert_close(_runs(gm, (x,), times=3), _runs(reference, (x,), times=3))
