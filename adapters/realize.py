@@ -939,14 +939,38 @@ def transform(
         return _captured(program).bind(go)
 
 
+def _changed_since(before: GraphSnapshot, now: GraphSnapshot) -> str | None:
+    """How ``now`` differs from ``before`` (nodes, and constants but for their storage: a copy of
+    the program is the same program), or None."""
+    if now.nodes != before.nodes:
+        pairs = zip(before.nodes, now.nodes, strict=False)
+        old, new = next(((a, b) for a, b in pairs if a != b), (None, None))
+        if old is None or new is None:
+            return f"it has {len(now.nodes)} nodes, the report's program {len(before.nodes)}"
+        if old.name != new.name:
+            return f"it has node {new.name} where the report's program has {old.name}"
+        return f"its node {new.name} is not the report's (another target, other arguments or another spec)"
+    unstored = {k: replace(v, storage=None) for k, v in before.constants.items()}
+    if {k: replace(v, storage=None) for k, v in now.constants.items()} != unstored:
+        return "its constants are not the report's"
+    return None
+
+
 def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Result[TransformOutcome, TransformError]:
     """Apply plans made on ``capture(program)``: ``capture(apply(g, p)) == rewrite(capture(g), p)``.
     A report (of ``fxpure.plan``, or of ``transform(..., dry_run=True)``) is applied stage by stage,
-    as it was planned: a later rule's plans name nodes an earlier rule's plans make. The checks
-    ``transform`` makes are made here too, and a plan that fails one fails the whole apply."""
+    as it was planned: a later rule's plans name nodes an earlier rule's plans make; and only to
+    the program it was planned on (``plan-conflict`` if its nodes or constants have changed since).
+    The checks ``transform`` makes are made here too, and a plan that fails one fails the whole
+    apply."""
     stages = (plans.stages or (plans.plans,)) if isinstance(plans, RewriteReport) else (tuple(plans),)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
+        changed = _changed_since(plans.before, cap.snap) if isinstance(plans, RewriteReport) else None
+        if changed is not None:
+            return Failure(
+                TransformError(code="plan-conflict", message=f"the report was planned on another program: {changed}")
+            )
         after = cap.snap
         for stage in stages:
             step = fxpure.rewrite(after, stage)

@@ -19,7 +19,7 @@ import fxpure
 from fxpure.rules import RULES, fold_binary, fuse_conv_bn, fuse_linear_bn, linear_to_conv2d, split_group_conv
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
-from tests.programs import FORMS, assert_close, assert_sound, build, run
+from tests.programs import FORMS, assert_close, assert_sound, build, count, run
 
 
 class Holder(nn.Module):
@@ -788,6 +788,47 @@ def test_a_dry_runs_report_applies_stage_by_stage_as_transform_would(form: str) 
     same = build(model, x, form)
     adapters.transform(same, rules).unwrap()
     assert gm.code == (same if isinstance(same, torch.fx.GraphModule) else same.graph_module).code
+
+
+class ConvBNBeside(nn.Module):
+    """A conv and its batch norm, and a relu of the same input beside them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = torch.relu(x - 0.5)
+        return self.bn(self.conv(x)), r
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("edit", ["insert", "rewire"])
+def test_a_report_applies_to_a_copy_of_its_program_and_not_to_a_program_changed_since(form: str, edit: str) -> None:
+    # another pass between the dry run and apply: a relu before the conv, or the conv rewired to read
+    # the relu of another branch. The fusion planned on the conv as it was would drop the relu
+    model, x = randomize_bn(ConvBNBeside()).eval(), (torch.randn(1, 3, 8, 8),)
+    program = build(model, x, form)
+    report = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap().report
+    copied = copy.deepcopy(program)
+    assert adapters.apply(copied, report).unwrap().changed and count(copied, "batch_norm") == 0
+    gm = program if isinstance(program, torch.fx.GraphModule) else program.graph_module
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    conv = next(n for n in calls if "conv" in str(n.target))
+    source = conv.args[0]
+    if edit == "insert":
+        with gm.graph.inserting_before(conv):
+            new = gm.graph.call_function(torch.ops.aten.relu.default, (source,))
+        new.meta["val"] = source.meta["val"]
+        conv.replace_input_with(source, new)
+    else:
+        conv.replace_input_with(source, next(n for n in calls if "relu" in str(n.target)))
+    gm.recompile()
+    code, want = gm.code, run(program, x)
+    failure = adapters.apply(program, report).failure()
+    assert failure.code == "plan-conflict" and "the report was planned on another program" in failure.message
+    assert gm.code == code
+    assert_close(run(program, x), want)
 
 
 class _Attn(nn.Module):
