@@ -221,6 +221,8 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float 
     try:
         before = _Region(snap, cap, inputs, symbols, torch.Generator().manual_seed(seed))
         before.run(before_nodes, snap.dialect)
+        for old, _ in p.replace:  # a value whose uses the plan takes that no node here computes (an input)
+            before.get(old)
     except _Skip as e:
         return PlanCheck(rule=p.rule, anchor=p.anchor, ok=None, note=f"not checked: {e}")
     except Exception as e:  # the original fails on these inputs: they say nothing of the plan

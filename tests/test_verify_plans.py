@@ -4,6 +4,7 @@ command line's reliability (atomic saves, one-line errors, dynamic shapes)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from adapters.cli import main
 from adapters.validate import check_plans, default_tolerance
 from fxpure.families import BATCH_NORM, CONV, MUL, RELU
 from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, Var, quantized_as, rule
-from fxpure.plan import RewritePlan
+from fxpure.plan import NewNode, RewritePlan, plan
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.snapshot import DTypeArg, NodeRef, TensorSpec
 from fxpure.weights import Binary, Fill, Reshape, WeightExpr, fold_batch_norm
@@ -297,3 +298,20 @@ def test_a_float32_plan_is_checked_at_float32s_tolerance_beside_a_bfloat16_branc
     assert default_tolerance(program) == 8 * torch.finfo(torch.bfloat16).eps
     (check,) = check_plans(program, report)
     assert check.ok is False and 0.02 < check.max_rel < 0.04
+
+
+@pytest.mark.parametrize("op", ["aten.clone.default", "aten.neg.default"])
+def test_a_plan_that_takes_an_inputs_or_a_weights_uses_is_checked(op: str) -> None:
+    # the input and the weight are no node of the region: the original's value is the one the
+    # replacement reads (before, --verify raised KeyError on them)
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "aten")
+    snap = adapters.capture(program)
+    conv = next(n for n in snap.nodes if n.target == "aten.conv2d.default")
+    plans = []
+    for name in (snap.inputs[0], conv.args[1].name):  # type: ignore[union-attr]
+        made = NewNode(name=f"{name}_new", target=op, args=(NodeRef(name),), spec=snap.node(name).spec)
+        plans.append(RewritePlan(rule="r", anchor=name, nodes=(made,), replace=((name, made.name),)))
+    report = plan(snap, [])
+    checks = check_plans(program, replace(report, plans=tuple(plans), stages=(tuple(plans),)))
+    assert [c.ok for c in checks] == [op == "aten.clone.default"] * 2
