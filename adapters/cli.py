@@ -196,6 +196,7 @@ def _own_rule(entry: str) -> Any:
     from pathlib import Path
 
     where, _, attr = entry.rpartition(":")
+    _quiet_libraries()  # torch and executorch first: a file beside the rule shadows none of their modules
     try:  # what the module prints goes to stderr: stdout is the report (``--json``)
         with contextlib.redirect_stdout(sys.stderr):
             if where.endswith(".py"):
@@ -208,13 +209,16 @@ def _own_rule(entry: str) -> Any:
                 if not path.is_file() or spec is None or spec.loader is None:
                     raise BadInput(f"--rules {entry}: no file {where}")
                 sys.path.insert(0, str(path.parent))
-                module = sys.modules[name] = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
+                try:
+                    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                finally:  # the folder shadows no module imported later (the standard library's)
+                    sys.path.remove(str(path.parent))
             else:
                 module = importlib.import_module(where)
     except BadInput:
         raise
-    except Exception as e:  # the user's module does not import: say so in one line
+    except (Exception, SystemExit) as e:  # the user's module does not import: say so in one line
         first = (str(e).strip().splitlines() or [""])[0]
         raise BadInput(f"--rules {entry}: cannot import {where} ({type(e).__name__}: {first})") from e
     found = getattr(module, attr, None)
@@ -223,8 +227,9 @@ def _own_rule(entry: str) -> Any:
     rule, why = found, ""
     if not _is_rule(found) and callable(found):
         try:
-            rule = found()
-        except Exception as e:  # not a maker of rules after all: say what calling it did
+            with contextlib.redirect_stdout(sys.stderr):
+                rule = found()
+        except (Exception, SystemExit) as e:  # not a maker of rules after all: say what calling it did
             rule, why = None, f": calling it raised {type(e).__name__}"
     if not _is_rule(rule):
         raise BadInput(f"--rules {entry}: {attr} is not a rule (name, anchors, plan_at) nor makes one{why}")
@@ -240,17 +245,25 @@ def _planned(run: Callable[[], T]) -> T:
     that says where (``transform`` rolls back any failure of its own)."""
     import traceback
 
-    try:
-        return run()
-    except Exception as e:
+    try:  # what a rule prints goes to stderr: stdout is the report (``--json``)
+        with contextlib.redirect_stdout(sys.stderr):
+            return run()
+    except (Exception, SystemExit) as e:  # a rule's sys.exit() is a rule that raised
         frame = traceback.extract_tb(e.__traceback__)[-1]
         first = (str(e).strip().splitlines() or [""])[0]
         raise RuleRaised(f"{type(e).__name__}: {first} (at {frame.filename}:{frame.lineno})") from e
 
 
 def _is_rule(obj: Any) -> bool:
-    return isinstance(getattr(obj, "name", None), str) and all(
-        callable(getattr(obj, a, None)) for a in ("anchors", "plan_at")
+    """A rule object (a class of rules is a maker of one, called)."""
+    try:
+        name = getattr(obj, "name", None)
+    except Exception:  # a name property that raises: no rule
+        return False
+    return (
+        not isinstance(obj, type)
+        and isinstance(name, str)
+        and all(callable(getattr(obj, a, None)) for a in ("anchors", "plan_at"))
     )
 
 
@@ -276,8 +289,23 @@ def _check_path(path: str) -> None:
             raise BadInput(f"{path}: not a .pt2 file (expected a program saved with torch.export.save)")
         if not zipfile.is_zipfile(p):
             raise BadInput(f"{path}: not a valid .pt2 archive (corrupt or truncated)")
+        with zipfile.ZipFile(p) as z:
+            bad = z.testzip()  # every member read once: a flipped byte would be saved as the program
+            models = sorted(n.rpartition("/")[2].removesuffix(".json") for n in z.namelist() if _is_model(n))
     except OSError as e:  # a name too long for the file system, say
         raise BadInput(f"{path}: cannot read ({e.strerror or e})") from e
+    except Exception as e:  # the zip reader's own errors (a bad header, a bad compressed stream)
+        raise BadInput(f"{path}: not a valid .pt2 archive ({type(e).__name__}: {e})") from e
+    if bad is not None:
+        raise BadInput(f"{path}: corrupt archive ({bad} fails its checksum)")
+    if len(models) > 1:  # apply would write back one of them
+        raise BadInput(f"{path}: holds {len(models)} programs ({', '.join(models)}); fxpure takes an archive of one")
+
+
+def _is_model(member: str) -> bool:
+    """``member`` of a .pt2 archive is a program's ``models/<name>.json``."""
+    parts = member.split("/")
+    return len(parts) >= 2 and parts[-2] == "models" and parts[-1].endswith(".json")
 
 
 def _check_writable(model: str, output: str, pte: str | None) -> None:
@@ -305,20 +333,24 @@ def _check_writable(model: str, output: str, pte: str | None) -> None:
             raise BadInput(f"--pte {pte}: names the {named} .pt2")
 
 
-def _load(path: str) -> Any:
-    """A program saved with ``torch.export.save`` (``main`` ran ``_check_path`` on it already);
-    only ``torch.export.load`` reads it."""
+def _load(path: str, extra_files: dict[str, Any] | None = None) -> Any:
+    """A program saved with ``torch.export.save`` (``main`` ran ``_check_path`` on it already),
+    read by ``torch.export.load``; ``extra_files`` is filled with the archive's extra files."""
     import importlib
+    import zipfile
 
     import torch
 
     from adapters.torchnames import OP_LIBRARIES
 
+    if extra_files is not None:  # the loader fills the names it is given (and only a non-empty dict)
+        with zipfile.ZipFile(path) as z:
+            extra_files.update((n.split("/", 2)[2], "") for n in z.namelist() if n.split("/")[1:2] == ["extra"])
     with contextlib.suppress(Exception):
-        return torch.export.load(path)
+        return torch.export.load(path, extra_files=extra_files)
     try:  # a program quantized-conv packed calls the et_vk ops, which this import registers
         importlib.import_module(OP_LIBRARIES["et_vk"])
-        return torch.export.load(path)
+        return torch.export.load(path, extra_files=extra_files)
     except Exception as e:  # any failure inside the loader means the archive is unusable
         raise BadInput(f"{path}: cannot load the program (corrupt, or not saved by torch.export.save)") from e
 
@@ -474,14 +506,16 @@ def explain(args: argparse.Namespace) -> int:
         progress("lowering to edge")
         try:
             program = to_edge(program).exported_program()
-        except Exception as e:  # executorch refuses the program: say so in one line
+        except Exception as e:  # executorch refuses the program: say so in one line (a lowering failed: 3)
             first = (str(e).strip().splitlines() or [""])[0]
-            raise BadInput(f"{args.model}: to_edge cannot lower this program ({type(e).__name__}: {first})") from e
+            print(f"fxpure: error: to_edge cannot lower {args.model} ({type(e).__name__}: {first})", file=sys.stderr)
+            return EXIT_REWRITE_FAILED
     progress("planning")
     result = _planned(lambda: transform(program, rules, dry_run=True))
-    if isinstance(result, Failure):
+    if isinstance(result, Failure):  # a program fxpure cannot read is bad input; the rest, as apply says
         print(f"fxpure: error: {result.failure()}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        unreadable = result.failure().code in ("unsupported-program", "meta-tensor")
+        return EXIT_BAD_INPUT if unreadable else EXIT_REWRITE_FAILED
     report = result.unwrap().report
     if args.node is not None:
         return _explain_node(report, rules, args.node, args.json)
@@ -547,7 +581,8 @@ def apply_cmd(args: argparse.Namespace) -> int:
     names, rules = [n for n, _ in args.loaded], [r for _, r in args.loaded]
     progress = Progress()
     progress(f"loading {args.model}")
-    program = _load(args.model)
+    extras: dict[str, Any] = {}  # saved again beside the program (a tokenizer, say)
+    program = _load(args.model, extras)
     original = copy.deepcopy(program) if args.verify else None
     before = capture_program(program) if args.verify else None
     metas = node_meta(program.graph_module)
@@ -595,7 +630,7 @@ def apply_cmd(args: argparse.Namespace) -> int:
         progress(f"saving {args.output}")
         pte = buffer
         _save(
-            [(args.output, lambda tmp: torch.export.save(program, tmp))]
+            [(args.output, lambda tmp: torch.export.save(program, tmp, extra_files=extras or None))]
             + ([(args.pte, lambda tmp: Path(tmp).write_bytes(pte))] if pte is not None else [])
         )
         if pte is not None:
@@ -612,9 +647,9 @@ def apply_cmd(args: argparse.Namespace) -> int:
         if written
         else "verification failed: nothing written"
     )
-    declined = f"{len(outcome.report.rejections)} candidates declined"
+    declined = _count(len(outcome.report.rejections), "candidate") + " declined"
     print(
-        f"{len(plans)} rewrites applied{by_fallback}, {declined}; {wrote}"
+        f"{_count(len(plans), 'rewrite')} applied{by_fallback}, {declined}; {wrote}"
         if plans
         else f"nothing to rewrite ({declined}); {wrote}"
     )
@@ -634,6 +669,10 @@ def apply_cmd(args: argparse.Namespace) -> int:
                 f"({'ok' if v['ok'] else 'FAILED'}, tolerance {args.tolerance:g})"
             )
     return code
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _lower(program: Any, names: list[str]) -> bytes:
@@ -704,7 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fxpure: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RuleRaised as e:
-        print(f"fxpure: error: planning raised {e} (program unchanged, nothing written)", file=sys.stderr)
+        unchanged = " (program unchanged, nothing written)" if args.command == "apply" else ""
+        print(f"fxpure: error: planning raised {e}{unchanged}", file=sys.stderr)
         return EXIT_REWRITE_FAILED
     except BrokenPipeError:  # the reader of the output closed it (``| head``): nothing more to say
         import os

@@ -409,3 +409,81 @@ def test_a_rule_file_loads_as_a_script_would_and_its_failures_are_one_line(
     assert r.returncode == 2
     expected = f"fxpure: error: --rules names two rules 'drop-clone' ({tmp_path}/loud.py:RULE is the second)"
     assert r.stderr.splitlines() == ["loading my rules", expected]
+
+
+def test_an_archives_extra_files_are_written_again(saved: dict[str, Path], tmp_path: Path) -> None:
+    program = tmp_path / "with_extra.pt2"
+    ep = torch.export.load(saved["resnext"])
+    torch.export.save(ep, program, extra_files={"tokenizer.json": '{"vocab": 42}'})
+    out = tmp_path / "out.pt2"
+    assert fxpure("apply", program, "-o", out).returncode == 0
+    extra = {"tokenizer.json": ""}
+    torch.export.load(out, extra_files=extra)
+    assert extra == {"tokenizer.json": '{"vocab": 42}'}
+
+
+def test_an_archive_of_two_programs_or_a_corrupt_one_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
+    from torch.export.pt2_archive._package import package_pt2
+
+    two, out = tmp_path / "two.pt2", tmp_path / "out.pt2"
+    linear = torch.export.export(torch.nn.Linear(3, 3), (torch.randn(2, 3),))
+    package_pt2(str(two), exported_programs={"model": torch.export.load(saved["resnext"]), "decoder": linear})
+    # a flipped byte in a weight: the zip still opens, its checksum fails
+    flipped = tmp_path / "flipped.pt2"
+    with zipfile.ZipFile(saved["resnext"]) as z:
+        info = next(i for i in z.infolist() if "/data/weights/weight_0" in i.filename)
+    data = bytearray(saved["resnext"].read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra) + 5] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    for path, message in ((two, "holds 2 programs (decoder, model)"), (flipped, "corrupt archive")):
+        r = fxpure("apply", path, "-o", out)
+        assert r.returncode == 2 and not out.exists()
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"fxpure: error: {path}: {message}"), line
+
+
+CHATTY = (
+    OWN_RULE
+    + """
+
+class Chatty:
+    name = "chatty"
+
+    def anchors(self, snap):
+        print("anchors")  # on stdout, where the report goes
+        return DROP_CLONE.anchors(snap)
+
+    def plan_at(self, snap, node):
+        return DROP_CLONE.plan_at(snap, node)
+
+
+class Exits(Chatty):
+    def plan_at(self, snap, node):
+        raise SystemExit("bye")
+
+
+class Unnamed(Chatty):
+    @property
+    def name(self):
+        raise ValueError("no name yet")
+"""
+)
+
+
+def test_a_rule_class_prints_and_sys_exit_are_handled(saved: dict[str, Path], tmp_path: Path) -> None:
+    # a rule's prints go to stderr (--json stays JSON); a class of rules is made; sys.exit in a rule is
+    # a rule that raised; a name that raises is no rule; a helper beside the rule named like a module of
+    # the standard library shadows nothing torch imports
+    (tmp_path / "chatty.py").write_text("import statistics\n" + CHATTY)
+    (tmp_path / "statistics.py").write_text("raise ImportError('the rule folder shadowed the standard library')\n")
+    program = tmp_path / "clones.pt2"
+    torch.export.save(torch.export.export(_Clones(), (torch.randn(2, 3),)), program)
+    rules = f"{tmp_path}/chatty.py"
+    r = fxpure("explain", program, "--rules", f"{rules}:Chatty", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["rules"] == ["chatty"] and "anchors" in r.stderr, r.stderr
+    r = fxpure("apply", program, "-o", tmp_path / "out.pt2", "--rules", f"{rules}:Exits")
+    (line,) = r.stderr.splitlines()[-1:]
+    assert r.returncode == 3 and line.startswith("fxpure: error: planning raised SystemExit: bye (at ")
+    assert not (tmp_path / "out.pt2").exists()
+    r = fxpure("explain", program, "--rules", f"{rules}:Unnamed")
+    assert r.returncode == 2 and "Unnamed is not a rule" in r.stderr and "Traceback" not in r.stderr
