@@ -604,7 +604,9 @@ def apply_cmd(args: argparse.Namespace) -> int:
         ]
         # rules whose plans made ops that run only in a delegate (not the rules merely named)
         delegated = sorted({p.rule for p in outcome.report.plans for n in p.nodes if n.target.startswith("et_vk.")})
-        if delegated:
+        if not outcome.changed:  # the program as it was: nothing to compare (its inputs may not even be drawable)
+            doc["verify"] = {"ok": True, "skipped": "nothing was rewritten"}
+        elif delegated:
             why = f"{', '.join(delegated)}: its et_vk kernels run only in the Vulkan delegate, not on this host"
             doc["verify"] = {"ok": True, "skipped": why}
         else:
@@ -660,7 +662,8 @@ def apply_cmd(args: argparse.Namespace) -> int:
     if "verify" in doc:
         v = doc["verify"]
         if "skipped" in v:
-            print(f"verify: whole program not compared ({v['skipped']}); the plans above were checked one by one")
+            checked = "; the plans above were checked one by one" if plans else ""
+            print(f"verify: whole program not compared ({v['skipped']}){checked}")
         elif "error" in v:
             print(f"verify: FAILED, the programs could not be compared ({v['error']})")
         else:
@@ -735,6 +738,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _check_writable(args.model, args.output, args.pte)
                 if args.tolerance is not None and not 0 < args.tolerance < float("inf"):
                     raise BadInput(f"--tolerance {args.tolerance:g}: not a positive number")
+                if args.tolerance is not None and not args.verify:
+                    raise BadInput("--tolerance is the tolerance of --verify, which is not given")
         _quiet_libraries()
         if args.command == "demo":
             return demo()

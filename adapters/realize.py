@@ -840,6 +840,15 @@ _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]
 )
 
 
+def _known_ops(report: RewriteReport, dialect: str) -> None:
+    """Raises _ApplyError (``unknown-op``) if a plan writes an op torch does not have."""
+    for target in dict.fromkeys(n.target for p in report.plans for n in p.nodes):
+        try:
+            resolve_target(target, dialect)
+        except ValueError as e:
+            raise _ApplyError("unknown-op", str(e)) from e
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
@@ -849,6 +858,7 @@ def _finite_plan(
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
+        _known_ops(report, cap.snap.dialect)  # a dry run says so as applying would
         crossing = {k: v for check in _CHECKS for k, v in check(cap, report).items() if k not in declined}
         if crossing:
             declined.update(crossing)

@@ -177,6 +177,10 @@ def test_nothing_to_rewrite_is_not_an_error(saved: dict[str, Path], tmp_path: Pa
     assert r.returncode == 0 and r.stdout.startswith("nothing to rewrite")
     r = fxpure("apply", saved["plain"], "-o", tmp_path / "same.pt2")
     assert r.returncode == 0 and "nothing to rewrite" in r.stdout and (tmp_path / "same.pt2").exists()
+    r = fxpure("apply", saved["plain"], "-o", tmp_path / "same.pt2", "--verify")  # nothing to compare
+    assert (
+        r.returncode == 0 and r.stdout.splitlines()[-1] == "verify: whole program not compared (nothing was rewritten)"
+    )
 
 
 def _in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> int:
@@ -231,6 +235,7 @@ def test_a_failed_pte_lowering_is_exit_3_and_writes_no_pt2(
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/no/such/dir/x.pt2"), "cannot write"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "nan"), "--tolerance nan: not a positive"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "-1"), "--tolerance -1: not a positive"),
+        (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "1e-3"), "--tolerance is the tolerance of"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(saved: dict[str, Path], args: tuple[str, ...], message: str) -> None:

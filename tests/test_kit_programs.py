@@ -178,3 +178,16 @@ def test_a_later_rule_naming_its_node_as_a_node_an_earlier_rule_erased_applies(f
     assert outcome.unwrap().changed and count(program, "mul") == 0 and count(program, "relu") == 1
     assert mul in outcome.unwrap().report.after.reserved
     assert_sound(program, X, [torch.relu(X[0]) + 1.0])
+
+
+def test_an_op_torch_does_not_have_fails_a_dry_run_as_it_fails_the_transform() -> None:
+    # explain (a dry run) said "will rewrite" where apply failed unknown-op
+    bogus = rule(
+        "bogus",
+        Op(RELU, name="r", self=Var("x")),
+        plan=lambda p, r, x: p.replace(r, p.node("aten.does_not_exist.default", (x,), name="n", spec=r.node.spec)),
+    )
+    for dry_run in (True, False):
+        program = build(Relu(), X, "aten")
+        failure = adapters.transform(program, [bogus], dry_run=dry_run).failure()
+        assert failure.code == "unknown-op" and "aten.does_not_exist.default" in failure.message
