@@ -6,6 +6,7 @@ import copy
 import gc
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -829,6 +830,17 @@ def test_a_report_applies_to_a_copy_of_its_program_and_not_to_a_program_changed_
     assert failure.code == "plan-conflict" and "the report was planned on another program" in failure.message
     assert gm.code == code
     assert_close(run(program, x), want)
+
+
+def test_a_report_applies_to_its_program_saved_and_loaded_again(tmp_path: Path) -> None:
+    # the loader gives the output node a meta["val"] the exported program's had not: no other program
+    model, x = randomize_bn(ConvBNBeside()).eval(), (torch.randn(1, 3, 8, 8),)
+    program = torch.export.export(model, x)
+    report = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap().report
+    torch.export.save(program, tmp_path / "p.pt2")
+    loaded = torch.export.load(tmp_path / "p.pt2")
+    assert adapters.apply(loaded, report).unwrap().changed and count(loaded, "batch_norm") == 0
+    assert_close(run(loaded, x), run(program, x))
 
 
 class _Attn(nn.Module):
