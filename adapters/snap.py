@@ -265,6 +265,7 @@ def capture_program(program: Program) -> Captured:
 
 
 _ALIASES: dict[Any, tuple[bool, tuple[tuple[int, str, bool], ...]]] = {}
+_NOT_DATA_WRITES = frozenset({"detach_", "requires_grad_", "retain_grad"})
 
 
 def aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
@@ -282,9 +283,9 @@ def aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None
         )
-        # ``detach_`` (export reads a tensor made in forward through ``lift_fresh_copy`` and it)
-        # writes autograd's metadata, not the data: no write, still a view
-        writes = schema.name != "aten::detach_"
+        # ``detach_`` (export reads a tensor made in forward through ``lift_fresh_copy`` and it),
+        # ``requires_grad_`` and ``retain_grad`` write autograd's metadata, not the data: no write
+        writes = schema.name.removeprefix("aten::") not in _NOT_DATA_WRITES
         args = tuple((i, name, write and writes) for i, name, write in args)
         found = (any(r.alias_info is not None for r in schema.returns), args)
     _ALIASES[target] = found
@@ -318,30 +319,32 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
             s.arg.name for s in ep.graph_signature.input_specs if s.target in mutated and hasattr(s.arg, "name")
         }
     views = w.views
+    attrs: dict[str, list[str]] = {}  # a get_attr target -> its nodes (a module's buffers it updates)
+    for n in gm.graph.find_nodes(op="get_attr"):
+        attrs.setdefault(str(n.target), []).append(n.name)
     for n in gm.graph.nodes:
-        if n.op == "call_module":  # ``nn.ReLU(inplace=True)`` in a symbolic_trace graph writes its input
-            x = n.args[0] if n.args else None
-            if getattr(_attr(gm, str(n.target)), "inplace", False) is True and isinstance(x, torch.fx.Node):
-                w.write(n.name, x.name)
-                views[n.name] = views.get(x.name, x.name)
+        if n.op == "call_module":
+            _module_writes(w, gm, n, attrs)
             continue
         if n.op not in ("call_function", "call_method"):
             continue
         target = n.target if n.op == "call_function" else _method(str(n.target))
-        if n.op == "call_method" and target is None:
-            x = n.args[0] if n.args else None
-            if str(n.target).endswith("_") and not str(n.target).startswith("_") and isinstance(x, torch.fx.Node):
-                w.write(n.name, x.name)  # an in-place method of no aten op: it writes its tensor, so far as known
-            continue
         if isinstance(target, torch._ops.HigherOrderOperator):
             if _branches_write(gm, n):  # ``with torch.no_grad(): buf.add_(1)`` writes what it is given
                 for x in n.all_input_nodes:
                     w.write(n.name, x.name)
             continue
-        if n.target is operator.getitem:  # an element of a split, unbind, chunk: a view too
+        if n.target is operator.getitem:  # an element of a split, unbind, chunk, or of a tensor: a view too
             x = n.args[0]
             if isinstance(x, torch.fx.Node) and x.name in views:
                 views[n.name] = views[x.name]
+            elif isinstance(x, torch.fx.Node) and isinstance(x.meta.get("val"), torch.Tensor):
+                views[n.name] = x.name  # ``g[0]``, ``g[:, 1]`` (an index by tensor or list copies)
+                if any(isinstance(i, (torch.fx.Node, list)) for i in _flat(n.args[1])):
+                    w.copies.add(n.name)
+            continue
+        if not isinstance(getattr(target, "_schema", None), torch.FunctionSchema):  # a Python-level call
+            _python_writes(w, n)
             continue
         try:
             returns_alias, args = aliases(target)
@@ -358,6 +361,82 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         if x.name in w.copies or may_copy(target):
                             w.copies.add(n.name)
     return w
+
+
+# a call of no aten op that writes its first argument: ``x[0] = 1``, ``x *= 2`` in a traced graph
+_SETS = frozenset(
+    getattr(operator, f"i{op}")
+    for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
+) | {operator.setitem, operator.imatmul}
+# attributes of a tensor that are views of it (``w.data``, ``w.mT``)
+_VIEW_ATTRS = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+# methods of no aten op of the same name that return the tensor itself when it already has the dtype
+_CASTS = frozenset({"float", "half", "double", "bfloat16", "int", "long", "short", "bool", "byte", "char", "type"})
+
+
+def _flat(value: Any) -> list[Any]:
+    return [y for x in value for y in _flat(x)] if isinstance(value, (list, tuple)) else [value]
+
+
+def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
+    """What a call of no aten op (a torch function, an operator, a method of no aten op of its name,
+    in a symbolic_trace graph) writes and aliases, as far as its name and arguments tell: in place
+    by name (``torch.relu_``, ``torch.Tensor.mul_``), ``x[i] = v`` and ``x *= v``, ``inplace=True``,
+    ``out=``, a norm in training mode; ``w.data``, ``w.mT`` and ``w.float()`` are views of ``w``."""
+    x = n.args[0] if n.args else None
+    first = x if isinstance(x, torch.fx.Node) else None
+    name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
+    if first is not None and n.op == "call_function" and n.target is getattr and n.args[1] in _VIEW_ATTRS:
+        w.views[n.name] = w.views.get(first.name, first.name)
+        return
+    if first is not None and n.op == "call_method" and name in _CASTS:
+        w.views[n.name] = w.views.get(first.name, first.name)
+        w.copies.add(n.name)  # a copy when the dtype changes
+        return
+    bound = _bound(n)
+    in_place = name.endswith("_") and not name.startswith("_") and name not in _NOT_DATA_WRITES
+    if first is not None and (in_place or n.target in _SETS or bound.get("inplace", n.kwargs.get("inplace")) is True):
+        w.write(n.name, first.name)
+        w.views[n.name] = w.views.get(first.name, first.name)
+    for out in _flat(n.kwargs.get("out")):
+        if isinstance(out, torch.fx.Node):
+            w.write(n.name, out.name)
+    if any(bound.get(f) not in (None, False) for f in _STATS_FLAGS):  # F.batch_norm(..., training=True)
+        for stats in (bound.get(k) for k in _STATS_ARGS):
+            if isinstance(stats, torch.fx.Node):
+                w.write(n.name, stats.name)
+
+
+def _bound(n: torch.fx.Node) -> dict[str, Any]:
+    """A Python-level function call's arguments by parameter name ({} if its signature is unknown)."""
+    import inspect
+
+    if n.op != "call_function" or not callable(n.target):
+        return {}
+    try:
+        return dict(inspect.signature(n.target).bind(*n.args, **n.kwargs).arguments)
+    except (TypeError, ValueError):  # no signature, or not these arguments
+        return {}
+
+
+def _module_writes(w: _Writes, gm: torch.fx.GraphModule, n: torch.fx.Node, attrs: dict[str, list[str]]) -> None:
+    """What a module call of a symbolic_trace graph writes: its input, for ``nn.ReLU(inplace=True)``
+    and its like (not a dropout in eval mode, which returns it); the running stats a batch norm in
+    training mode updates, where the graph reads them too; and, so far as anyone knows, every tensor
+    it is given, for a module of no ``torch.nn`` type (a custom tracer's leaf runs any code)."""
+    module, x = _attr(gm, str(n.target)), n.args[0] if n.args else None
+    if not type(module).__module__.startswith("torch.nn."):
+        for given in n.all_input_nodes:
+            w.write(n.name, given.name)
+        return
+    dropout = isinstance(module, torch.nn.modules.dropout._DropoutNd) and not module.training
+    if getattr(module, "inplace", False) is True and not dropout and isinstance(x, torch.fx.Node):
+        w.write(n.name, x.name)
+        w.views[n.name] = w.views.get(x.name, x.name)
+    if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training:
+        for stat in _STATS_ARGS:
+            for name in attrs.get(f"{n.target}.{stat}", ()):
+                w.write(n.name, name)
 
 
 def _method(name: str) -> torch._ops.OpOverload | None:

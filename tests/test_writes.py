@@ -436,6 +436,18 @@ class MethodWrites(nn.Module):
             x.mul_(-2.0)
         elif self.mode == "view":
             x.view(-1).mul_(-2.0)
+        elif self.mode == "data":
+            x.data.mul_(-2.0)
+        elif self.mode == "index":
+            x[:, 0].mul_(-2.0)
+        elif self.mode == "function":
+            torch.relu_(x)
+        elif self.mode == "inplace=True":
+            F.hardtanh(x, -0.5, 0.5, True)
+        elif self.mode == "out=":
+            torch.mul(x, -2.0, out=x)
+        elif self.mode == "cast":
+            x.float().mul_(-2.0)
         else:
             self.act(x)
         bn = aten.batch_norm.default(y, None, None, self.rm, self.rv, False, 0.1, 1e-5, False)
@@ -449,20 +461,60 @@ def _traced(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
     gm = torch.fx.symbolic_trace(copy.deepcopy(model))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     FakeTensorProp(gm, mode).propagate(mode.from_tensor(x))
-    gm.load_state_dict(model.state_dict())
+    gm.load_state_dict(model.state_dict(), strict=False)  # (the state the graph reads)
     return gm
 
 
-@pytest.mark.parametrize("mode", ["method", "view", "module"])
+@pytest.mark.parametrize(
+    "mode", ["method", "view", "module", "data", "index", "function", "inplace=True", "out=", "cast"]
+)
 def test_a_symbolic_trace_graphs_method_and_in_place_module_writes_count(mode: str) -> None:
     # the write between the conv and its batch norm: written-between; the gain updated after each
     # call: no constant. Before, neither was seen and the rewrites were wrong from the first call
     x, model = torch.randn(1, 3, 4, 4), MethodWrites(mode)
     gm, reference = _traced(model, x), _traced(model, x)
     calls = [(n.op, str(n.target)) for n in gm.graph.nodes if n.op in ("call_method", "call_module")]
-    writer = ("call_module", "act") if mode == "module" else ("call_method", "mul_")
-    assert calls.count(writer) == 1 + (writer[1] == "mul_")  # and g.mul_
+    if mode in ("method", "module"):
+        writer = ("call_module", "act") if mode == "module" else ("call_method", "mul_")
+        assert calls.count(writer) == 1 + (writer[1] == "mul_")  # and g.mul_
     outcome = adapters.transform(gm, [fuse_conv_bn(), fold_binary()]).unwrap()
     codes = {r.rule: r.reason.code for r in outcome.report.rejections}
     assert codes == {"fuse-conv-bn": "written-between", "fold-binary": "not-constant"} and not outcome.changed
+    assert_close(_runs(gm, (x,), times=3), _runs(reference, (x,), times=3))
+
+
+class NoWrites(nn.Module):
+    """A conv and its batch norm, with an in-place dropout in eval mode (it returns its input) and
+    ``requires_grad_`` (autograd's flag, no data) between them; a training batch norm module or
+    function updating the stats (``mode``) is a write."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode, self.drop, self.bn = mode, nn.Dropout(inplace=True), nn.BatchNorm2d(4)
+        self.w = nn.Parameter(torch.randn(4, 3, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = aten.conv2d.default(x, self.w)
+        self.drop(x)
+        x.requires_grad_(False)
+        if self.mode == "module":
+            self.bn(aten.conv2d.default(x, self.w))
+        elif self.mode == "function":
+            F.batch_norm(aten.conv2d.default(x, self.w), self.bn.running_mean, self.bn.running_var, training=True)
+        bn = self.bn
+        out: torch.Tensor = aten.batch_norm.default(
+            y, None, None, bn.running_mean, bn.running_var, False, 0.1, 1e-5, False
+        )
+        return out
+
+
+@pytest.mark.parametrize("mode", ["none", "module", "function"])
+def test_what_writes_no_data_is_no_write_and_a_training_norm_is_one(mode: str) -> None:
+    x, model = torch.randn(2, 3, 4, 4), NoWrites(mode)
+    randomize_bn(model)  # (eval mode)
+    model.bn.train(mode == "module")  # a module in training mode updates its stats
+    gm, reference = _traced(model, x), _traced(model, x)
+    outcome = adapters.transform(gm, [fuse_conv_bn()]).unwrap()
+    codes = [r.reason.code for r in outcome.report.rejections if r.reason.code != "module-call"]
+    assert (len(outcome.report.plans), codes) == ((1, []) if mode == "none" else (0, ["not-constant"]))
     assert_close(_runs(gm, (x,), times=3), _runs(reference, (x,), times=3))
