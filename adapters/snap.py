@@ -414,9 +414,11 @@ def _bound(n: torch.fx.Node) -> dict[str, Any]:
     if n.op != "call_function" or not callable(n.target):
         return {}
     try:
-        return dict(inspect.signature(n.target).bind(*n.args, **n.kwargs).arguments)
+        bound = inspect.signature(n.target).bind(*n.args, **n.kwargs)
     except (TypeError, ValueError):  # no signature, or not these arguments
         return {}
+    bound.apply_defaults()  # (F.instance_norm uses its input's stats unless told not to)
+    return dict(bound.arguments)
 
 
 def _module_writes(w: _Writes, gm: torch.fx.GraphModule, n: torch.fx.Node, attrs: dict[str, list[str]]) -> None:
