@@ -181,6 +181,16 @@ def test_a_new_conv_reading_two_dtypes_conflicts(bias: str) -> None:
     assert isinstance(rewrite(g.build(), [same]), Success)
 
 
+def test_a_new_conv_reading_three_dtypes_names_the_first_two() -> None:
+    g = GraphBuilder()
+    x, w, b = g.input("x", (1, 2, 4, 4), "float16"), g.input("w", (2, 2, 1, 1)), g.input("b", (2,), "float64")
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=x, out=spec(1, 2, 4, 4, dtype="float16")))
+    conv = NewNode(name="c", target="aten.conv2d.default", args=(x, w, b), spec=spec(1, 2, 4, 4, dtype="float16"))
+    p = RewritePlan(rule="r", anchor="conv", nodes=(conv,), replace=(("conv", "c"),))
+    detail = "new node c reads tensors of dtypes float16 (x) and float32 (w): aten.conv2d.default takes one"
+    assert rewrite(g.build(), [p]) == Failure(PlanConflict(node="conv", detail=detail))
+
+
 def test_plans_moving_uses_in_a_cycle_end_as_a_conflict() -> None:
     g = GraphBuilder()
     x = g.input("x", (2,))
