@@ -307,6 +307,10 @@ class _Writes:
         self.written.add(root)
         self.events.append((node, root))
 
+    def view(self, node: str, of: str) -> None:
+        """``node`` is a view of ``of`` (so of the tensor ``of`` views)."""
+        self.views[node] = self.views.get(of, of)
+
 
 def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
     """The buffers and parameters a program's signature mutates, and each tensor an in-place op (or
@@ -357,7 +361,7 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                     if write:
                         w.write(n.name, x.name)
                     if returns_alias:  # a view, or an in-place op's result: the tensor it was given
-                        views[n.name] = views.get(x.name, x.name)
+                        w.view(n.name, x.name)
                         if x.name in w.copies or may_copy(target):
                             w.copies.add(n.name)
     return w
@@ -387,17 +391,17 @@ def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
     first = x if isinstance(x, torch.fx.Node) else None
     name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
     if first is not None and n.op == "call_function" and n.target is getattr and n.args[1] in _VIEW_ATTRS:
-        w.views[n.name] = w.views.get(first.name, first.name)
+        w.view(n.name, first.name)
         return
     if first is not None and n.op == "call_method" and name in _CASTS:
-        w.views[n.name] = w.views.get(first.name, first.name)
+        w.view(n.name, first.name)
         w.copies.add(n.name)  # a copy when the dtype changes
         return
     bound = _bound(n)
     in_place = name.endswith("_") and not name.startswith("_") and name not in _NOT_DATA_WRITES
     if first is not None and (in_place or n.target in _SETS or bound.get("inplace", n.kwargs.get("inplace")) is True):
         w.write(n.name, first.name)
-        w.views[n.name] = w.views.get(first.name, first.name)
+        w.view(n.name, first.name)
     for out in _flat(n.kwargs.get("out")):
         if isinstance(out, torch.fx.Node):
             w.write(n.name, out.name)
@@ -434,7 +438,7 @@ def _module_writes(w: _Writes, gm: torch.fx.GraphModule, n: torch.fx.Node, attrs
     dropout = isinstance(module, torch.nn.modules.dropout._DropoutNd) and not module.training
     if getattr(module, "inplace", False) is True and not dropout and isinstance(x, torch.fx.Node):
         w.write(n.name, x.name)
-        w.views[n.name] = w.views.get(x.name, x.name)
+        w.view(n.name, x.name)
     if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training:
         for stat in _STATS_ARGS:
             for name in attrs.get(f"{n.target}.{stat}", ()):
@@ -463,19 +467,12 @@ def _updated_stats(n: torch.fx.Node, target: Any) -> tuple[tuple[int, str, bool]
     """The running stats ``n`` (calling ``target``) writes, as ``aliases`` gives written arguments:
     those of a norm in training mode (or one whose mode is not a literal) that its schema does not
     mark written."""
-    try:
-        found = _STATS[target]
-    except KeyError:
-        schema = getattr(target, "_schema", None)
-        found = None
-        if isinstance(schema, torch.FunctionSchema):
-            named = {a.name: (i, a) for i, a in enumerate(schema.arguments)}
-            mode = next(((f, named[f][0]) for f in _STATS_FLAGS if f in named), None)
-            stats = tuple((named[k][0], k, True) for k in _STATS_ARGS if k in named and named[k][1].alias_info is None)
-            found = (mode, stats) if mode is not None and stats else None
-        _STATS[target] = found
-    except TypeError:  # an unhashable target
-        return ()
+    if target not in _STATS:  # (the caller read the schema of this hashable target already)
+        named = {a.name: (i, a) for i, a in enumerate(target._schema.arguments)}
+        mode = next(((f, named[f][0]) for f in _STATS_FLAGS if f in named), None)
+        stats = tuple((named[k][0], k, True) for k in _STATS_ARGS if k in named and named[k][1].alias_info is None)
+        _STATS[target] = (mode, stats) if mode is not None and stats else None
+    found = _STATS[target]
     if found is None:
         return ()
     (flag, at), stats = found
