@@ -211,7 +211,7 @@ def _value_of(n: torch.fx.Node, fakes: _Fakes) -> Any:
     try:
         for a, v in reads.items():
             t = _attr(fakes.gm, str(a.target)) if v is None and a.op == "get_attr" else None
-            reads[a] = mode.from_tensor(t) if isinstance(t, torch.Tensor) else v
+            reads[a] = mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else v
         if any(v is None for v in reads.values()):
             return None
         with mode:

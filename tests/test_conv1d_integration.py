@@ -318,6 +318,30 @@ def test_quantized_conv1d_weights_behind_dequantize_convert_and_int8_outputs_mat
     assert conv_weight_ranks(upstream.exported_program()) == [3 if a is not None else 4 for a in axes]
 
 
+def test_the_graph_module_convert_pt2e_returns_converts() -> None:
+    # convert_pt2e's weight dequantize has no meta["val"] and reads a get_attr int8 tensor: its value
+    # is computed from that tensor, made fake with its own static sizes (a fresh symbol per size
+    # before, which the new conv's weight could not be made from: apply-failed KeyError 's93')
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    model = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.ReLU()).eval()
+    x = (torch.randn(1, 8, 20),)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(torch.export.export(model, x).module(), quantizer)
+    prepared(*x)
+    gm = convert_pt2e(prepared)
+    want = gm(*x)
+    outcome = adapters.transform(gm, [conv1d_to_conv2d()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["conv1d"] and outcome.changed
+    (dq,) = [n for n in gm.graph.nodes if n.target == torch.ops.quantized_decomposed.dequantize_per_channel.default]
+    assert dq.meta["val"].shape == (16, 8, 1, 3)
+    assert torch.equal(gm(*x), want)
+
+
 # --- upstream on the same programs ----------------------------------------------------------------
 
 
