@@ -153,6 +153,7 @@ class BadInput(Exception):
 
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_REWRITE_FAILED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
 class Progress:
@@ -751,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         unchanged = " (program unchanged, nothing written)" if args.command == "apply" else ""
         print(f"fxpure: error: planning raised {e}{unchanged}", file=sys.stderr)
         return EXIT_REWRITE_FAILED
+    except KeyboardInterrupt:  # Ctrl-C: the program was rolled back and temporary files removed
+        print("fxpure: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader of the output closed it (``| head``): nothing more to say
         import os
 

@@ -205,6 +205,20 @@ def test_a_rewrite_that_cannot_be_applied_is_exit_3_and_writes_nothing(
     assert saved["resnext"].read_bytes() == before
 
 
+def test_ctrl_c_while_saving_is_one_line_exit_130_and_writes_nothing(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(program: object, path: str, **_: object) -> None:
+        Path(path).write_bytes(b"half an archive")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.export, "save", interrupted)
+    out = tmp_path / "out.pt2"
+    assert _in_process(monkeypatch, "apply", saved["resnext"], "-o", out) == 130
+    assert capsys.readouterr().err == "fxpure: interrupted\n"  # no traceback
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_pte_lowering_is_exit_3_and_writes_no_pt2(
     saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
