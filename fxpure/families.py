@@ -27,7 +27,8 @@ Normalizer = Callable[[GraphSnapshot, NodeSnapshot, Mapping[str, Arg]], Result[M
 @dataclass(frozen=True, slots=True)
 class Family:
     """Every spelling of one op: canonical target -> schema, a noun for messages, an optional
-    normaliser, and the pair of arguments that commute (``("self", "other")`` for mul/add)."""
+    normaliser, and the pair of arguments that commute (``("self", "other")`` for mul/add) where
+    the node's other arguments hold their defaults (``add`` with ``alpha=2`` does not)."""
 
     name: str
     noun: str

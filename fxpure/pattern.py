@@ -648,12 +648,27 @@ def _arguments(
 ) -> Reason | None:
     names = p.family.schemas[node.target].names
     pairs = [(k, sub) for k, sub in p.args if k in names]  # an argument a spelling lacks: not checked
-    if not p.commute or p.family.commutes is None:
+    pair = p.family.commutes
+    if not p.commute or pair is None or not _commutes(p.family.schemas[node.target], args, pair):
         return _in_order(pairs, args, node, path, seen_as, st)
-    a, b = p.family.commutes
+    a, b = pair
     swap = {a: b, b: a}
     swapped = [(swap.get(k, k), sub) for k, sub in pairs]
     return _best(st, (partial(_in_order, order, args, node, path, seen_as) for order in (pairs, swapped)))
+
+
+def _commutes(schema: Schema, args: Mapping[str, Arg], pair: tuple[str, str]) -> bool:
+    """The node's two operands of ``pair`` may be swapped: each of its other parameters holds its
+    default (``add(x, y, alpha=2)`` is ``x + 2 * y``, which is not ``y + 2 * x``).
+
+    >>> from fxpure.families import ADD
+    >>> add = ADD.schemas["aten.add.Tensor"]
+    >>> _commutes(add, {"self": 1, "other": 2, "alpha": 1}, ("self", "other"))
+    True
+    >>> _commutes(add, {"self": 1, "other": 2, "alpha": 2}, ("self", "other"))
+    False
+    """
+    return all(q.has_default and args.get(k) == q.default for k, q in schema.family_params.items() if k not in pair)
 
 
 def _in_order(

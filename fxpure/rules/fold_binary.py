@@ -75,7 +75,9 @@ TRUE = Lit(None)  # a division's rounding mode: none (floor or trunc division is
 PATTERN = OneOf(
     Op(MUL, name="bin", commute=True, self=PRODUCER, other=OPERAND),  # y * c, c * y
     Op(DIV, name="bin", self=PRODUCER, other=OPERAND, rounding_mode=TRUE),  # y / c
-    Op(ADD, name="bin", commute=True, self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y + alpha c, c + alpha y
+    # (not commute=True: with alpha the operands do not commute, and the fold tells them apart)
+    Op(ADD, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y + alpha c
+    Op(ADD, name="bin", other=PRODUCER, self=OPERAND, alpha=ALPHA),  # c + alpha y (y matched first)
     Op(SUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # y - alpha c
     Op(SUB, name="bin", other=PRODUCER, self=OPERAND, alpha=ALPHA),  # c - alpha y (y matched first)
     Op(RSUB, name="bin", self=PRODUCER, other=OPERAND, alpha=ALPHA),  # c - alpha y

@@ -33,7 +33,7 @@ from fxpure.pattern import (
     rule,
 )
 from fxpure.plan import MAX_DEPTH, NewNode, RewritePlan, Rule, computed_by, constant_expr
-from fxpure.reasons import BadExpr, Declined, Reason
+from fxpure.reasons import BadExpr, Declined, NotConstant, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
@@ -707,6 +707,24 @@ def test_a_candidate_pattern_keeps_the_roots_it_matches_and_must_be_rooted_at_an
     assert [p.anchor for p in report.plans] == ["a"] and report.rejections == ()
     with pytest.raises(PatternError, match="rooted at an Op"):
         rule("fold", pattern, plan=respell, candidate=OneOf(Op(ADD), Var("v")))
+
+
+def test_add_operands_swap_only_where_alpha_is_one() -> None:
+    # add(c, y, alpha=2) is c + 2 * y: read swapped it would bind y as self and c as other, and a
+    # fold of c into y's bias would compute y + 2 * c (an outside author's rule gave wrong numbers)
+    g = GraphBuilder()
+    x, c = g.input("x", (2,)), g.parameter("c", (2,))
+    y = g.call("aten.relu.default", name="y", self=x, out=(2,))
+    plain = g.call("aten.add.Tensor", name="plain", self=c, other=y, out=(2,))
+    scaled = g.call("aten.add.Tensor", name="scaled", self=c, other=plain, alpha=2, out=(2,))
+    g.output(g.call("aten.add.Tensor", name="one", self=c, other=scaled, alpha=1.0, out=(2,)))
+    snap = g.build()
+    pattern = Op(ADD, name="add", commute=True, self=Var("v"), other=Const("k"))
+    assert match(pattern, snap, snap.node("plain")).unwrap().bindings["v"] == NodeRef("y")
+    assert match(pattern, snap, snap.node("one")).unwrap().bindings["v"] == NodeRef("scaled")
+    assert match(pattern, snap, snap.node("scaled")).failure() == NotConstant(
+        node="scaled", role="other", source="plain", path="add.other"
+    )
 
 
 def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:
