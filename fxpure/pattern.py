@@ -58,7 +58,7 @@ from fxpure.plan import (
     Rule,
     computed_by,
     constant_expr,
-    mixed_dtypes,
+    ill_fitting,
     not_constant,
     rewrite,
     runs,
@@ -1616,15 +1616,16 @@ def _located(m: Match, reason: Reason) -> Reason:
 
 def _typed(snap: GraphSnapshot, p: RewritePlan) -> Result[RewritePlan, Reason]:
     """The plan, if its derived constants are well typed and its new nodes read operands of the
-    dtypes torch takes (:func:`fxpure.plan.mixed_dtypes`)."""
+    dtypes torch takes and stand for values of their own dtype and shape
+    (:func:`fxpure.plan.ill_fitting`)."""
     specs: dict[str, Spec] = {}
     for c in p.constants:
         spec = infer_spec(c.expr)
         if not isinstance(spec, Success):
             return Failure(replace(spec.failure(), node=p.anchor, path=f"plan.{c.name}"))
         specs[c.name] = spec.unwrap()
-    mixed = mixed_dtypes(snap, p, specs)
-    return Success(p) if mixed is None else Failure(replace(mixed, path="plan"))
+    misfit = ill_fitting(snap, p, specs)
+    return Success(p) if misfit is None else Failure(replace(misfit, path="plan"))
 
 
 def rule(

@@ -478,6 +478,55 @@ def mixed_dtypes(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec])
     return None
 
 
+def _differs(a: Spec, b: Spec) -> bool:
+    """Two known specs of one value disagree: dtype, rank, or a size both know."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) != len(b) or any(
+            x is not None and y is not None and _differs(x, y) for x, y in zip(a, b, strict=True)
+        )
+    if not isinstance(a, TensorSpec) or not isinstance(b, TensorSpec):
+        return isinstance(a, tuple) != isinstance(b, tuple)  # a tuple for a tensor, or a tensor for one
+    if a.dtype != b.dtype or len(a.shape) != len(b.shape):
+        return True
+    return any(type(x) is int and type(y) is int and x != y for x, y in zip(a.shape, b.shape, strict=True))
+
+
+def changed_values(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
+    """A node whose uses ``p`` moves to a value of another dtype or shape, where both are known:
+    its readers would compute on something else (a float16 conv standing for its float32 product
+    with a constant, say); ``specs``: those of ``p``'s new constants, by their names in ``p``.
+
+    >>> from fxpure.testing import GraphBuilder, spec
+    >>> g = GraphBuilder()
+    >>> x = g.input("x", (1, 2, 4, 4))
+    >>> g.output(g.call("aten.relu.default", name="relu", self=x, out=(1, 2, 4, 4)))
+    >>> half = NewNode(name="h", target="aten.relu.default", args=(x,), spec=spec(1, 2, 4, 4, dtype="float16"))
+    >>> p = RewritePlan(rule="r", anchor="relu", nodes=(half,), replace=(("relu", "h"),), erase=("relu",))
+    >>> changed_values(g.build(), p, {}).message
+    'relu: new value h (float16[1, 2, 4, 4]) takes the uses of relu (float32[1, 2, 4, 4])'
+    """
+    local: dict[str, Spec] = {**specs, **{n.name: n.spec for n in p.nodes}}
+    for old, new in p.replace:
+        was = snap.node(old).spec if old in snap.index else None
+        now = local[new] if new in local else (snap.node(new).spec if new in snap.index else None)
+        if was is not None and now is not None and _differs(was, now):
+            detail = f"new value {new} ({_shown(now)}) takes the uses of {old} ({_shown(was)})"
+            return PlanConflict(node=p.anchor, detail=detail)
+    return None
+
+
+def _shown(spec: Spec) -> str:
+    if isinstance(spec, TensorSpec):
+        return f"{spec.dtype}[{', '.join(map(str, spec.shape))}]"
+    return "(" + ", ".join("?" if s is None else _shown(s) for s in spec or ()) + ")"
+
+
+def ill_fitting(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
+    """What torch would refuse or change in ``p``'s new values: :func:`mixed_dtypes`, then
+    :func:`changed_values`."""
+    return mixed_dtypes(snap, p, specs) or changed_values(snap, p, specs)
+
+
 @final
 @dataclass(slots=True)
 class _Batch:
@@ -515,9 +564,9 @@ class _Batch:
             self.infos[name] = info
             op = "placeholder" if snap.lifted else "get_attr"
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))
-        mixed = mixed_dtypes(snap, p, specs)
-        if mixed is not None:
-            return mixed
+        misfit = ill_fitting(snap, p, specs)
+        if misfit is not None:
+            return misfit
         for n in p.nodes:
             local[n.name] = _fresh(n.name, self.used)
         sources = [old for old, _ in p.replace] or [p.anchor]

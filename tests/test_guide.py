@@ -86,3 +86,36 @@ def test_each_inserted_round_trip_checks_as_the_same_values() -> None:
     report = adapters.transform(program, rules, dry_run=True).unwrap().report  # type: ignore[arg-type]
     checks = check_plans(program, report)
     assert [(c.anchor, c.ok, c.max_rel) for c in checks] == [("conv2d", True, 0.0), ("conv2d_1", True, 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("x", "scale"),
+    [
+        (torch.randn(3, 16, 16), torch.tensor([0.5, 2.0, 4.0]).reshape(1, 3, 1, 1)),  # x * s adds the batch dim
+        (torch.randn(2, 1, 16, 16), torch.tensor([0.5, 2.0, 4.0]).reshape(1, 3, 1, 1)),  # x * s makes 3 channels
+    ],
+)
+def test_the_guides_rule_declines_a_scale_that_broadcasts_x(x: torch.Tensor, scale: torch.Tensor) -> None:
+    # folded, the conv would read x itself: an unbatched output, or a conv of 3 input channels
+    # reading 1 (an outside author found both applied by the guide's first version)
+    rule = blocks()[0]
+    scope: dict[str, object] = {}
+    exec(compile(rule, "writing-rules.md#rule", "exec"), scope)
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale: torch.Tensor
+            self.register_buffer("scale", scale)
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.conv(x * self.scale)
+            return out
+
+    model = Scaled().eval()
+    program = torch.export.export(model, (x,))
+    outcome = adapters.transform(program, [scope["fold_input_scale"]]).unwrap()  # type: ignore[list-item]
+    assert outcome.report.plans == () and not outcome.changed
+    assert [r.reason.code for r in outcome.report.rejections] == ["not-per-input-channel"]
+    assert torch.equal(program.module()(x), model(x))

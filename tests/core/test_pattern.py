@@ -357,7 +357,7 @@ def test_an_op_or_a_constant_and_a_var_with_one_name_agree_on_one_node() -> None
     assert report.rejections == () and len(report.plans) == 1
     h = GraphBuilder()
     y, w = h.input("y", (1, 3, 3, 3)), h.parameter("w", (3, 3, 3, 3))
-    c = h.call("aten.conv2d.default", name="conv", input=w, weight=w, out=(3, 3, 1, 1))
+    c = h.call("aten.conv2d.default", name="conv", input=w, weight=w, out=(3, 3, 3, 3))  # (w's: the plan's value)
     h.output(c, h.call("aten.conv2d.default", name="conv_y", input=y, weight=w, out=(1, 3, 1, 1)))
     both = rule(
         "w-w", Op(CONV, name="conv", input=Var("w"), weight=Const("w")), plan=lambda p, conv, w: p.replace(conv, w)
@@ -636,6 +636,25 @@ def test_a_plan_whose_new_conv_reads_two_dtypes_is_declined_at_its_anchor_alone(
         "plan-conflict",
         "plan",
         "mul: new node conv0 reads tensors of dtypes float16 (x0) and float32 (w32): aten.conv2d.default takes one",
+    )
+
+
+def test_a_plan_whose_value_changes_dtype_is_declined_at_its_anchor() -> None:
+    # a float16 conv times a float32 constant is float32: a fold that keeps the conv float16 would
+    # hand its readers float16 values (an outside author's rule did, and transform said ok)
+    def keep_half(p: Planner, mul: Bound, conv: Bound, w: WeightExpr) -> RewritePlan:
+        return p.replace(mul, p.respell(conv, weight=p.const(Binary(op="mul", a=w, b=w), "w2")))
+
+    g, half = GraphBuilder(), spec(1, 4, 6, 6, dtype="float16")
+    x, w = g.input("x", (1, 3, 8, 8), "float16"), g.parameter("w", (4, 3, 3, 3), "float16")
+    c = g.call("aten.conv2d.default", name="conv", out=half, input=x, weight=w)
+    g.output(g.call("aten.mul.Tensor", name="mul", self=c, other=g.buffer("s", (), "float32"), out=spec(1, 4, 6, 6)))
+    reason = only_rejection(g.build(), rule("keep-half", SCALED, plan=keep_half))
+    assert (reason.node, reason.code, reason.path, reason.message) == (
+        "mul",
+        "plan-conflict",
+        "plan",
+        "mul: new value conv (float16[1, 4, 6, 6]) takes the uses of mul (float32[1, 4, 6, 6])",
     )
 
 

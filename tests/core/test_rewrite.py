@@ -18,13 +18,14 @@ from fxpure.plan import (
     Rejection,
     RewritePlan,
     RewriteReport,
+    _differs,
     placement,
     planned_on,
     read_spans,
     rewrite,
 )
 from fxpure.reasons import PlanConflict, Reason
-from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot
+from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Fill, Reshape, Source
 
@@ -189,6 +190,34 @@ def test_a_new_conv_reading_three_dtypes_names_the_first_two() -> None:
     p = RewritePlan(rule="r", anchor="conv", nodes=(conv,), replace=(("conv", "c"),))
     detail = "new node c reads tensors of dtypes float16 (x) and float32 (w): aten.conv2d.default takes one"
     assert rewrite(g.build(), [p]) == Failure(PlanConflict(node="conv", detail=detail))
+
+
+@pytest.mark.parametrize(
+    ("now", "shown"),
+    [
+        (spec(1, 2, 4, 4, dtype="float16"), "float16[1, 2, 4, 4]"),  # a rule that forgot type promotion
+        (spec(2, 4, 4), "float32[2, 4, 4]"),  # a batch dim lost (a conv made to read an unbatched input)
+        (spec(1, 2, 4, 5), "float32[1, 2, 4, 5]"),
+        ((spec(1, 2, 4, 4),), "(float32[1, 2, 4, 4])"),  # a tuple for a tensor
+    ],
+)
+def test_a_value_standing_for_one_of_another_dtype_or_shape_conflicts(now: Spec, shown: str) -> None:
+    # every reader of the replaced node would compute on something else: silently, if applied
+    g = GraphBuilder()
+    x = g.input("x", (1, 2, 4, 4))
+    g.output(g.call("aten.relu.default", name="relu", self=x, out=(1, 2, 4, 4)))
+    made = NewNode(name="n", target="aten.sigmoid.default", args=(x,), spec=now)
+    p = RewritePlan(rule="r", anchor="relu", nodes=(made,), replace=(("relu", "n"),), erase=("relu",))
+    detail = f"new value n ({shown}) takes the uses of relu (float32[1, 2, 4, 4])"
+    assert rewrite(g.build(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
+    # a size only one side knows, or a value of unknown spec, is no conflict
+    for fine in (spec(1, 2, "s0", 4), None):
+        assert isinstance(rewrite(g.build(), [replace(p, nodes=(replace(made, spec=fine),))]), Success)
+
+
+def test_tuples_differ_by_length_or_a_known_element() -> None:
+    assert _differs((spec(2),), (spec(2), spec(2))) and _differs((spec(2), spec(3)), (spec(2), spec(4)))
+    assert not _differs((spec(2), None), (spec(2), spec(3)))
 
 
 def test_plans_moving_uses_in_a_cycle_end_as_a_conflict() -> None:
@@ -428,7 +457,7 @@ def test_a_list_in_a_hand_written_plan_becomes_a_tuple_and_keeps_what_it_reads()
         target="aten.cat.default",
         args=[NodeRef("c"), 1],  # type: ignore[arg-type]
         kwargs=pmap({"tensors": [NodeRef("c"), NodeRef("k")]}),  # type: ignore[arg-type]
-        spec=spec(4),
+        spec=spec(2),  # (the shape of the value it stands for; what it computes is not the point)
     )
     p = RewritePlan(
         rule="r",
