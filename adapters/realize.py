@@ -12,8 +12,10 @@ KeyboardInterrupt included); one ``recompile()`` at the end.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeVar, final
 
 import torch
@@ -23,12 +25,23 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 import fxpure
-from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, unreachable
+from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, tensor_spec, unreachable
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
 from adapters.weights import materialize
-from fxpure.plan import NewNode, Rejection, RewritePlan, RewriteReport, Rule, no_cyclic_gc, planned_on, read_spans
-from fxpure.reasons import Declined, NonFinite, Reason
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
+from fxpure.plan import (
+    NewNode,
+    Rejection,
+    RewritePlan,
+    RewriteReport,
+    Rule,
+    no_cyclic_gc,
+    planned_on,
+    read_spans,
+    shown,
+    specs_differ,
+)
+from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
 from fxpure.weights import infer_spec, sources
 
 V = TypeVar("V")
@@ -761,32 +774,39 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
     return None
 
 
-def _dim_orders(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
-    """On an edge program, every plan with a new node that reads a channels-last tensor and that
-    torch lays out otherwise (a ``slice_copy`` of it is contiguous): ExecuTorch takes dim orders
-    from torch's fake values, and its portable kernels refuse an op whose input and output dim
-    orders differ, so the ``.pte`` would fail at run time (unless a delegate takes the node, which
-    the program does not say). An op only a delegate runs (``et_vk``) is not checked. With the reason."""
+def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan's new nodes run on fake values, in the program's own fake mode, stage after stage:
+    a plan with a node torch refuses (a conv given an input of other channels than its weight), or
+    one computing another dtype or shape than its plan declares (its readers, and the program's
+    meta, take the declared one), is a ``plan-conflict``. On an edge program, a node that reads a
+    channels-last tensor and that torch lays out otherwise (a ``slice_copy`` of it is contiguous) is
+    ``dim-order-changes``: ExecuTorch takes dim orders from torch's fake values, and its portable
+    kernels refuse an op whose input and output dim orders differ, so the ``.pte`` would fail at run
+    time (unless a delegate takes the node, which the program does not say). An op only a delegate
+    runs (``et_vk``), or one torch cannot run on fake values, is not checked. With the reason."""
     fakes = _Fakes.of(cap.gm)
-    if cap.snap.dialect != "edge" or fakes.mode is None or not report.plans:
+    if fakes.mode is None or not report.plans:
         return {}
     vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes}
-    if not any(_channels_last(v) for v in vals.values()):
-        return {}
+    layout = cap.snap.dialect == "edge" and any(_channels_last(v) for v in vals.values())
     out: dict[tuple[str, str], Reason] = {}
+    runs: dict[Hashable, tuple[Any, str | None]] = {}
     before: GraphSnapshot | None = None
     for snap, stage in planned_on(report):
+        if not stage:
+            continue
         if before is not None:  # the earlier stage's new nodes, by their names in this snapshot
             for rec in snap.nodes:
-                if rec.name not in before.index:  # (a new constant reads nothing: its value is contiguous)
-                    vals[rec.name] = _laid_out(fakes, rec, snap.dialect, {r: vals.get(r) for r in ref_list(rec)})[0]
+                if rec.name not in before.index:
+                    vals[rec.name] = _ran(fakes, rec, snap.dialect, vals, layout, runs)[0]
         for p in stage:
             local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
             for node in p.nodes:
-                env = {r: local[r] if r in local else vals.get(r) for r in refs((*node.args, *node.kwargs.values()))}
-                local[node.name], why = _laid_out(fakes, node, snap.dialect, env)
+                local[node.name], why = _ran(fakes, node, snap.dialect, ChainMap(local, vals), layout, runs)
                 if why is not None:
-                    out.setdefault((p.rule, p.anchor), Declined(code="dim-order-changes", node=p.anchor, detail=why))
+                    code, detail = why
+                    kind = PlanConflict if code == "plan-conflict" else partial(Declined, code=code)
+                    out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail, path="plan"))
                     break
         before = snap
     return out
@@ -796,28 +816,90 @@ def _spec_value(fakes: _Fakes, spec: object) -> Any:
     return fakes.value(spec) if isinstance(spec, TensorSpec) else None
 
 
-def _laid_out(
-    fakes: _Fakes, node: NewNode | NodeSnapshot, dialect: str, env: Mapping[str, Any]
+# what torch raises when a kernel's own checks refuse its arguments (shapes, dtypes); anything else
+# (no fake kernel, a size the fake mode cannot decide) leaves the node unchecked
+_REFUSED = (RuntimeError, ValueError, IndexError)
+
+
+def _ran(
+    fakes: _Fakes,
+    node: NewNode | NodeSnapshot,
+    dialect: str,
+    env: Mapping[str, Any],
+    layout: bool,
+    runs: dict[Hashable, tuple[Any, str | None]],
+) -> tuple[Any, tuple[str, str] | None]:
+    """A new node's fake value (the one its spec declares where torch does not compute it), and the
+    code and detail of why its plan is declined, if it is. ``runs``: the outcome of each call by
+    its op, its literal arguments and what it reads (shape, dtype, strides), made once (a model of
+    repeated blocks makes the same few calls many times)."""
+    declared = _spec_value(fakes, node.spec)
+    if isinstance(node, NodeSnapshot) and node.op != "call_function":  # a new constant
+        return declared, None
+    if node.target.split(".")[0] in OP_LIBRARIES:
+        return declared, None
+    reads: dict[str, Any] = {r: env.get(r) for r in refs((*node.args, *node.kwargs.values()))}
+    if any(v is None for v in reads.values()):
+        return declared, None
+    try:
+        key: Hashable = (node.target, _signature(node.args, reads), _signature(tuple(node.kwargs.items()), reads))
+        hash(key)
+    except TypeError:  # a symbolic size, an unhashable literal: run every time
+        key = object()
+    if key not in runs:
+        runs[key] = _fake_call(fakes, node, dialect, reads)
+    ran, error = runs[key]
+    if error is not None:
+        return declared, ("plan-conflict", f"new node {node.name} cannot run: {error}")
+    if ran is None:
+        return declared, None
+    got = tuple(map(tensor_spec, ran)) if isinstance(ran, (tuple, list)) else tensor_spec(ran)
+    if node.spec is not None and got is not None and specs_differ(node.spec, got):
+        detail = f"new node {node.name} computes {shown(got)}, its plan declares {shown(node.spec)}"
+        return declared, ("plan-conflict", detail)
+    if not isinstance(ran, torch.Tensor):
+        return declared, None
+    first_in = next((v for v in reads.values() if isinstance(v, torch.Tensor) and v.dim() == ran.dim()), None)
+    if layout and _channels_last(first_in) and not _channels_last(ran):
+        why = f"{node.name} would read a channels-last tensor and write one laid out otherwise"
+        kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"
+        return ran, ("dim-order-changes", f"{why} (strides {ran.stride()}): {kernels}")
+    return ran, None
+
+
+def _signature(arg: Arg, reads: Mapping[str, Any]) -> Hashable:
+    """An argument tree with each node it reads as that value's shape, dtype and strides, and each
+    literal with its type (``2`` and ``2.0`` make different calls)."""
+    if type(arg) is NodeRef:
+        v = reads[arg.name]
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.dtype, v.stride())
+        return tuple(_signature_value(x) for x in v)
+    if isinstance(arg, (tuple, list)):
+        return tuple(_signature(a, reads) for a in arg)
+    return (type(arg), arg)
+
+
+def _signature_value(v: Any) -> Hashable:
+    if not isinstance(v, torch.Tensor):
+        raise TypeError("not a tensor")
+    return (tuple(v.shape), v.dtype, v.stride())
+
+
+def _fake_call(
+    fakes: _Fakes, node: NewNode | NodeSnapshot, dialect: str, reads: Mapping[str, Any]
 ) -> tuple[Any, str | None]:
-    """A new call's fake value, as torch lays it out where its first input of its rank is channels
-    last (else contiguous); and why ExecuTorch would refuse it, if it would."""
-    val = _spec_value(fakes, node.spec)
-    rank = val.dim() if isinstance(val, torch.Tensor) else None
-    first = next((v for v in env.values() if isinstance(v, torch.Tensor) and v.dim() == rank), None)
-    if not _channels_last(first) or node.target.split(".")[0] in OP_LIBRARIES:
-        return val, None
+    """The call's fake value (None where torch cannot compute one), or why torch refuses it."""
     try:
         op = resolve_target(node.target, dialect)
-        args = _bind(tuple(_literal(a) for a in node.args), env)
-        kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, env)
+        args = _bind(tuple(_literal(a) for a in node.args), reads)
+        kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
         with fakes.mode:
-            ran = op(*args, **kwargs)
-    except Exception:  # an op without a fake kernel, an input without a fake value: left unchecked
-        return val, None
-    if not isinstance(ran, torch.Tensor) or _channels_last(ran):
-        return (ran if isinstance(ran, torch.Tensor) else val), None
-    why = f"{node.name} would read a channels-last tensor and write one laid out otherwise (strides {ran.stride()}):"
-    return ran, why + " ExecuTorch's portable kernels want one dim order for an op's input and output"
+            return op(*args, **kwargs), None
+    except Exception as e:
+        if type(e) not in _REFUSED:
+            return None, None
+        return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
 def _channels_last(v: object) -> bool:
@@ -836,7 +918,7 @@ _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]
     _inside_preserved,
     _refused,
     _written_between,
-    _dim_orders,
+    _computed,
 )
 
 

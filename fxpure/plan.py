@@ -478,11 +478,12 @@ def mixed_dtypes(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec])
     return None
 
 
-def _differs(a: Spec, b: Spec) -> bool:
-    """Two known specs of one value disagree: dtype, rank, or a size both know."""
+def specs_differ(a: Spec, b: Spec) -> bool:
+    """Two known specs of one value disagree: dtype, rank, or a size both know (a tuple's
+    elements alike, its unknown ones skipped)."""
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) != len(b) or any(
-            x is not None and y is not None and _differs(x, y) for x, y in zip(a, b, strict=True)
+            x is not None and y is not None and specs_differ(x, y) for x, y in zip(a, b, strict=True)
         )
     if not isinstance(a, TensorSpec) or not isinstance(b, TensorSpec):
         return isinstance(a, tuple) != isinstance(b, tuple)  # a tuple for a tensor, or a tensor for one
@@ -509,16 +510,17 @@ def changed_values(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec
     for old, new in p.replace:
         was = snap.node(old).spec if old in snap.index else None
         now = local[new] if new in local else (snap.node(new).spec if new in snap.index else None)
-        if was is not None and now is not None and _differs(was, now):
-            detail = f"new value {new} ({_shown(now)}) takes the uses of {old} ({_shown(was)})"
+        if was is not None and now is not None and specs_differ(was, now):
+            detail = f"new value {new} ({shown(now)}) takes the uses of {old} ({shown(was)})"
             return PlanConflict(node=p.anchor, detail=detail)
     return None
 
 
-def _shown(spec: Spec) -> str:
+def shown(spec: Spec) -> str:
+    """A spec as messages print it: ``float32[1, 8, 's0']``, a tuple's elements in parentheses."""
     if isinstance(spec, TensorSpec):
         return f"{spec.dtype}[{', '.join(map(str, spec.shape))}]"
-    return "(" + ", ".join("?" if s is None else _shown(s) for s in spec or ()) + ")"
+    return "(" + ", ".join("?" if s is None else shown(s) for s in spec or ()) + ")"
 
 
 def ill_fitting(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
@@ -767,9 +769,12 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
 def planned_on(report: RewriteReport) -> Iterator[tuple[GraphSnapshot, tuple[RewritePlan, ...]]]:
     """Each stage of ``report`` with the snapshot its plans were made on: ``report.before``, then
     each stage's rewrite of the one before (a flat list of plans is one stage)."""
-    snap = report.before
-    for stage in report.stages or (report.plans,):
+    snap, stages = report.before, report.stages or (report.plans,)
+    for i, stage in enumerate(stages):
         yield snap, stage
+        if not any(stages[i + 1 :]):  # the rest is empty: each was planned on report.after
+            snap = report.after
+            continue
         step = rewrite(snap, stage)
         if not isinstance(step, Success):
             return

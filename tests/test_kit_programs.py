@@ -5,6 +5,7 @@ refuses; an op an edge program's verifier refuses is declined, the program untou
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from returns.result import Success
 import adapters
 from adapters.passes import RulesPass
 from adapters.validate import check_plans
-from fxpure.families import MUL, RELU
+from fxpure.families import CONV, MUL, RELU
 from fxpure.linear import linear_of, linear_root
 from fxpure.pattern import Bound, Op, Planner, Var, rule
 from fxpure.plan import RewritePlan, plan
@@ -191,3 +192,56 @@ def test_an_op_torch_does_not_have_fails_a_dry_run_as_it_fails_the_transform() -
         program = build(Relu(), X, "aten")
         failure = adapters.transform(program, [bogus], dry_run=dry_run).failure()
         assert failure.code == "unknown-op" and "aten.does_not_exist.default" in failure.message
+
+
+class ScaledConv(torch.nn.Module):
+    def __init__(self, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.scale: torch.Tensor
+        self.register_buffer("scale", scale)
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv(x * self.scale)
+        return out
+
+
+# conv(x * s) -> conv(x): the conv keeps its spec, whatever x is (the check of x's shape forgotten)
+READ_X = rule(
+    "read-x",
+    Op(CONV, name="conv", input=Op(MUL, name="mul", self=Var("x"), other=Var("s"))),
+    plan=lambda p, conv, x: p.replace(conv, p.respell(conv, input=x)),
+)
+SCALE = torch.tensor([0.5, 2.0, 4.0]).reshape(1, 3, 1, 1)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(
+    ("x", "why"),
+    [
+        # (edge's convolution takes no unbatched input at all)
+        (
+            torch.randn(3, 16, 16),
+            r"computes float32\[8, 14, 14\], its plan declares float32\[1, 8, 14, 14\]$|"
+            "cannot run: RuntimeError: Expected 4-dimensional input",
+        ),
+        (torch.randn(2, 1, 16, 16), r"cannot run: RuntimeError: Given groups=1, weight of size \[8, 3, 3, 3\]"),
+    ],
+)
+def test_a_new_node_computing_other_than_its_plan_declares_is_declined(form: str, x: torch.Tensor, why: str) -> None:
+    # x * s broadcasts x (adds its batch dim, or its channels): the conv reading x itself returns an
+    # unbatched value where the program's readers and meta expect a batched one, or fails to run
+    model = ScaledConv(SCALE).eval()
+    program = build(model, (x,), form)
+    outcome = adapters.transform(program, [READ_X]).unwrap()
+    assert outcome.report.plans == () and not outcome.changed
+    ((rejection,),) = [outcome.report.rejections]
+    assert (rejection.reason.code, rejection.reason.path) == ("plan-conflict", "plan")
+    assert re.search(why, rejection.reason.message)
+    assert torch.equal(run(program, (x,))[0], model(x))
+
+
+def test_a_new_node_computing_what_its_plan_declares_plans() -> None:
+    program = build(ScaledConv(SCALE).eval(), (torch.randn(2, 3, 16, 16),), "aten")
+    report = adapters.transform(program, [READ_X], dry_run=True).unwrap().report
+    assert [p.anchor for p in report.plans] == ["conv2d"] and report.rejections == ()

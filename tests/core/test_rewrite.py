@@ -18,11 +18,11 @@ from fxpure.plan import (
     Rejection,
     RewritePlan,
     RewriteReport,
-    _differs,
     placement,
     planned_on,
     read_spans,
     rewrite,
+    specs_differ,
 )
 from fxpure.reasons import PlanConflict, Reason
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec
@@ -216,8 +216,8 @@ def test_a_value_standing_for_one_of_another_dtype_or_shape_conflicts(now: Spec,
 
 
 def test_tuples_differ_by_length_or_a_known_element() -> None:
-    assert _differs((spec(2),), (spec(2), spec(2))) and _differs((spec(2), spec(3)), (spec(2), spec(4)))
-    assert not _differs((spec(2), None), (spec(2), spec(3)))
+    assert specs_differ((spec(2),), (spec(2), spec(2))) and specs_differ((spec(2), spec(3)), (spec(2), spec(4)))
+    assert not specs_differ((spec(2), None), (spec(2), spec(3)))
 
 
 def test_plans_moving_uses_in_a_cycle_end_as_a_conflict() -> None:
