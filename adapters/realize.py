@@ -556,8 +556,10 @@ def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str]
     for name in bad:
         info = report.after.constants[name]
         for p in report.plans:
-            if any(c.expr == info.source for c in p.constants):
-                out[(p.rule, p.anchor)] = NonFinite(node=p.anchor, constant=name, dtype=info.spec.dtype)
+            local = next((c.name for c in p.constants if c.expr == info.source), None)
+            if local is not None:  # located as the core locates a plan's constant: by its name in the plan
+                where = f"plan.{local}"
+                out[(p.rule, p.anchor)] = NonFinite(node=p.anchor, constant=name, dtype=info.spec.dtype, path=where)
     return out
 
 
@@ -574,7 +576,7 @@ def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
         hit = next((n for n in (*p.erase, *(old for old, _ in p.replace), *p.prune, *sorted(read)) if n in gone), None)
         if hit is not None:
             detail = f"{hit} is an input or output of {gone[hit]!r}, whose call signature the program preserves"
-            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail, path="plan")
     if not out:
         name, fqn = next(iter(gone.items()))
         raise _ApplyError("preserved-signature", f"{name}, which {fqn!r}'s preserved call signature names, would go")
@@ -606,7 +608,7 @@ def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, s
                 f"{p.anchor} is inside {inside!r}, whose call signature the program preserves:"
                 " a new weight there would be one more input of it"
             )
-            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail, path="plan")
     return out
 
 
@@ -636,7 +638,7 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
             ]
             hits += _moved_writes(snap, p, al)
             if hits:
-                out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0])
+                out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0], path="plan")
     return out
 
 
@@ -754,7 +756,7 @@ def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reas
                 why[target] = _refusal(target, cap.snap.dialect, verifiers)
             detail = why[target]
             if detail is not None:
-                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail)
+                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail, path="plan")
                 break
     return out
 

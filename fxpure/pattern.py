@@ -1415,7 +1415,14 @@ def _lint_values(where: str, values: Iterable[Arg], fam: Family, arg: str) -> No
                 f"{where}: {v!r} is never its value: {fam.name} holds {arg} as a tuple ({arg}=(1, 1), say)"
             )
         elif arg and v is not None and (kinds := fam.kinds(arg)) and not any(fits(k, v) for k in kinds):
-            raise PatternError(f"{where}: {v!r} is never its value: {arg} is {' or '.join(sorted(kinds))}")
+            hint = (
+                " (a list argument is held as a tuple: write one)"
+                if isinstance(v, list)
+                else " (a dtype is held as a DTypeArg: DTypeArg('float32'), say)"
+                if isinstance(v, str) and "dtype" in kinds
+                else ""
+            )
+            raise PatternError(f"{where}: {v!r} is never its value: {arg} is {' or '.join(sorted(kinds))}{hint}")
 
 
 def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str]:

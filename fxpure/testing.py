@@ -29,6 +29,7 @@ from fxpure.snapshot import (
     Arg,
     ConstantInfo,
     ConstantKind,
+    DTypeArg,
     GraphSnapshot,
     NodeRef,
     NodeSnapshot,
@@ -156,7 +157,8 @@ class GraphBuilder:
         """A ``call_function`` node of a known target (or of the ``Schema`` given, such as
         ``MY_FAMILY.schemas[target]``); arguments by schema name (ValueError for one the schema has
         not, or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
-        of specs for a tuple-output op."""
+        of specs for a tuple-output op. A dtype argument given by name (``dtype="int8"``) is a
+        ``DTypeArg``, as a captured program holds it."""
         known = target if isinstance(target, Schema) else self.schemas.get(target)
         if known is None:
             raise KeyError(f"no schema for {target}: give GraphBuilder(schemas=[parse_schema(...)]) or use node()")
@@ -166,7 +168,11 @@ class GraphBuilder:
             wrong = [*(f"no argument {a!r}" for a in unknown), *(f"missing {a!r}" for a in missing)]
             has = ", ".join(sorted(known.family_params))
             raise ValueError(f"{known.target}: {', '.join(wrong)} (it has: {has}); node() takes any")
-        args, kwargs = arguments(known, {k: _tupled(v) for k, v in values.items()})
+        params = known.family_params
+        typed = {
+            k: DTypeArg(name=v) if isinstance(v, str) and params[k].kind == "dtype" else v for k, v in values.items()
+        }
+        args, kwargs = arguments(known, {k: _tupled(v) for k, v in typed.items()})
         parts = known.target.split(".")
         base = parts[-2] if len(parts) >= 3 else known.target
         return self.node(known.target, args, kwargs, name=self._name(name, base), out=out)

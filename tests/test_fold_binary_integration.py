@@ -799,7 +799,7 @@ def test_an_in_place_scale_after_its_convs_input_is_written_is_declined() -> Non
     model, x = WrittenBetween().eval(), (torch.randn(1, 3, 4, 4),)
     program = programs.build(model, x, "aten")
     outcome = adapters.transform(program, [fold_binary()]).unwrap()
-    assert [r.reason.code for r in outcome.report.rejections] == ["written-between"]
+    assert [(r.reason.code, r.reason.path) for r in outcome.report.rejections] == [("written-between", "plan")]
     assert not outcome.changed
     assert_close(run(program, x), eager(model, x))
 

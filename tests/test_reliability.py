@@ -188,6 +188,7 @@ def test_fold_that_overflows_is_declined_and_the_rest_applies(form: str) -> None
     outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
     (declined,) = outcome.report.rejections
     assert declined.reason.code == "non-finite-weight" and "float16" in declined.reason.message
+    assert declined.reason.path.startswith("plan.")  # the plan's constant, by its name in the plan
     assert len(outcome.report.plans) == 1 and outcome.report.plans[0].anchor != declined.node
     got = run(program, x)
     assert torch.isfinite(got[0]).all()
@@ -694,7 +695,11 @@ def test_a_preserved_module_call_signature_keeps_its_nodes(preserved: str) -> No
     outcome = adapters.transform(ep, [fuse_conv_bn()]).unwrap()
     assert [p.anchor for p in outcome.report.plans] == ["batch_norm"]  # the first pair
     (declined,) = outcome.report.rejections
-    assert (declined.node, declined.reason.code) == ("batch_norm_1", "preserved-signature")
+    assert (declined.node, declined.reason.code, declined.reason.path) == (
+        "batch_norm_1",
+        "preserved-signature",
+        "plan",
+    )
     assert "whose call signature the program preserves" in declined.reason.message
     ep.validate()  # type: ignore[no-untyped-call]
     assert_close(run(ep, x), want)

@@ -11,7 +11,7 @@ from fxpure.families import PERMUTE
 from fxpure.pattern import Const, Lit, Op, match
 from fxpure.reasons import InvalidSnapshot
 from fxpure.schema import parse_schema
-from fxpure.snapshot import NodeRef, NodeSnapshot, snapshot, verify
+from fxpure.snapshot import DTypeArg, NodeRef, NodeSnapshot, snapshot, verify
 from fxpure.testing import GraphBuilder, spec
 
 
@@ -104,6 +104,14 @@ def test_a_call_names_the_arguments_its_schema_has_and_needs() -> None:
         g.call("aten.conv2d.default", input=x)
     # a node of any arguments (a malformed one, on purpose) is still one call away
     assert g.node("aten.relu.default", (), {"slef": x}, name="odd") == NodeRef("odd")
+
+
+def test_a_dtype_given_by_name_is_held_as_a_captured_program_holds_it() -> None:
+    # a str where torch takes a ScalarType would make a node no rule's schema binds (malformed-node)
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(g.call("aten._to_copy.default", name="c", self=x, dtype="int8", out=spec(2, dtype="int8")))
+    assert g.build().node("c").kwargs["dtype"] == DTypeArg(name="int8")
 
 
 def test_build_refuses_what_is_no_graph() -> None:

@@ -13,7 +13,7 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, rewrite, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CAT, CONV, MUL, RELU, RELU_, SUB, TRANSPOSE, UNARY, family, in_place
+from fxpure.families import ADD, BATCH_NORM, CAST, CAT, CONV, MUL, RELU, RELU_, SUB, TRANSPOSE, UNARY, family, in_place
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -786,6 +786,9 @@ def _plan_nothing(p: Planner) -> RewritePlan:
         (lambda: Op(BATCH_NORM, training=0), r"batch_norm.training: 0 is never its value: training is bool"),
         (lambda: Op(CONV, transposed=Lit(False, 1)), r"conv.transposed: 1 is never its value: transposed is bool"),
         (lambda: Op(CONV, padding=True), r"conv.padding: True is never its value: padding is ints or str$"),
+        # with what was most likely meant: a tuple for a list, a DTypeArg for a dtype's name
+        (lambda: Op(CONV, stride=[2, 2]), r"conv.stride: \[2, 2\] is never .*: write one\)$"),  # type: ignore[arg-type]
+        (lambda: Op(CAST, dtype="float16"), r"is never its value: dtype is dtype \(a dtype is held as a DTypeArg"),
         # patterns inside a plain value (cat's list of tensors), a family where an Op was meant
         (lambda: Op(CAT, tensors=(Var("a"), Var("b"))), r"cat.tensors: a Var inside a plain value cannot match"),  # type: ignore[arg-type]
         (lambda: Op(RELU, self=CONV), r"relu.self: a Family inside a plain value cannot match: write Op\(conv\)"),  # type: ignore[arg-type]
