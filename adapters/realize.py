@@ -12,6 +12,7 @@ KeyboardInterrupt included); one ``recompile()`` at the end.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import ChainMap
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -815,7 +816,11 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
 
 
 def _spec_value(fakes: _Fakes, spec: object) -> Any:
-    return fakes.value(spec) if isinstance(spec, TensorSpec) else None
+    """A fake value of ``spec``, or None (what cannot be made is left unchecked: never an error)."""
+    try:
+        return fakes.value(spec) if isinstance(spec, TensorSpec) else None
+    except Exception:
+        return None
 
 
 # what torch raises when a kernel's own checks refuse its arguments (shapes, dtypes); anything else
@@ -841,12 +846,14 @@ def _ran(
     if node.target.split(".")[0] in OP_LIBRARIES:
         return declared, None
     reads: dict[str, Any] = {r: env.get(r) for r in refs((*node.args, *node.kwargs.values()))}
-    if any(v is None for v in reads.values()):
+    # a value of symbolic sizes is not run: in the program's own shape environment a fake kernel's
+    # guards would narrow (or pin) the program's symbols, and one raises for want of a value as well
+    if not all(v is not None and _static(v) for v in reads.values()):
         return declared, None
     try:
         key: Hashable = (node.target, _signature(node.args, reads), _signature(tuple(node.kwargs.items()), reads))
         hash(key)
-    except TypeError:  # a symbolic size, an unhashable literal: run every time
+    except Exception:  # an unhashable literal, a tensor without strides: run every time
         key = object()
     if key not in runs:
         runs[key] = _fake_call(fakes, node, dialect, reads)
@@ -892,6 +899,9 @@ def _fake_call(
     fakes: _Fakes, node: NewNode | NodeSnapshot, dialect: str, reads: Mapping[str, Any]
 ) -> tuple[Any, str | None]:
     """The call's fake value (None where torch cannot compute one), or why torch refuses it."""
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each fake kernel's failure
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
     try:
         op = resolve_target(node.target, dialect)
         args = _bind(tuple(_literal(a) for a in node.args), reads)
@@ -902,6 +912,14 @@ def _fake_call(
         if type(e) not in _REFUSED:
             return None, None
         return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    finally:
+        quiet.setLevel(level)
+
+
+def _static(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return all(isinstance(d, int) for d in value.shape)
+    return all(_static(v) for v in value) if isinstance(value, (tuple, list)) else True
 
 
 def _channels_last(v: object) -> bool:

@@ -884,3 +884,32 @@ def test_no_weight_is_added_inside_a_module_whose_signature_is_preserved() -> No
     again = torch.export.export(model, z, preserve_module_call_signature=("att",))
     plans = fxpure.plan(adapters.capture(again), [RULES["linear-to-conv2d"]()]).plans
     assert adapters.apply(again, plans).failure().code == "preserved-signature"
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_planning_leaves_a_dynamic_programs_symbols_as_they_were(form: str) -> None:
+    # each plan's new nodes are run on fake values before anything is applied: run in the program's
+    # own shape environment on symbolic sizes, their guards narrowed the batch to [2, 15] (a .pte
+    # then refused batch 16) or, on edge, pinned it to the example's; and a slice of a symbolic
+    # tensor raised for want of a storage offset, which declined correct plans
+    from executorch.exir import to_edge
+
+    model = randomize_bn(ResNeXtish())
+    x = (torch.randn(2, 16, 12, 12),)
+    ep = torch.export.export(model, x, dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    program = to_edge(ep).exported_program() if form == "edge" else ep
+    fake: Any = next(v for n in program.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor))
+    env = fake.fake_mode.shape_env
+
+    def symbols() -> tuple[object, ...]:
+        ranges = {str(k): (int(v.lower), int(v.upper)) for k, v in env.var_to_range.items()}
+        shapes = [str(v.shape) for n in program.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)]
+        return ranges, {str(k): str(v) for k, v in env.replacements.items()}, shapes
+
+    before = symbols()
+    report = adapters.transform(program, [fuse_conv_bn(), split_group_conv()], dry_run=True).unwrap().report
+    assert len(report.plans) == 8 and report.rejections == ()
+    assert symbols() == before
+    assert adapters.transform(program, [fuse_conv_bn(), split_group_conv()]).unwrap().changed
+    big = (torch.randn(32, 16, 12, 12),)
+    assert_close(run(program, big), [model(*big).detach()])
