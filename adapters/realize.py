@@ -904,6 +904,9 @@ def _fake_call(
     quiet.setLevel(logging.CRITICAL)
     try:
         op = resolve_target(node.target, dialect)
+        schema = getattr(op, "_schema", None)
+        if schema is None or schema.is_mutable:  # an in-place op would write the program's own fake values
+            return None, None
         args = _bind(tuple(_literal(a) for a in node.args), reads)
         kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
         with fakes.mode:

@@ -245,3 +245,16 @@ def test_a_new_node_computing_what_its_plan_declares_plans() -> None:
     program = build(ScaledConv(SCALE).eval(), (torch.randn(2, 3, 16, 16),), "aten")
     report = adapters.transform(program, [READ_X], dry_run=True).unwrap().report
     assert [p.anchor for p in report.plans] == ["conv2d"] and report.rejections == ()
+
+
+def test_a_new_in_place_node_is_not_run_on_the_programs_own_fake_values() -> None:
+    # transpose_ run on x's fake value would turn the program's meta of x (2, 3) into (3, 2)
+    program = build(Relu(), (torch.randn(2, 3),), "aten")
+    in_place = rule(
+        "in-place",
+        Op(RELU, name="r", self=Var("x")),
+        plan=lambda p, r, x: p.replace(r, p.node("aten.t_.default", (x,), name="t", spec=r.spec)),
+    )
+    adapters.transform(program, [in_place], dry_run=True).unwrap()
+    (x,) = [n for n in program.graph.nodes if n.op == "placeholder"]
+    assert tuple(x.meta["val"].shape) == (2, 3)
