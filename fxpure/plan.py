@@ -959,10 +959,13 @@ def _stages(
     for rule in rules:
         first = current  # the nodes a rule's later runs report: those of its first run's snapshot
         reported: set[str] = set()  # planned or declined by an earlier run
+        planned: set[str] = set()  # planned by an earlier run: a rule rewrites a candidate once
         for run in range(runs(rule)):
             accepted: list[RewritePlan] = []
             claimed: dict[str, str] = {}
             for node in rule.anchors(current):
+                if node.name in planned:  # (an insertion that keeps its anchor would repeat every run)
+                    continue
                 # a later run declines no candidate an earlier one decided, nor one of the rule's new nodes
                 report = run == 0 or (node.name in first.index and node.name not in reported)
                 result = _decide(rule, current, node, declined)
@@ -990,9 +993,13 @@ def _stages(
                 current = step.unwrap()
             stages.append(tuple(accepted))
             reported.update(p.anchor for p in accepted)
-            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
-            done = {(rule.name, p.anchor) for p in accepted}
-            rejections = [r for r in rejections if (r.rule, r.node) not in done]
+            planned.update(p.anchor for p in accepted)
+            # a candidate this stage rewrote, or removed with what it rewrote, is no longer declined
+            # by an earlier stage of the same rule
+            done = {p.anchor for p in accepted}
+            rejections = [
+                r for r in rejections if r.rule != rule.name or (r.node not in done and r.node in current.index)
+            ]
             if not accepted:
                 break
         else:
