@@ -1384,7 +1384,7 @@ def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
         if arg not in fam.params:
             raise PatternError(f"{fam.name} has no argument {arg!r} (it has: {', '.join(sorted(fam.params))})")
         kinds = fam.kinds(arg)
-        if isinstance(sub, Op | Const) and kinds and not kinds & TENSOR_KINDS:
+        if isinstance(sub, Op | Const) and kinds and not kinds & (TENSOR_KINDS | {"any"}):
             raise PatternError(f"{p.label}.{arg} is not a tensor argument: {type(sub).__name__} cannot match it")
         if isinstance(sub, Lit):
             _lint_values(f"{p.label}.{arg}", sub.values, fam, arg)

@@ -13,7 +13,23 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from fxpure import plan, rewrite, snapshot, verify
-from fxpure.families import ADD, BATCH_NORM, CAST, CAT, CONV, MUL, RELU, RELU_, SUB, TRANSPOSE, UNARY, family, in_place
+from fxpure.families import (
+    ADD,
+    BATCH_NORM,
+    CAST,
+    CAT,
+    CONV,
+    GETITEM,
+    MUL,
+    RELU,
+    RELU_,
+    SPLIT,
+    SUB,
+    TRANSPOSE,
+    UNARY,
+    family,
+    in_place,
+)
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -726,6 +742,28 @@ def test_a_candidate_pattern_keeps_the_roots_it_matches_and_must_be_rooted_at_an
     assert [p.anchor for p in report.plans] == ["a"] and report.rejections == ()
     with pytest.raises(PatternError, match="rooted at an Op"):
         rule("fold", pattern, plan=respell, candidate=OneOf(Op(ADD), Var("v")))
+
+
+def test_a_getitem_matches_the_multi_output_op_it_reads() -> None:
+    # split's getitems to slices: getitem's self is Any (a tuple), and an Op under it was refused at
+    # construction ("not a tensor argument"), leaving an author no spelling for it
+    g = GraphBuilder()
+    x = g.input("x", (4, 6))
+    sp = g.call("aten.split_with_sizes.default", name="sp", self=x, split_sizes=(3, 3), dim=1, out=(spec(4, 3),) * 2)
+    g.output(g.node("getitem", (sp, 0), name="a", out=(4, 3)), g.node("getitem", (sp, 1), name="b", out=(4, 3)))
+
+    def to_slice(p: Planner, item: Bound, split: Bound, x: NodeRef) -> RewritePlan:
+        i, sizes, dim = item.int("index"), split.ints("split_sizes"), split.int("dim")
+        start, end = sum(sizes[:i]), sum(sizes[: i + 1])
+        return p.replace(
+            item, p.call("aten.slice.Tensor", name="s", spec=item.spec, self=x, dim=dim, start=start, end=end)
+        )
+
+    pattern = Op(GETITEM, name="item", self=Op(SPLIT, name="split", users=ANY, self=Var("x")))
+    report = plan(g.build(), [rule("slices", pattern, plan=to_slice)])
+    assert [p.anchor for p in report.plans] == ["a", "b"] and report.rejections == ()
+    slices = [n.args[1:] for n in report.after.nodes if n.target == "aten.slice.Tensor"]
+    assert slices == [(1, 0, 3), (1, 3, 6)] and "sp" not in report.after.index  # the split, unread, goes
 
 
 def test_add_operands_swap_only_where_alpha_is_one() -> None:
