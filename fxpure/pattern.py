@@ -1617,8 +1617,10 @@ def _is_plan(out: object) -> bool:
 
 
 def _located(m: Match, reason: Reason) -> Reason:
-    """A planner's reason about a weight expression (which knows no node) is located at the anchor."""
-    return replace(reason, node=m.anchor, path=reason.path or "plan") if reason.node == EXPR_NODE else reason
+    """A planner's reason is located at ``plan`` in the pattern, unless it says where; one about a
+    weight expression (which knows no node) at the anchor too."""
+    node = m.anchor if reason.node == EXPR_NODE else reason.node
+    return reason if reason.path and node == reason.node else replace(reason, node=node, path=reason.path or "plan")
 
 
 def _typed(snap: GraphSnapshot, p: RewritePlan) -> Result[RewritePlan, Reason]:

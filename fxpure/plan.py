@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal, Protocol, final
 
@@ -979,7 +979,7 @@ def _stages(
                 if overlap:
                     if report:
                         detail = f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
-                        reason = PlanConflict(node=node.name, detail=detail)
+                        reason = PlanConflict(node=node.name, detail=detail, path="plan")
                         rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
                         reported.add(node.name)
                     continue
@@ -987,7 +987,9 @@ def _stages(
                 accepted.append(p)
             step = rewrite(current, accepted)
             if isinstance(step, Failure):
-                rejections.extend(Rejection(rule=rule.name, node=p.anchor, reason=step.failure()) for p in accepted)
+                why = step.failure()
+                why = why if why.path else replace(why, path="plan")
+                rejections.extend(Rejection(rule=rule.name, node=p.anchor, reason=why) for p in accepted)
                 accepted = []
             else:
                 current = step.unwrap()

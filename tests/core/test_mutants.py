@@ -245,6 +245,8 @@ def test_a_planners_own_reason_keeps_its_node_and_path() -> None:
 
     r = rule("t", CONV_RELU, plan=refuse, codes=["mine"])
     snap = conv_relu()
+    assert r.plan_at(snap, snap.node("relu")).failure() == replace(own, path="plan")  # placed at the plan
+    own = replace(own, path="conv.weight")  # unless it says where
     assert r.plan_at(snap, snap.node("relu")).failure() == own
     assert "mine" in r.codes and r.plan_codes == {"mine"}
     # a code the rule does not list is a bug in the rule (rule.codes lists every code), as a check's

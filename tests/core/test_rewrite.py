@@ -419,7 +419,9 @@ def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stag
     report = plan(g.build(), [Fixed({"a": ("a",), "b": ("b",), "c": ("b", "a", "c"), "d": ("d",)})])
     assert [p.anchor for p in report.plans] == ["a", "b", "d"]
     assert report.rejections == (
-        Rejection(rule="fixed", node="c", reason=PlanConflict(node="c", detail="a is taken by the plan at a")),
+        Rejection(
+            rule="fixed", node="c", reason=PlanConflict(node="c", detail="a is taken by the plan at a", path="plan")
+        ),
     )
     assert names(report.after) == ["x", "c", "output"]
 
