@@ -198,7 +198,7 @@ def test_a_new_conv_reading_three_dtypes_names_the_first_two() -> None:
         (spec(1, 2, 4, 4, dtype="float16"), "float16[1, 2, 4, 4]"),  # a rule that forgot type promotion
         (spec(2, 4, 4), "float32[2, 4, 4]"),  # a batch dim lost (a conv made to read an unbatched input)
         (spec(1, 2, 4, 5), "float32[1, 2, 4, 5]"),
-        ((spec(1, 2, 4, 4),), "(float32[1, 2, 4, 4])"),  # a tuple for a tensor
+        ((spec(1, 2, 4, 4), None), "(float32[1, 2, 4, 4], ?)"),  # a tuple for a tensor
     ],
 )
 def test_a_value_standing_for_one_of_another_dtype_or_shape_conflicts(now: Spec, shown: str) -> None:
@@ -213,6 +213,19 @@ def test_a_value_standing_for_one_of_another_dtype_or_shape_conflicts(now: Spec,
     # a size only one side knows, or a value of unknown spec, is no conflict
     for fine in (spec(1, 2, "s0", 4), None):
         assert isinstance(rewrite(g.build(), [replace(p, nodes=(replace(made, spec=fine),))]), Success)
+
+
+def test_uses_moved_to_an_existing_node_of_another_spec_conflict() -> None:
+    g = GraphBuilder()
+    x, y = g.input("x", (1, 2, 4, 4)), g.input("y", (2, 4, 4))
+    g.output(g.call("aten.relu.default", name="relu", self=x, out=(1, 2, 4, 4)), y)
+    to_y = RewritePlan(rule="r", anchor="relu", replace=(("relu", "y"),), erase=("relu",))
+    detail = "new value y (float32[2, 4, 4]) takes the uses of relu (float32[1, 2, 4, 4])"
+    assert rewrite(g.build(), [to_y]) == Failure(PlanConflict(node="relu", detail=detail))
+    assert isinstance(rewrite(g.build(), [replace(to_y, replace=(("relu", "x"),))]), Success)
+    # a name the graph does not have is no spec to compare (the plan is refused for what it is)
+    nowhere = rewrite(g.build(), [replace(to_y, replace=(("relu", "nowhere"),))])
+    assert isinstance(nowhere, Failure) and "nowhere" in nowhere.failure().message
 
 
 def test_tuples_differ_by_length_or_a_known_element() -> None:
