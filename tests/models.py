@@ -340,3 +340,17 @@ Q_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
     "odd_depthwise": (QOddDepthwise, (1, 3, 8, 8)),
     "twin": (QTwin, (1, 8, 8, 8)),
 }
+
+
+class ScaledConv(nn.Module):
+    """``conv(x * scale)``: a scale before a conv, per channel or broadcasting ``x``."""
+
+    def __init__(self, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.scale: torch.Tensor
+        self.register_buffer("scale", scale)
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv(x * self.scale)
+        return out

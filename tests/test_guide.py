@@ -11,6 +11,7 @@ import torch
 
 import adapters
 from adapters.validate import check_plans
+from tests.models import ScaledConv
 from tests.programs import FORMS, assert_sound, build, count
 
 GUIDE = Path(__file__).parent.parent / "docs" / "writing-rules.md"
@@ -102,18 +103,7 @@ def test_the_guides_rule_declines_a_scale_that_broadcasts_x(x: torch.Tensor, sca
     scope: dict[str, object] = {}
     exec(compile(rule, "writing-rules.md#rule", "exec"), scope)
 
-    class Scaled(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.scale: torch.Tensor
-            self.register_buffer("scale", scale)
-            self.conv = torch.nn.Conv2d(3, 8, 3)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.conv(x * self.scale)
-            return out
-
-    model = Scaled().eval()
+    model = ScaledConv(scale).eval()
     program = torch.export.export(model, (x,))
     outcome = adapters.transform(program, [scope["fold_input_scale"]]).unwrap()  # type: ignore[list-item]
     assert outcome.report.plans == () and not outcome.changed

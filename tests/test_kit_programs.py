@@ -21,6 +21,7 @@ from fxpure.pattern import Bound, Op, Planner, Var, rule
 from fxpure.plan import RewritePlan, plan
 from fxpure.snapshot import NodeRef
 from fxpure.weights import Fill
+from tests.models import ScaledConv
 from tests.programs import FORMS, assert_sound, build, count, run, validate
 
 
@@ -192,18 +193,6 @@ def test_an_op_torch_does_not_have_fails_a_dry_run_as_it_fails_the_transform() -
         program = build(Relu(), X, "aten")
         failure = adapters.transform(program, [bogus], dry_run=dry_run).failure()
         assert failure.code == "unknown-op" and "aten.does_not_exist.default" in failure.message
-
-
-class ScaledConv(torch.nn.Module):
-    def __init__(self, scale: torch.Tensor) -> None:
-        super().__init__()
-        self.scale: torch.Tensor
-        self.register_buffer("scale", scale)
-        self.conv = torch.nn.Conv2d(3, 8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.conv(x * self.scale)
-        return out
 
 
 # conv(x * s) -> conv(x): the conv keeps its spec, whatever x is (the check of x's shape forgotten)
