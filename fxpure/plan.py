@@ -955,7 +955,8 @@ def _left(
 def _stages(
     snap: GraphSnapshot, rules: Sequence[Rule], declined: Mapping[tuple[str, str], Reason] | None
 ) -> RewriteReport:
-    current, stages, rejections = snap, [], []
+    current, stages = snap, []
+    rejections: list[Rejection] = []
     for rule in rules:
         first = current  # the nodes a rule's later runs report: those of its first run's snapshot
         reported: set[str] = set()  # planned or declined by an earlier run
@@ -996,12 +997,9 @@ def _stages(
             stages.append(tuple(accepted))
             reported.update(p.anchor for p in accepted)
             planned.update(p.anchor for p in accepted)
-            # a candidate this stage rewrote, or removed with what it rewrote, is no longer declined
-            # by an earlier stage of the same rule
-            done = {p.anchor for p in accepted}
-            rejections = [
-                r for r in rejections if r.rule != rule.name or (r.node not in done and r.node in current.index)
-            ]
+            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
+            done = {(rule.name, p.anchor) for p in accepted}
+            rejections = [r for r in rejections if (r.rule, r.node) not in done]
             if not accepted:
                 break
         else:

@@ -410,24 +410,6 @@ def test_a_rule_with_repeat_rewrites_a_candidate_once() -> None:
     assert [n.target for n in report.after.nodes].count("aten.sigmoid.default") == 2
 
 
-def test_a_decline_a_later_run_of_its_rule_absorbed_is_not_reported() -> None:
-    # x*2*3*0.5*4*0.25, one chain: run 1 folds mul_1 (mul_2 declined: mul_1 is taken), and a later run
-    # folds the chain on past mul_2, which goes; its run-1 decline stayed in the report
-    def merged(p: Planner, outer: Bound, x: NodeRef, a: float, b: float) -> RewritePlan:
-        return p.replace(outer, p.respell(outer, name=f"{outer.name}_m", self=x, other=a * b))
-
-    pattern = Op(MUL, name="outer", self=Op(MUL, name="inner", self=Var("x"), other=Scalar("a")), other=Scalar("b"))
-    g = GraphBuilder()
-    y = g.input("x", (3, 4))
-    for k in (2.0, 3.0, 0.5, 4.0, 0.25):
-        y = g.call("aten.mul.Tensor", self=y, other=k, out=(3, 4))
-    g.output(y)
-    report = plan(g.build(), [rule("chain", pattern, plan=merged, repeat=True)])
-    assert report.rejections == ()
-    (args,) = [n.args for n in report.after.nodes if n.op == "call_function"]
-    assert args == (NodeRef("x"), 3.0)
-
-
 def test_a_later_stage_is_asked_about_the_node_an_earlier_one_made() -> None:
     # a depthwise conv and its batch norm: fused first, then the fused conv (made from "conv") is
     # declined by the split rule, which never sees "conv" itself
