@@ -577,7 +577,7 @@ def _crossing(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
         hit = next((n for n in (*p.erase, *(old for old, _ in p.replace), *p.prune, *sorted(read)) if n in gone), None)
         if hit is not None:
             detail = f"{hit} is an input or output of {gone[hit]!r}, whose call signature the program preserves"
-            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail, path="plan")
+            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
     if not out:
         name, fqn = next(iter(gone.items()))
         raise _ApplyError("preserved-signature", f"{name}, which {fqn!r}'s preserved call signature names, would go")
@@ -609,7 +609,7 @@ def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, s
                 f"{p.anchor} is inside {inside!r}, whose call signature the program preserves:"
                 " a new weight there would be one more input of it"
             )
-            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail, path="plan")
+            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
     return out
 
 
@@ -639,7 +639,7 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
             ]
             hits += _moved_writes(snap, p, al)
             if hits:
-                out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0], path="plan")
+                out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0])
     return out
 
 
@@ -757,7 +757,7 @@ def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reas
                 why[target] = _refusal(target, cap.snap.dialect, verifiers)
             detail = why[target]
             if detail is not None:
-                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail, path="plan")
+                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail)
                 break
     return out
 
@@ -809,7 +809,7 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
                 if why is not None:
                     code, detail = why
                     kind = PlanConflict if code == "plan-conflict" else partial(Declined, code=code)
-                    out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail, path="plan"))
+                    out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail))
                     break
         before = snap
     return out
@@ -880,16 +880,16 @@ def _signature(arg: Arg, reads: Mapping[str, Any]) -> Hashable:
     """An argument tree with each node it reads as that value's shape, dtype and strides, and each
     literal with its type (``2`` and ``2.0`` make different calls)."""
     if type(arg) is NodeRef:
-        v = reads[arg.name]
-        if isinstance(v, torch.Tensor):
-            return (tuple(v.shape), v.dtype, v.stride())
-        return tuple(_signature_value(x) for x in v)
+        return _signature_value(reads[arg.name])
     if isinstance(arg, (tuple, list)):
         return tuple(_signature(a, reads) for a in arg)
     return (type(arg), arg)
 
 
 def _signature_value(v: Any) -> Hashable:
+    """A tensor, or a tuple of them, as its shapes, dtypes and strides (TypeError for anything else)."""
+    if isinstance(v, (tuple, list)):
+        return tuple(_signature_value(x) for x in v)
     if not isinstance(v, torch.Tensor):
         raise TypeError("not a tensor")
     return (tuple(v.shape), v.dtype, v.stride())
@@ -964,7 +964,13 @@ def _finite_plan(
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
         _known_ops(report, cap.snap.dialect)  # a dry run says so as applying would
-        crossing = {k: v for check in _CHECKS for k, v in check(cap, report).items() if k not in declined}
+        # a check's reason is about the plan, not a place in the pattern: located at ``plan``
+        crossing = {
+            k: v if v.path else replace(v, path="plan")
+            for check in _CHECKS
+            for k, v in check(cap, report).items()
+            if k not in declined
+        }
         if crossing:
             declined.update(crossing)
             continue
