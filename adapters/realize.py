@@ -22,8 +22,10 @@ from typing import Any, TypeVar, final
 import torch
 from returns.result import Failure, Result, Success
 from torch._export.verifier import SpecViolationError
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
+from torch.fx.experimental import symbolic_shapes
 
 import fxpure
 from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, tensor_spec, unreachable
@@ -97,6 +99,7 @@ class _Fakes:
     mode: Any = None
     vals: dict[TensorSpec, Any] = field(default_factory=dict)
     _symbols: dict[str, Any] | None = None
+    sized_mode: Any = None  # the fake mode of :meth:`sized` values, made when first needed
 
     @staticmethod
     def of(gm: torch.fx.GraphModule) -> _Fakes:
@@ -117,6 +120,28 @@ class _Fakes:
                 if isinstance(d, torch.SymInt)
             }
         return self._symbols
+
+    def sized(self, value: Any) -> Any:
+        """``value`` at the sizes the program was exported at (each symbol's hint): a fake tensor of
+        them, in a fake mode without a shape environment, so that running it adds no guard to the
+        program's symbols; a symbolic int becomes its hint. None where a size has no hint (a
+        data-dependent one)."""
+        if self.sized_mode is None:
+            self.sized_mode = FakeTensorMode()
+        if isinstance(value, (tuple, list)):
+            out = [self.sized(v) for v in value]
+            return None if any(o is None for o, v in zip(out, value, strict=True) if v is not None) else out
+        if isinstance(value, torch.SymInt):
+            return symbolic_shapes.guarding_hint_or_throw(value) if symbolic_shapes.has_guarding_hint(value) else None
+        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+            return None
+        if not isinstance(value, torch.Tensor) or getattr(value, "fake_mode", None) is self.sized_mode:
+            return value
+        sizes = [self.sized(d) for d in (*value.shape, *value.stride())]
+        if any(d is None for d in sizes):
+            return None
+        with self.sized_mode:
+            return torch.empty_strided(sizes[: value.dim()], sizes[value.dim() :], dtype=value.dtype)
 
     def value(self, spec: TensorSpec) -> Any:
         """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec."""
@@ -846,25 +871,32 @@ def _ran(
     if node.target.split(".")[0] in OP_LIBRARIES:
         return declared, None
     reads: dict[str, Any] = {r: env.get(r) for r in refs((*node.args, *node.kwargs.values()))}
-    # a value of symbolic sizes is not run: in the program's own shape environment a fake kernel's
-    # guards would narrow (or pin) the program's symbols, and one raises for want of a value as well
-    if not all(v is not None and _static(v) for v in reads.values()):
+    if any(v is None for v in reads.values()):
         return declared, None
+    mode = fakes.mode
+    # values of symbolic sizes run at the program's example sizes, in a fake mode of their own: in the
+    # program's shape environment a fake kernel's guards would narrow (or pin) the program's symbols
+    if not all(_static(v, mode) for v in reads.values()):
+        reads = {r: fakes.sized(v) for r, v in reads.items()}
+        if any(v is None for v in reads.values()):
+            return declared, None
+        mode = fakes.sized_mode
     try:
         key: Hashable = (node.target, _signature(node.args, reads), _signature(tuple(node.kwargs.items()), reads))
         hash(key)
     except Exception:  # an unhashable literal, a tensor without strides: run every time
         key = object()
     if key not in runs:
-        runs[key] = _fake_call(fakes, node, dialect, reads)
+        runs[key] = _fake_call(mode, node, dialect, reads)
     ran, error = runs[key]
+    at = "" if mode is fakes.mode else " (at the sizes the program was exported at)"
     if error is not None:
-        return declared, ("plan-conflict", f"new node {node.name} cannot run: {error}")
+        return declared, ("plan-conflict", f"new node {node.name} cannot run{at}: {error}")
     if ran is None:
         return declared, None
     got = tuple(map(tensor_spec, ran)) if isinstance(ran, (tuple, list)) else tensor_spec(ran)
     if node.spec is not None and got is not None and specs_differ(node.spec, got):
-        detail = f"new node {node.name} computes {shown(got)}, its plan declares {shown(node.spec)}"
+        detail = f"new node {node.name} computes {shown(got)}{at}, its plan declares {shown(node.spec)}"
         return declared, ("plan-conflict", detail)
     if not isinstance(ran, torch.Tensor):
         return declared, None
@@ -896,7 +928,7 @@ def _signature_value(v: Any) -> Hashable:
 
 
 def _fake_call(
-    fakes: _Fakes, node: NewNode | NodeSnapshot, dialect: str, reads: Mapping[str, Any]
+    mode: Any, node: NewNode | NodeSnapshot, dialect: str, reads: Mapping[str, Any]
 ) -> tuple[Any, str | None]:
     """The call's fake value (None where torch cannot compute one), or why torch refuses it."""
     quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each fake kernel's failure
@@ -909,7 +941,7 @@ def _fake_call(
             return None, None
         args = _bind(tuple(_literal(a) for a in node.args), reads)
         kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
-        with fakes.mode:
+        with mode:
             return op(*args, **kwargs), None
     except Exception as e:
         if type(e) not in _REFUSED:
@@ -919,10 +951,13 @@ def _fake_call(
         quiet.setLevel(level)
 
 
-def _static(value: Any) -> bool:
+def _static(value: Any, mode: Any) -> bool:
+    """``value`` holds no symbolic size, and its tensors are fake values of ``mode``."""
     if isinstance(value, torch.Tensor):
-        return all(isinstance(d, int) for d in value.shape)
-    return all(_static(v) for v in value) if isinstance(value, (tuple, list)) else True
+        return getattr(value, "fake_mode", None) is mode and all(isinstance(d, int) for d in value.shape)
+    if isinstance(value, (tuple, list)):
+        return all(_static(v, mode) for v in value)
+    return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _channels_last(v: object) -> bool:

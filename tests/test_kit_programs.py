@@ -230,6 +230,39 @@ def test_a_new_node_computing_other_than_its_plan_declares_is_declined(form: str
     assert torch.equal(run(program, (x,))[0], model(x))
 
 
+@pytest.mark.parametrize("form", ["aten", "edge"])
+@pytest.mark.parametrize(
+    ("x", "dim", "why"),
+    [
+        (
+            torch.randn(2, 1, 16, 16),
+            0,
+            r"cannot run \(at the sizes the program was exported at\): RuntimeError: Given groups",
+        ),
+        (
+            torch.randn(3, 16, 16),
+            1,
+            r"computes float32\[8, 14, 14\] \(at the sizes the program was exported at\), "
+            r"its plan declares float32\[1, 8, |"
+            r"cannot run \(at the sizes the program was exported at\): RuntimeError: Expected 4-dimensional input",
+        ),
+    ],
+)
+def test_a_new_node_of_symbolic_sizes_runs_at_the_example_sizes(form: str, x: torch.Tensor, dim: int, why: str) -> None:
+    # a dynamic dim left every plan unchecked: the broken conv applied, and the program either
+    # failed to run or returned an unbatched value for a batched one
+    model = ScaledConv(SCALE).eval()
+    ep = torch.export.export(model, (x,), dynamic_shapes=({dim: torch.export.Dim("d", min=2 + 2 * dim, max=64)},))
+    program = to_edge(ep).exported_program() if form == "edge" else ep
+    outcome = adapters.transform(program, [READ_X]).unwrap()
+    assert outcome.report.plans == () and not outcome.changed
+    ((rejection,),) = [outcome.report.rejections]
+    assert (rejection.reason.code, rejection.reason.path) == ("plan-conflict", "plan")
+    assert re.search(why, rejection.reason.message), rejection.reason.message
+    bigger = torch.randn(*[8 if i == dim else n for i, n in enumerate(x.shape)])
+    assert torch.equal(run(program, (bigger,))[0], model(bigger))
+
+
 def test_a_new_node_computing_what_its_plan_declares_plans() -> None:
     program = build(ScaledConv(SCALE).eval(), (torch.randn(2, 3, 16, 16),), "aten")
     report = adapters.transform(program, [READ_X], dry_run=True).unwrap().report
