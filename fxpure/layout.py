@@ -19,7 +19,18 @@ from collections import Counter
 from fxpure.reasons import Declined
 from fxpure.snapshot import Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
-VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
+# views of a tensor in a shape (``view_as``: another tensor's; ``view.dtype``: its elements read as
+# another dtype, of another size or not; ``view_as_complex``: pairs of floats as one complex) that
+# run only where the input's strides allow them, as ``aten.view`` does
+VIEWS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.view_as.default",
+        "aten.view.dtype",
+        "aten.view_as_complex.default",
+    }
+)
 STRIDED = frozenset({"aten.as_strided.default", "aten.as_strided_copy.default"})
 # ops whose result is contiguous whatever their inputs' strides: what comes after depends on them only
 FRESH = frozenset(
