@@ -895,8 +895,12 @@ def _ran(
     if ran is None:
         return declared, None
     got = tuple(map(tensor_spec, ran)) if isinstance(ran, (tuple, list)) else tensor_spec(ran)
-    if node.spec is not None and got is not None and specs_differ(node.spec, got):
-        detail = f"new node {node.name} computes {shown(got)}{at}, its plan declares {shown(node.spec)}"
+    # at the example sizes, the declared spec's symbolic sizes too (those the program's values have)
+    there = tensor_spec(fakes.sized(declared)) if at and isinstance(declared, torch.Tensor) else None
+    want = there or node.spec
+    if want is not None and got is not None and specs_differ(want, got):
+        also = f" ({shown(want)} there)" if there is not None and there != node.spec else ""
+        detail = f"new node {node.name} computes {shown(got)}{at}, its plan declares {shown(node.spec)}{also}"
         return declared, ("plan-conflict", detail)
     if not isinstance(ran, torch.Tensor):
         return declared, None

@@ -263,6 +263,31 @@ def test_a_new_node_of_symbolic_sizes_runs_at_the_example_sizes(form: str, x: to
     assert torch.equal(run(program, (bigger,))[0], model(bigger))
 
 
+# relu(x) -> x repeated twice along dim 0, declared as relu's value: another size where it is symbolic
+TWICE = rule(
+    "twice",
+    Op(RELU, name="r", self=Var("x")),
+    plan=lambda p, r, x: p.replace(r, p.node("aten.repeat.default", (x, (2, 1)), name="t", spec=r.node.spec)),
+)
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_new_node_of_another_symbolic_size_than_declared_is_declined(form: str) -> None:
+    # its declared size is the batch, s0, which a computed 2 * 4 did not contradict: the program
+    # returned twice the rows
+    ep = torch.export.export(Relu(), (torch.randn(4, 6),), dynamic_shapes=({0: torch.export.Dim("b", max=64)},))
+    program = to_edge(ep).exported_program() if form == "edge" else ep
+    outcome = adapters.transform(program, [TWICE]).unwrap()
+    assert outcome.report.plans == () and not outcome.changed
+    ((rejection,),) = [outcome.report.rejections]
+    assert rejection.reason.code == "plan-conflict"
+    assert re.search(
+        r"computes float32\[8, 6\] .*declares float32\[s\d+, 6\] \(float32\[4, 6\] there\)$", rejection.reason.message
+    )
+    x = torch.randn(5, 6)
+    assert torch.equal(run(program, (x,))[0], torch.relu(x) * 2)
+
+
 def test_a_new_node_computing_what_its_plan_declares_plans() -> None:
     program = build(ScaledConv(SCALE).eval(), (torch.randn(2, 3, 16, 16),), "aten")
     report = adapters.transform(program, [READ_X], dry_run=True).unwrap().report
