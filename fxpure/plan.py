@@ -922,7 +922,13 @@ def _decide(
 ) -> Result[RewritePlan, Reason]:
     """``rule``'s plan at ``node``, or the reason found outside the core for it (``declined``)."""
     known = declined.get((rule.name, node.name)) if declined else None
-    return Failure(known) if known is not None else rule.plan_at(snap, node)
+    if known is not None:
+        return Failure(known)
+    try:
+        return rule.plan_at(snap, node)
+    except Exception as e:  # a bug in the rule: raised as it is, saying where
+        e.add_note(f"raised by rule {rule.name!r} planning at node {node.name!r}")
+        raise
 
 
 def _left(

@@ -593,3 +593,21 @@ def test_a_later_stage_names_nothing_as_a_node_or_constant_an_earlier_stage_remo
     assert out.node("output").args == ((NodeRef("n"), NodeRef("a_1")),)
     assert out.node("a_1").args == (NodeRef("x"), NodeRef("p_w_1"), NodeRef("w_1"))
     assert {out.constants[k].key for k in ("p_w_1", "w_1")} == {"p_w_1", "w_1"}
+
+
+def test_a_rule_raising_says_which_rule_raised_and_where() -> None:
+    # a planner's own bug propagates, with a note naming the rule and the candidate (it was a bare KeyError)
+    class Raising:
+        name = "raising"
+
+        def anchors(self, snap: GraphSnapshot) -> Sequence[NodeSnapshot]:
+            return [n for n in snap.nodes if n.op == "call_function"]
+
+        def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+            raise KeyError("weight")
+
+    g = GraphBuilder()
+    g.output(g.call("aten.relu.default", name="relu", self=g.input("x", (2,)), out=(2,)))
+    with pytest.raises(KeyError) as raised:
+        plan(g.build(), [Raising()])
+    assert raised.value.__notes__ == ["raised by rule 'raising' planning at node 'relu'"]
