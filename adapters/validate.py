@@ -59,16 +59,16 @@ def _bound(value: Any) -> int | None:
         return None
 
 
-def symbol_values(program: Program) -> dict[str, int]:
-    """A value for each symbolic size the program declares: its lower bound, at least 2 and within
-    the upper bound (as ``fxpure apply --verify`` feeds the whole program). A size derived from
-    others (``2*s0``) is not one: it is computed from theirs (:func:`size_value`)."""
+def symbol_values(program: Program, *, least: int = 2) -> dict[str, int]:
+    """A value for each symbolic size the program declares: its lower bound, at least ``least`` and
+    within the upper bound (as ``fxpure apply --verify`` feeds the whole program). A size derived
+    from others (``2*s0``) is not one: it is computed from theirs (:func:`size_value`)."""
     out: dict[str, int] = {}
     for sym, bounds in (getattr(program, "range_constraints", None) or {}).items():
         if not getattr(sym, "is_Symbol", True):
             continue
         low, high = _bound(bounds.lower), _bound(bounds.upper)
-        value = max(2 if low is None else low, 2)
+        value = max(least if low is None else low, least)
         out[str(sym)] = value if high is None else min(value, high)
     return out
 

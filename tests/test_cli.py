@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import re
 import shutil
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -259,7 +262,20 @@ def test_bad_input_is_one_line_and_exit_2(saved: dict[str, Path], args: tuple[st
     assert r.stdout == ""
     (line,) = r.stderr.splitlines()
     assert line.startswith("fxpure: error: ") and message in line
-    assert "Traceback" not in r.stderr
+    assert "Traceback" not in r.stderr and "BadInput" not in line  # (one message, not wrapped in another)
+
+
+def test_an_output_naming_a_symlink_loop_is_one_line_and_exit_2(saved: dict[str, Path], tmp_path: Path) -> None:
+    # Path.resolve raises RuntimeError for a loop on Python 3.11: it was a traceback and exit 1
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for extra in (("-o", loop), ("-o", tmp_path / "x.pt2", "--pte", loop)):
+        r = fxpure("apply", saved["resnext"], *extra)
+        assert (r.returncode, r.stderr.splitlines()) == (
+            2,
+            [f"fxpure: error: {loop}: cannot write (Symlink loop from '{loop}')"],
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` for a pseudo-terminal")
@@ -323,8 +339,38 @@ class _Moded(torch.nn.Module):
 def test_random_inputs_keep_the_values_export_kept() -> None:
     # a string input that happens to name a placeholder ("x") is the string, not the tensor
     ep = torch.export.export(_Moded(), (torch.randn(2, 3), "x", 3))
-    x, mode, k = cli._random_inputs(ep)
+    x, mode, k = cli._random_inputs(ep, {})
     assert isinstance(x, torch.Tensor) and x.shape == (2, 3) and (mode, k) == ("x", 3)
+
+
+class _Flat(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1])
+
+
+class _Squeezed(torch.nn.Module):  # _Flat but at a batch of one: the batch dim goes too
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.squeeze()
+
+
+def test_verify_runs_a_dynamic_size_at_its_least_value_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by an outside author: verify ran each symbolic size at 2 (or its least value if more)
+    # only, and a rewrite wrong at the declared least value (1) was written
+    batch = ({0: torch.export.Dim("B", min=1, max=16)},)
+    x = (torch.randn(4, 3, 1, 1),)
+    flat, squeezed = (torch.export.export(m, x, dynamic_shapes=batch) for m in (_Flat(), _Squeezed()))
+    assert cli._verify(flat, squeezed, 1e-4) == {"max_abs": math.inf, "max_rel": math.inf, "ok": False}
+    assert cli._verify(flat, copy.deepcopy(flat), 1e-4)["ok"]
+    # a size the original itself does not run at (a kernel refusing a batch of one) is not compared
+    outputs = cli._outputs
+
+    def refusing(program: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        if "squeeze" not in program.graph_module.code and inputs[0].shape[0] == 1:  # the original
+            raise RuntimeError("Expected more than 1 value per channel")
+        return outputs(program, inputs)
+
+    monkeypatch.setattr(cli, "_outputs", refusing)
+    assert cli._verify(flat, squeezed, 1e-4) == {"max_abs": 0.0, "max_rel": 0.0, "ok": True}
 
 
 OWN_RULE = """
