@@ -570,9 +570,23 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
     return out
 
 
-def _non_finite(new: Mapping[str, torch.Tensor]) -> list[str]:
-    """Derived floating constants holding inf or NaN (a fold that overflowed its dtype, say)."""
-    return [k for k, t in new.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+def _non_finite(
+    new: Mapping[str, torch.Tensor], after: GraphSnapshot, tensors: Mapping[str, torch.Tensor]
+) -> list[str]:
+    """Derived floating constants holding inf or NaN computed from finite ones (a fold that
+    overflowed its dtype, say): values the program holds already (a slice of a weight with an inf)
+    are its own."""
+
+    def finite(t: torch.Tensor) -> bool:
+        return not t.is_floating_point() or bool(torch.isfinite(t).all())
+
+    out = []
+    for k, t in new.items():
+        source = after.constants[k].source
+        read = [tensors[key] for key in (sources(source) if source is not None else ()) if key in tensors]
+        if not finite(t) and all(map(finite, read)):
+            out.append(k)
+    return out
 
 
 def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str], Reason]:
@@ -1019,7 +1033,7 @@ def _finite_plan(
             if dry_run and e.code == "meta-tensor":  # a dry run reports the plans, without numbers
                 return report, {}
             raise
-        bad = _non_finite(new)
+        bad = _non_finite(new, report.after, cap.tensors)
         more = {k: v for k, v in _culprits(report, bad).items() if k not in declined}
         if not bad:
             return report, new
@@ -1156,7 +1170,7 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
             new = _materialize_new(cap, report.after)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))
-        bad = _non_finite(new)
+        bad = _non_finite(new, report.after, cap.tensors)
         if bad:
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
         return _run(cap, report, new)

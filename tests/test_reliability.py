@@ -195,6 +195,35 @@ def test_fold_that_overflows_is_declined_and_the_rest_applies(form: str) -> None
     assert torch.equal(got[0], want[0]) or (got[0].float() - want[0].float()).abs().max() <= 1e-2 * want[0].abs().max()
 
 
+class HeldInf(nn.Module):
+    """A grouped conv whose weight holds an inf, then a linear whose weight holds a NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.l = nn.Conv2d(4, 8, 3, groups=2), nn.Linear(8, 3)
+        with torch.no_grad():
+            self.c.weight[7, 0, 0, 0] = float("inf")
+            self.l.weight[0, 0] = float("nan")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l(self.c(x).mean((2, 3)))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_weight_the_program_holds_non_finite_is_sliced_and_laid_out_as_any(form: str) -> None:
+    # found by a hunt: a slice or a reshape of such a weight was declined non-finite-weight, as if
+    # the rewrite had overflowed (only a constant computed from finite ones is the rewrite's)
+    model, x = HeldInf().eval(), (torch.randn(1, 4, 6, 6),)
+    program = build(model, x, form)
+    want = run(program, x)[0]
+    outcome = adapters.transform(program, [split_group_conv(), linear_to_conv2d()]).unwrap()
+    assert outcome.report.rejections == ()
+    assert sorted({p.rule for p in outcome.report.plans}) == ["linear-to-conv2d", "split-group-conv"]
+    got = run(program, x)[0]
+    assert torch.isnan(want).any() and torch.equal(torch.isnan(got), torch.isnan(want))
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 class TinyDivisor(nn.Module):
     """conv, batch norm, then a division by a per-channel constant with one tiny entry: the fusion
     is finite in float16, the division folded into it is not."""
