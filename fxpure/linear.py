@@ -140,6 +140,47 @@ def linear_of(m: Match, name: str = "lin") -> Linear:
     return Linear(op=op, t=get(f"{name}_t"), view_in=get(f"{name}_in"), view_out=get(f"{name}_out"))
 
 
+def linear_input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
+    """What the linear ``lin`` that ``m`` bound reads, and whether the reshapes around a flattened
+    product (``{name}_in``, ``{name}_out``: edge, rank > 2) are the linear's own, ``[*lead, I] ->
+    [M, I]`` before and ``[M, O] -> [*lead, O]`` after. When they are not (a model's own flatten,
+    ``fc(x.reshape(-1, 8)).reshape(-1, 2, 5)``), the product is a rank-2 linear on the flattened
+    input, which is returned, with False: ``{name}_out`` is then the model's reshape of the
+    linear's output, and the pattern's ``x`` not the linear's input. None for an input that is no
+    node.
+
+    >>> from fxpure.pattern import match
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> x, w = g.input("x", (4, 6, 8)), g.parameter("w", (5, 8))
+    >>> flat = g.call("aten.view_copy.default", self=x, size=(24, 8), out=(24, 8))
+    >>> t = g.call("aten.permute_copy.default", self=w, dims=(1, 0), out=(8, 5))
+    >>> mm = g.call("aten.mm.default", name="mm", self=flat, mat2=t, out=(24, 5))
+    >>> g.output(g.call("aten.view_copy.default", self=mm, size=(12, 2, 5), out=(12, 2, 5)))
+    >>> snap = g.build()
+    >>> m = match(linear_root(), snap, snap.node("mm")).unwrap()
+    >>> m.bindings["x"], linear_input(m, linear_of(m))
+    (NodeRef(name='x'), (NodeRef(name='view_copy'), False))
+    """
+    flat, out, product = lin.view_in, lin.view_out, lin.op
+    # the product's input: linear's input, addmm's mat1 (its self is the bias), mm's self
+    keys = ("self",) if flat is not None else ("input", "mat1", "self")
+    bound = next(((flat or product).args[k] for k in keys if k in (flat or product).args), None)
+    ref = bound if isinstance(bound, NodeRef) else None
+    if flat is None or out is None:
+        return ref, True
+    x = m.snap.node(ref.name).tensor_spec if ref is not None and ref.name in m.snap.index else None
+    own = (
+        x is not None
+        and flat.spec is not None
+        and out.spec is not None
+        and product.spec is not None
+        and x.shape[-1:] == flat.spec.shape[-1:]
+        and out.spec.shape == (*x.shape[:-1], product.spec.shape[-1])
+    )
+    return (ref, True) if own else (NodeRef(flat.name), False)
+
+
 def _features(spec: TensorSpec | None, n: int | None) -> TensorSpec | None:
     if spec is None or n is None:
         return spec
@@ -153,15 +194,18 @@ def emit_linear(
     bias: NodeRef | None,
     *,
     out_features: int | None = None,
+    input: NodeRef | None = None,
     suffix: str = "new",
 ) -> NodeRef:
     """The same linear re-spelled with a new weight (out, in) and bias (a bias may appear: ``mm``
-    becomes ``addmm``); ``out_features`` when the weight has another number of rows. Returns
-    the node that carries the result (the new ``outer``)."""
+    becomes ``addmm``); ``out_features`` when the weight has another number of rows; ``input``
+    when it reads another value of the input's shape (the flattening reshape, where the spelling
+    has one, re-spelled on it). Returns the node that carries the result (the new ``outer``)."""
     op, t = lin.op, lin.t
     name = f"{op.name}_{suffix}"
     if t is None:  # aten.linear
-        result = p.respell(op, name=name, spec=_features(op.spec, out_features), weight=weight, bias=bias)
+        x = op.args["input"] if input is None else input
+        result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
     else:
         w_spec = t.spec
         t_spec = (
@@ -170,10 +214,13 @@ def emit_linear(
         new_t = p.respell(t, name=f"{t.name}_{suffix}", spec=t_spec or w_spec, self=weight)
         spec = _features(op.spec, out_features)
         x = op.args["mat1"] if op.node.target.startswith("aten.addmm") else op.args["self"]
+        if input is not None:
+            flat = lin.view_in
+            x = input if flat is None else p.respell(flat, name=f"{flat.name}_{suffix}", self=input)
         if bias is None:
             result = p.call("aten.mm.default", name=name, spec=spec, self=x, mat2=new_t, provenance=op.name)
         elif op.node.target.startswith("aten.addmm"):
-            result = p.respell(op, name=name, spec=spec, self=bias, mat2=new_t)
+            result = p.respell(op, name=name, spec=spec, self=bias, mat1=x, mat2=new_t)
         else:
             result = p.call(
                 "aten.addmm.default", name=name, spec=spec, self=bias, mat1=x, mat2=new_t, provenance=op.name

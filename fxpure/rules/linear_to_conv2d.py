@@ -19,7 +19,7 @@ from returns.result import Failure, Result, Success
 
 from fxpure import layout
 from fxpure.layout import layout_reader
-from fxpure.linear import Linear, linear_of, linear_root
+from fxpure.linear import Linear, linear_input, linear_of, linear_root
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
@@ -66,31 +66,10 @@ def _moved(shape: tuple[Dim, ...], step: Step) -> tuple[Dim, ...]:
     return tuple(shape[i] for i in arg)
 
 
-def _input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
-    """The input of the linear ``lin`` that ``m`` bound, and whether the reshapes around a
-    flattened product (edge, rank > 2) are the linear's own: ``[*lead, I] -> [M, I]`` before and
-    ``[M, O] -> [*lead, O]`` after. When they are not (a model's own flatten), the product is a
-    rank-2 linear on the flattened input."""
-    bound = m.bindings["x"]
-    x, flat, out, product = m.spec("x"), lin.view_in, lin.view_out, lin.op.spec
-    ref = bound if isinstance(bound, NodeRef) else None
-    if flat is None or out is None:
-        return ref, True
-    own = (
-        x is not None
-        and flat.spec is not None
-        and out.spec is not None
-        and product is not None
-        and x.shape[-1:] == flat.spec.shape[-1:]
-        and out.spec.shape == (*x.shape[:-1], product.shape[-1])
-    )
-    return (ref, True) if own else (NodeRef(flat.name), False)
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class _Site:
-    """The linear, the input the conv reads (``_input``), that input's spec and the output's."""
+    """The linear, the input the conv reads (``linear_input``), that input's spec and the output's."""
 
     lin: Linear
     x: NodeRef
@@ -102,7 +81,7 @@ class _Site:
 def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     """Input of rank 2..4 with static features, a (O, I) weight, and a bias of one value per output."""
     lin = linear_of(match)
-    x, own = _input(match, lin)
+    x, own = linear_input(match, lin)
     node, sites, out = lin.op.name, match.sites, lin.op.spec
     spec = match.snap.node(x.name).tensor_spec if x is not None else None
     at_x = sites["x" if own else "lin_in"].path  # the flattened input, when the reshapes are the model's

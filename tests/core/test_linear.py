@@ -8,7 +8,7 @@ import pytest
 from returns.result import Failure, Success
 
 from fxpure.families import ADDMM, PERMUTE, RELU, TRANSPOSE
-from fxpure.linear import MATRIX_T, emit_linear, linear, linear_of, linear_root
+from fxpure.linear import MATRIX_T, emit_linear, linear, linear_input, linear_of, linear_root
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match, rule
 from fxpure.plan import RewritePlan, plan
 from fxpure.reasons import Reason
@@ -381,3 +381,35 @@ def test_a_transposed_weight_the_graph_computes_is_declined_not_constant(target:
     snap = g.build()
     found = match(linear_root(), snap, snap.node("lin"))
     assert isinstance(found, Failure) and found.failure().code == "not-constant"
+
+
+@pytest.mark.parametrize(("spelling", "rank", "bias"), sorted(EXPECTED))
+def test_emit_linear_reads_another_input_where_asked(spelling: str, rank: int, bias: str) -> None:
+    # found by an outside author: a rule changing what a linear reads re-implemented each spelling
+    snap = graph(spelling=spelling, dialect="edge", lead=(2, 5)[: rank - 1], bias=bias)
+    m = _match(snap, linear_root())
+    lin = linear_of(m)
+    p = Planner("t", m)
+    emit_linear(p, lin, lin.weight, NodeRef("b") if bias == "param" else None, input=NodeRef("y"))
+    made = {n.name: n for n in p.finish([]).nodes}
+    product = made["lin_new"]
+    read = product.kwargs.get("input") or product.args[1 if product.target.startswith("aten.addmm") else 0]
+    if rank > 2 and spelling != "linear":  # the flattening reshape, re-spelled on the new input
+        assert read == NodeRef("lin_in_new") and made["lin_in_new"].args[0] == NodeRef("y")
+        assert made["lin_in_new"].args[1:] == snap.node("lin_in").args[1:]
+    else:
+        assert read == NodeRef("y") and "lin_in_new" not in made
+    assert linear_input(m, lin) == (NodeRef("x"), True)
+
+
+def test_a_models_own_flatten_around_a_product_is_no_linear_input() -> None:
+    # the pattern binds the model's reshapes as the linear's (x is not what the product reads)
+    g = GraphBuilder(dialect="edge")
+    x, w = g.input("x", (4, 6, 8)), g.parameter("w", (5, 8))
+    flat = g.call("aten.view_copy.default", name="flat", self=x, size=(24, 8), out=(24, 8))
+    t = g.call("aten.permute_copy.default", self=w, dims=(1, 0), out=(8, 5))
+    mm = g.call("aten.mm.default", name="mm", self=flat, mat2=t, out=(24, 5))
+    g.output(g.call("aten.view_copy.default", self=mm, size=(12, 2, 5), out=(12, 2, 5)))
+    snap = g.build()
+    m = _match(snap, linear_root(), "mm")
+    assert m.bindings["x"] == NodeRef("x") and linear_input(m, linear_of(m)) == (NodeRef("flat"), False)
