@@ -14,7 +14,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import ADDMM, CAST, CONV, LINEAR, MM
+from fxpure.families import ADDMM, CAST, CONV, LINEAR, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS
 from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
@@ -192,7 +192,7 @@ SQUARE, RSUB = "aten.square.default", frozenset({"aten.rsub.Scalar", "aten.rsub.
 # permutes (edge computes a weight norm over dim 1 through one), and copies from one floating dtype to
 # another with nothing else changed (``to_edge`` lifts a number as a float32 tensor and copies it to
 # a float16 model's dtype)
-PERMUTES = frozenset({"aten.permute.default", "aten.permute_copy.default"})
+PERMUTES = PERMUTE.targets | TRANSPOSE.targets | TRANSPOSE_DIMS.targets  # permute, t, transpose(dim0, dim1)
 CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
 
 
@@ -267,15 +267,33 @@ def _layout(
     if x is None:
         return None
     if node.target in PERMUTES:
-        dims = node.arg(1, "dims")
-        ints = tuple(d for d in dims if type(d) is int) if type(dims) is tuple else ()
-        out: WeightExpr | None = Permute(x=x, dims=ints) if type(dims) is tuple and len(ints) == len(dims) else None
+        dims = _order(node, len(spec.shape))
+        out: WeightExpr | None = Permute(x=x, dims=dims) if dims is not None else None
     else:
         known = infer_spec(x)
         floating = isinstance(known, Success) and known.unwrap().dtype in FLOAT_DTYPES and spec.dtype in FLOAT_DTYPES
         out = Cast(x=x, dtype=spec.dtype) if floating else None
     found = infer_spec(out) if out is not None else None
     return out if isinstance(found, Success) and found.unwrap() == spec else None
+
+
+def _order(node: NodeSnapshot, rank: int) -> tuple[int, ...] | None:
+    """The dims a permute, ``t`` or ``transpose(dim0, dim1)`` node takes its input's from, in order.
+
+    >>> t = NodeSnapshot(name="t", op="call_function", target="aten.transpose.int", args=(NodeRef("w"), 0, -1))
+    >>> _order(t, 3), _order(replace(t, target="aten.t.default", args=(NodeRef("w"),)), 2)
+    ((2, 1, 0), (1, 0))
+    """
+    if node.target in PERMUTE.targets:
+        dims = node.arg(1, "dims")
+        ints = tuple(d for d in dims if type(d) is int) if type(dims) is tuple else ()
+        return ints if type(dims) is tuple and len(ints) == len(dims) else None
+    order = list(range(rank))
+    a, b = (node.arg(1, "dim0"), node.arg(2, "dim1")) if node.target in TRANSPOSE_DIMS.targets else (0, 1)
+    if type(a) is not int or type(b) is not int or not -rank <= min(a, b) <= max(a, b) < rank:
+        return None if rank >= 2 else tuple(order)  # (t of a vector or a number is itself)
+    order[a], order[b] = order[b], order[a]
+    return tuple(order)
 
 
 def _reduced(

@@ -1470,6 +1470,27 @@ def test_permutes_float_copies_squares_and_reversed_subtractions_of_constants_ar
     assert [constant_expr(snap, n) for n in ("to_int", "odd", "r2")] == [None, None, None]
 
 
+def test_transposes_of_constants_are_permutes_of_them() -> None:
+    # found by an outside author: W.t() of a parameter (and its contiguous copy) was not-constant
+    g = GraphBuilder()
+    v, u = g.parameter("v", (2, 3, 4)), g.parameter("u", (5,))
+    t = g.node("aten.t.default", (g.parameter("w", (2, 3)),), name="t", out=(3, 2))
+    c = g.node("aten.clone.default", (t,), {"memory_format": "contiguous_format"}, name="c", out=(3, 2))
+    tr = g.node("aten.transpose.int", (v, 0, -1), name="tr", out=(4, 3, 2))
+    tc = g.node("aten.transpose_copy.int", (v,), {"dim0": 1, "dim1": 2}, name="tc", out=(2, 4, 3))
+    vec = g.node("aten.t_copy.default", (u,), name="vec", out=(5,))
+    bad = g.node("aten.transpose.int", (v, 0, 3), name="bad", out=(2, 3, 4))
+    g.output(c, tr, tc, vec, bad)
+    snap = g.build()
+    W, V = Source(key="w", spec=spec(2, 3)), Source(key="v", spec=spec(2, 3, 4))
+    assert constant_expr(snap, "t") == Permute(x=W, dims=(1, 0))
+    assert constant_expr(snap, "c") == Reshape(x=Permute(x=W, dims=(1, 0)), shape=(3, 2))
+    assert constant_expr(snap, "tr") == Permute(x=V, dims=(2, 1, 0))
+    assert constant_expr(snap, "tc") == Permute(x=V, dims=(0, 2, 1))
+    assert constant_expr(snap, "vec") == Permute(x=Source(key="u", spec=spec(5)), dims=(0,))
+    assert constant_expr(snap, "bad") is None  # (a dim out of range: no such transpose)
+
+
 def test_permutes_and_copies_read_their_arguments_by_keyword_and_count_in_the_depth() -> None:
     g = GraphBuilder()
     v = g.parameter("v", (2, 3))
