@@ -885,3 +885,23 @@ def test_a_hand_written_product_with_the_weight_transposed_in_any_spelling_folds
     outcome = adapters.transform(program, [fold_binary()]).unwrap()
     assert [p.rule for p in outcome.report.plans] == ["fold-binary"] and count(program, "mul") == 0
     assert_sound(program, x, want)
+
+
+class OneChannel(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(x) * 2.0  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_a_fold_into_a_conv_of_one_channel_on_a_channels_last_input_keeps_its_layout(channels: int) -> None:
+    # found by a fuzzer: the new conv's one-channel output is both contiguous and channels last, as
+    # the conv it replaces; it was declined dim-order-changes as if it were laid out otherwise
+    model, x = OneChannel(channels).eval(), (torch.randn(2, 3, 8, 12).to(memory_format=torch.channels_last),)
+    program = to_edge(torch.export.export(model, x)).exported_program()
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fold-binary"] and outcome.report.rejections == ()
+    assert_close(run(program, x), [model(*x).detach()])
