@@ -64,7 +64,8 @@ def linear(
     ``name`` (``linear``, ``addmm`` or ``mm``), the weight transpose as ``{name}_t`` and the
     reshapes around a rank > 2 product as ``{name}_in`` / ``{name}_out`` where the spelling has
     them; by default the input as ``x``, the weight (out, in) as ``w``, the bias as ``b`` (None,
-    or unbound for ``mm``). Use :func:`linear_root` to anchor a rule at the linear itself.
+    or unbound for ``mm``; ``addmm``'s ``self``, which may be a matrix: check its shape before
+    writing an ``aten.linear``). Use :func:`linear_root` to anchor a rule at the linear itself.
 
     >>> [type(a).__name__ for a in linear().alternatives]
     ['Op', 'Op', 'Op', 'Op', 'Op']
