@@ -580,6 +580,12 @@ def _alt(p: Pattern, value: Arg, parent: str, role: str, path: str) -> Callable[
 def _producer(p: Op, value: Arg, parent: str, role: str, path: str, st: _State) -> Reason | None:
     here = f"{path}/{p.label}"
     node = st.snap.node(value.name) if isinstance(value, NodeRef) and value.name in st.snap.index else None
+    if p.out is not None and node is not None and node.target == "getitem" and node.args[1:2] == (p.out,):
+        # element ``out`` of a tuple-output op, read through getitem: the op is matched
+        source = node.args[0]
+        op = st.snap.node(source.name) if type(source) is NodeRef and source.name in st.snap.index else None
+        if op is not None and op.target in p.family.schemas and p.family.schemas[op.target].tuple_output:
+            node = op
     if node is None or node.op != "call_function" or node.target not in p.family.schemas:
         producer, target = (node.name, node.target) if node is not None else (repr(value), "a literal")
         return WrongOp(
@@ -602,7 +608,8 @@ def _op(
     uses: tuple[str, ...] = (node.name,)
     stray: NodeSnapshot | None = None  # a user reading another tuple element (reported after the arguments)
     dead: tuple[str, ...] = ()
-    if p.out is not None and p.family.schemas[node.target].tuple_output:
+    through = p.out is not None and p.family.schemas[node.target].tuple_output  # read through getitems
+    if through:
         items = st.snap.users_of(node.name)
         # another element read by nothing (export writes max_pool2d's unused indices so): no use
         dead = tuple(
@@ -613,7 +620,9 @@ def _op(
         )
         uses = tuple(u.name for u in items if u is not stray and u.name not in dead)
     if reader is not None and p.users == ONE:
-        others = tuple(u for u in st.snap.users[node.name] if u != reader)
+        # an operand read through getitems (``out=``): the element's readers besides the reader (one
+        # of another element is ``stray``, below)
+        others = tuple(u for g in (uses if through else (node.name,)) for u in st.snap.users[g] if u != reader)
         if others:
             sizes = tuple(u for u in others if st.snap.node(u).target in SIZE_READERS)
             if len(sizes) < len(others):
@@ -1357,7 +1366,7 @@ def _names(p: Pattern | None) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(always), frozenset(some - always)
 
 
-def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
+def _lint(p: Pattern, *, consumer: bool = False) -> None:
     """Refuse patterns that cannot work, naming the mistake."""
     if isinstance(p, OneOf):
         for a in p.alternatives:
@@ -1370,8 +1379,6 @@ def _lint(p: Pattern, *, root: bool = False, consumer: bool = False) -> None:
     fam = p.family
     if p.users not in (ONE, ANY):
         raise PatternError(f"{p.label}: users={p.users!r}, expected {ONE!r} or {ANY!r}")
-    if p.out is not None and not (root or consumer):
-        raise PatternError(f"{p.label}: out= reads a tuple through getitem; use it on the root or a user= op")
     outputs = max(s.outputs for s in fam.schemas.values())
     if p.out is not None and outputs == 1:
         raise PatternError(f"{p.label}: out= projects a tuple, and {fam.name} returns one tensor")
@@ -1670,7 +1677,7 @@ def rule(
         if not _rooted(p):
             raise PatternError(f"{name}: a rule's pattern is rooted at an Op (or OneOf of Ops), got {p!r}")
         for op in roots(p):
-            _lint(op, root=True)
+            _lint(op)
     if isinstance(candidate, Op | OneOf):
         candidate = _matches(candidate)
     kinds = _kinds(pattern)
