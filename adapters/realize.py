@@ -919,7 +919,8 @@ def _ran(
     if not isinstance(ran, torch.Tensor):
         return declared, None
     first_in = next((v for v in reads.values() if isinstance(v, torch.Tensor) and v.dim() == ran.dim()), None)
-    if layout and _channels_last(first_in) and not _channels_last(ran, also_contiguous=True):
+    # (a one-channel output is also contiguous: its strides, not torch's contiguity, give its dim order)
+    if layout and _channels_last(first_in) and _dim_order(ran) != _dim_order(first_in):
         why = f"{node.name} would read a channels-last tensor and write one laid out otherwise"
         kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"
         return ran, ("dim-order-changes", f"{why} (strides {ran.stride()}): {kernels}")
@@ -978,15 +979,22 @@ def _static(value: Any, mode: Any) -> bool:
     return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _channels_last(v: object, *, also_contiguous: bool = False) -> bool:
-    """``v`` is a 4-D tensor laid out channels last, and not also contiguous (through size-1 dims,
-    such as one channel) unless ``also_contiguous``."""
+def _channels_last(v: object) -> bool:
+    """``v`` is a 4-D tensor laid out channels last, and not also contiguous (size-1 dims)."""
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         return False
     try:
-        return bool(v.is_contiguous(memory_format=torch.channels_last)) and (also_contiguous or not v.is_contiguous())
+        return bool(v.is_contiguous(memory_format=torch.channels_last)) and not bool(v.is_contiguous())
     except Exception:  # a symbolic layout torch cannot decide: taken as contiguous
         return False
+
+
+def _dim_order(v: torch.Tensor | None) -> tuple[int, ...] | None:
+    """The dim order ExecuTorch takes from ``v``'s strides (None where torch cannot say)."""
+    try:
+        return tuple(v.dim_order()) if v is not None else None
+    except Exception:
+        return None
 
 
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why
