@@ -455,19 +455,21 @@ def _diff(got: Any, want: Any) -> float:
 def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     """Both programs on the same random inputs: max abs / rel difference, or the error that stopped it.
     A program of symbolic sizes runs with each at its declared least value, but at least 2, and
-    again with each at its declared least value where that is 1 (a squeeze of a batch of one);
-    a size where the original itself does not run (a batch norm in training on one row) is skipped."""
+    again with each at 1 where its declared least value is 1 or less (a squeeze of a batch of one;
+    0 is not tried); that second run is skipped, unmarked, where the original itself does not run."""
     import torch
 
     from adapters.validate import symbol_values
 
     least = [symbol_values(program), symbol_values(program, least=1)]
+    runs = least[:1] if least[1] == least[0] else least
     out: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "ok": True}
-    for i, symbols in enumerate(least[:1] if least[1] == least[0] else least):
+    for i, symbols in enumerate(runs):
         try:
             x = _random_inputs(program, symbols)
-            # each program runs as a copy: a run may update its buffers in place, and it is saved after
-            want = _outputs(copy.deepcopy(original), x)
+            # the rewritten program runs as a copy: a run may update its buffers in place, and it is
+            # saved after (the original is a copy already, dropped after its last run)
+            want = _outputs(copy.deepcopy(original) if i + 1 < len(runs) else original, x)
         except Exception as e:  # the original cannot run on these inputs: one line, exit 1 (the first sizes)
             if i:
                 continue

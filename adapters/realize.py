@@ -573,9 +573,9 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
 def _non_finite(
     new: Mapping[str, torch.Tensor], after: GraphSnapshot, tensors: Mapping[str, torch.Tensor]
 ) -> list[str]:
-    """Derived floating constants holding inf or NaN computed from finite ones (a fold that
-    overflowed its dtype, say): values the program holds already (a slice of a weight with an inf)
-    are its own."""
+    """Derived floating constants holding inf or NaN that their computation brings in (a fold that
+    overflowed its dtype, say): where a constant it reads holds some already (a slice of a weight
+    with an inf), it is computed again with those made 1, and counts only if still not finite."""
 
     def finite(t: torch.Tensor) -> bool:
         return not t.is_floating_point() or bool(torch.isfinite(t).all())
@@ -583,8 +583,15 @@ def _non_finite(
     out = []
     for k, t in new.items():
         source = after.constants[k].source
-        read = [tensors[key] for key in (sources(source) if source is not None else ()) if key in tensors]
-        if not finite(t) and all(map(finite, read)):
+        if finite(t) or source is None:
+            continue
+        read = {key: tensors[key] for key in sources(source) if key in tensors}
+        if not all(map(finite, read.values())):
+            made_finite = {
+                key: v if finite(v) else torch.nan_to_num(v, nan=1.0, posinf=1.0, neginf=1.0) for key, v in read.items()
+            }
+            t = materialize(source, {**tensors, **made_finite})
+        if not finite(t):
             out.append(k)
     return out
 
@@ -817,7 +824,8 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
 
 
 def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
-    """Every plan's new nodes run on fake values, in the program's own fake mode, stage after stage:
+    """Every plan's new nodes run on fake values, in the program's own fake mode (values of symbolic
+    sizes at the sizes the program was exported at, in a fake mode of their own), stage after stage:
     a plan with a node torch refuses (a conv given an input of other channels than its weight), or
     one computing another dtype or shape than its plan declares (its readers, and the program's
     meta, take the declared one), is a ``plan-conflict``. On an edge program, a node that reads a

@@ -224,6 +224,38 @@ def test_a_weight_the_program_holds_non_finite_is_sliced_and_laid_out_as_any(for
     torch.testing.assert_close(got, want, equal_nan=True)
 
 
+class InfAndOverflow(nn.Module):
+    """float16 conv and batch norm: the conv weight holds an inf in channel 0 (the program's own),
+    and channel 1's scale (6e6) overflows float16 once folded into the weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.b = nn.Conv2d(3, 2, 3), nn.BatchNorm2d(2)
+        assert self.c.bias is not None and self.b.running_var is not None
+        with torch.no_grad():
+            self.c.weight.fill_(1.0)
+            self.c.bias.zero_()
+            self.c.weight[0, 0, 0, 0] = float("inf")
+            self.b.weight.fill_(6e4)
+            self.b.bias.zero_()
+            self.b.running_var.fill_(1e-4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.c(x))  # type: ignore[no-any-return]
+
+
+def test_a_fold_that_overflows_beside_a_weights_own_inf_is_still_declined() -> None:
+    # found by a review: any non-finite value the weight held let every other through (channel 1,
+    # finite in the program, became NaN)
+    model, x = InfAndOverflow().eval().half(), ((torch.randn(1, 3, 8, 8) * 1e-5).half(),)
+    program = build(model, x, "aten")
+    want = run(program, x)[0]
+    assert torch.isfinite(want[:, 1]).all()
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["non-finite-weight"] and not outcome.changed
+    assert torch.equal(run(program, x)[0][:, 1], want[:, 1])
+
+
 class TinyDivisor(nn.Module):
     """conv, batch norm, then a division by a per-channel constant with one tiny entry: the fusion
     is finite in float16, the division folded into it is not."""
