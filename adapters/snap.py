@@ -333,6 +333,8 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
         if n.op not in ("call_function", "call_method"):
             continue
         target = n.target if n.op == "call_function" else _method(str(n.target))
+        # an edge op holds the aten op it stands for (its own schema is no torch.FunctionSchema)
+        target = aten if isinstance(aten := getattr(target, "_op", None), torch._ops.OpOverload) else target
         if isinstance(target, torch._ops.HigherOrderOperator):
             if _branches_write(gm, n):  # ``with torch.no_grad(): buf.add_(1)`` writes what it is given
                 for x in n.all_input_nodes:

@@ -15,6 +15,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.nn import functional as F
 
 import adapters
+import adapters.snap
 import fxpure
 from fxpure.families import CLONE, RELU, RELU_, VIEW, family
 from fxpure.pattern import Bound, Op, Planner, Var, rule
@@ -518,3 +519,15 @@ def test_what_writes_no_data_is_no_write_and_a_training_norm_is_one(mode: str) -
     codes = [r.reason.code for r in outcome.report.rejections if r.reason.code != "module-call"]
     assert (len(outcome.report.plans), codes) == ((1, []) if mode == "none" else (0, ["not-constant"]))
     assert_close(_runs(gm, (x,), times=3), _runs(reference, (x,), times=3))
+
+
+def test_an_edge_programs_ops_are_read_by_their_aten_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an edge op's own schema is no torch.FunctionSchema: every edge call was read as a Python-level
+    # call (by its name, through inspect.signature), a third of an edge program's capture
+    def python_level(*_: object) -> None:
+        raise AssertionError("an edge op read as a Python-level call")
+
+    model = randomize_bn(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())).eval()
+    program = build(model, (torch.randn(1, 3, 8, 8),), "edge")
+    monkeypatch.setattr(adapters.snap, "_python_writes", python_level)
+    assert adapters.capture(program).written == frozenset()
