@@ -271,12 +271,10 @@ def test_the_failed_alternative_reported_is_the_one_that_got_furthest() -> None:
     assert text == json.dumps(to_data(explain(g.build(), keep, g.build().node("m"))), sort_keys=True)
 
 
-def bn_graph(*, stats_used: bool, stats_read: bool = True) -> GraphSnapshot:
-    g = GraphBuilder()
-    x = g.input("x", (1, 4, 6, 6))
-    m, v = g.buffer("m", (4,)), g.buffer("v", (4,))
-    out = spec(1, 4, 6, 6)
-    bn = g.call(
+def _legit_bn(g: GraphBuilder) -> NodeRef:
+    """An edge-style batch norm of an input x: a tuple, its element 0 the (1, 4, 6, 6) result."""
+    x, m, v, out = g.input("x", (1, 4, 6, 6)), g.buffer("m", (4,)), g.buffer("v", (4,)), spec(1, 4, 6, 6)
+    return g.call(
         "aten._native_batch_norm_legit_no_training.default",
         name="bn",
         out=(out, spec(0), spec(0)),
@@ -288,6 +286,11 @@ def bn_graph(*, stats_used: bool, stats_read: bool = True) -> GraphSnapshot:
         momentum=0.1,
         eps=1e-5,
     )
+
+
+def bn_graph(*, stats_used: bool, stats_read: bool = True) -> GraphSnapshot:
+    g = GraphBuilder()
+    bn, out = _legit_bn(g), spec(1, 4, 6, 6)
     stats = g.getitem(bn, 1, name="s") if stats_used else None
     g.output(g.getitem(bn, 0, name="y", out=out), *((stats,) if stats is not None and stats_read else ()))
     return g.build()
@@ -313,21 +316,9 @@ def test_tuple_output_projection() -> None:
 
 
 def _bn_then_relu(*, stats_used: bool = False, shared: bool = False) -> GraphSnapshot:
-    """An edge-style batch norm (a tuple, its element 0 read through getitem) feeding a relu."""
+    """An edge-style batch norm (its element 0 read through getitem) feeding a relu."""
     g = GraphBuilder()
-    x, m, v, out = g.input("x", (1, 4, 6, 6)), g.buffer("m", (4,)), g.buffer("v", (4,)), spec(1, 4, 6, 6)
-    bn = g.call(
-        "aten._native_batch_norm_legit_no_training.default",
-        name="bn",
-        out=(out, spec(0), spec(0)),
-        input=x,
-        weight=None,
-        bias=None,
-        running_mean=m,
-        running_var=v,
-        momentum=0.1,
-        eps=1e-5,
-    )
+    bn, out = _legit_bn(g), spec(1, 4, 6, 6)
     y = g.getitem(bn, 0, name="y", out=out)
     relu = g.call("aten.relu.default", name="relu", self=y, out=out)
     extra = (g.getitem(bn, 1, name="s"),) if stats_used else (y,) if shared else ()
