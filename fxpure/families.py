@@ -232,6 +232,9 @@ ADDMM = family(
     ["aten.addmm.default(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
 )
 MM = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
+MATMUL = family("matmul", "a matmul", ["aten.matmul.default(Tensor self, Tensor other) -> Tensor"])
+"""``x @ y`` as an aten program keeps it (decompositions and ``to_edge`` spell it ``mm``, ``bmm``
+and views); ``x @ W.T`` is a linear (:func:`fxpure.linear.linear`)."""
 PERMUTE = family(
     "permute",
     "a permute",
@@ -442,6 +445,7 @@ STANDARD: tuple[Family, ...] = (
     LINEAR,
     ADDMM,
     MM,
+    MATMUL,
     PERMUTE,
     TRANSPOSE,
     TRANSPOSE_DIMS,

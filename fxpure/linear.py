@@ -2,9 +2,10 @@
 
 ``torch.export`` keeps ``aten.linear``; ``to_edge`` turns it into ``permute_copy(W)`` feeding
 ``addmm(b, x, ·)`` (or ``mm`` without bias), wrapped in ``view_copy`` reshapes when the input
-has more than two dims; a backend that preserves ``linear`` keeps it in edge too. Rules match
-all of them with :func:`linear` and write the result back, in the same spelling, with
-:func:`emit_linear`.
+has more than two dims; a backend that preserves ``linear`` keeps it in edge too. ``x @ W.T``
+stays ``matmul`` of a transpose in an aten program. Rules match all of them with :func:`linear`
+and write the result back, in the same spelling (a ``matmul`` as ``linear``), with
+:func:`emit_linear`; :func:`is_linear` tells which products can be linears at all.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import final
 
-from fxpure.families import ADDMM, LINEAR, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
+from fxpure.families import ADDMM, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var
-from fxpure.snapshot import NodeRef, TensorSpec
+from fxpure.plan import constant_expr
+from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
 # dims, transpose(0, 1) in either order or with negative dims
@@ -61,14 +63,16 @@ def linear(
     shared: str = "output-shared",
 ) -> OneOf:
     """``y = x @ W.T + b`` in any spelling, as the operand of another op. Binds the product as
-    ``name`` (``linear``, ``addmm`` or ``mm``), the weight transpose as ``{name}_t`` and the
+    ``name`` (``linear``, ``addmm``, ``mm`` or ``matmul``), the weight transpose as ``{name}_t`` and the
     reshapes around a rank > 2 product as ``{name}_in`` / ``{name}_out`` where the spelling has
     them; by default the input as ``x``, the weight (out, in) as ``w``, the bias as ``b`` (None,
-    or unbound for ``mm``; ``addmm``'s ``self``, which may be a matrix: check its shape before
-    writing an ``aten.linear``). Use :func:`linear_root` to anchor a rule at the linear itself.
+    or unbound for ``mm`` and ``matmul``; ``addmm``'s ``self``, which may be a matrix: check its
+    shape before writing an ``aten.linear``). A ``matmul`` reads a batch of matrices where ``W`` has
+    more than two dims: check ``w``'s rank where :func:`is_linear` has not chosen the product. Use
+    :func:`linear_root` to anchor a rule at the linear itself.
 
     >>> [type(a).__name__ for a in linear().alternatives]
-    ['Op', 'Op', 'Op', 'Op', 'Op']
+    ['Op', 'Op', 'Op', 'Op', 'Op', 'Op']
     """
     x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
     addmm, mm = _products(name, x, b, t, users, code, shared)
@@ -77,6 +81,7 @@ def linear(
         Op(LINEAR, name=name, users=users, code=code, shared=shared, input=x, weight=w, bias=b),
         addmm,
         mm,
+        Op(MATMUL, name=name, users=users, code=code, shared=shared, self=x, other=t),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=addmm_nd),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=mm_nd),
     )
@@ -91,13 +96,50 @@ def linear_root(
     code: str = "wrong-op",
     shared: str = "output-shared",
 ) -> OneOf:
-    """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm`` or
-    ``mm``): the reshape after a rank > 2 product is matched as its one user, ``{name}_out``."""
+    """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm``, ``mm``
+    or ``matmul``): the reshape after a rank > 2 product is matched as its one user,
+    ``{name}_out``. A rule anchored here takes :func:`is_linear` as its ``candidate``."""
     x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
     out = Op(VIEW, name=f"{name}_out", code=code, shared=shared)
     addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared, user=out)
     addmm, mm = _products(name, x, b, t, ONE, code, shared)
-    return OneOf(Op(LINEAR, name=name, code=code, shared=shared, input=x, weight=w, bias=b), addmm_nd, mm_nd, addmm, mm)
+    return OneOf(
+        Op(LINEAR, name=name, code=code, shared=shared, input=x, weight=w, bias=b),
+        addmm_nd,
+        mm_nd,
+        addmm,
+        mm,
+        Op(MATMUL, name=name, code=code, shared=shared, self=x, other=t),
+    )
+
+
+def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+    """Whether the product ``node`` may be a linear's: every ``linear``, ``addmm`` and ``mm`` (a
+    rule says why one is not), but a ``matmul`` only where it reads the transpose of a 2-D
+    constant, ``x @ W.T``: one of two activations (attention's ``q @ k.T``) or of a batch of
+    matrices is no linear, and no candidate. ``rule(candidate=lambda root, snap: is_linear(snap,
+    root.node))`` for a rule anchored at :func:`linear_root`.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> x, k, w = g.input("x", (2, 3, 8)), g.input("k", (2, 4, 8)), g.parameter("w", (5, 8))
+    >>> lin = g.call("aten.matmul.default", name="lin", self=x, other=g.call("aten.t.default", self=w, out=(8, 5)),
+    ...              out=(2, 3, 5))
+    >>> kt = g.call("aten.transpose.int", self=k, dim0=-2, dim1=-1, out=(2, 8, 4))
+    >>> g.output(g.call("aten.matmul.default", name="qk", self=x, other=kt, out=(2, 3, 4)), lin)
+    >>> snap = g.build()
+    >>> is_linear(snap, snap.node("lin")), is_linear(snap, snap.node("qk"))
+    (True, False)
+    """
+    if node.target not in MATMUL.targets:
+        return node.target in LINEAR.targets | ADDMM.targets | MM.targets
+    other = node.arg(1, "other")
+    t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
+    w = t.arg(0, "self") if t is not None and t.target in WEIGHT_T.targets | TRANSPOSE_DIMS.targets else None
+    if not isinstance(w, NodeRef) or w.name not in snap.index:
+        return False
+    spec = snap.node(w.name).tensor_spec
+    return spec is not None and len(spec.shape) == 2 and constant_expr(snap, w.name) is not None
 
 
 @final
@@ -199,14 +241,21 @@ def emit_linear(
     suffix: str = "new",
 ) -> NodeRef:
     """The same linear re-spelled with a new weight (out, in) and bias (a bias may appear: ``mm``
-    becomes ``addmm``); ``out_features`` when the weight has another number of rows; ``input``
-    when it reads another value of the input's shape (the flattening reshape, where the spelling
-    has one, re-spelled on it). Returns the node that carries the result (the new ``outer``)."""
+    becomes ``addmm``; a ``matmul`` becomes ``linear``); ``out_features`` when the weight has
+    another number of rows; ``input`` when it reads another value of the input's shape (the
+    flattening reshape, where the spelling has one, re-spelled on it). Returns the node that
+    carries the result (the new ``outer``)."""
     op, t = lin.op, lin.t
     name = f"{op.name}_{suffix}"
     if t is None:  # aten.linear
         x = op.args["input"] if input is None else input
         result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
+    elif op.node.target in MATMUL.targets:  # x @ W.T, in an aten program: a linear, with or without bias
+        x = op.args["self"] if input is None else input
+        spec = _features(op.spec, out_features)
+        result = p.call(
+            "aten.linear.default", name=name, spec=spec, input=x, weight=weight, bias=bias, provenance=op.name
+        )
     else:
         w_spec = t.spec
         t_spec = (

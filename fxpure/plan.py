@@ -14,7 +14,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import ADDMM, CAST, CONV, LINEAR, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS
+from fxpure.families import ADDMM, CAST, CONV, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS
 from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
@@ -459,7 +459,7 @@ def _conflict(node: str, detail: str) -> Result[GraphSnapshot, PlanConflict]:
     return Failure(PlanConflict(node=node, detail=detail))
 
 
-SAME_DTYPE = CONV.targets | LINEAR.targets | ADDMM.targets | MM.targets
+SAME_DTYPE = CONV.targets | LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets
 """Ops whose tensor operands torch requires to share one dtype: a float16 conv given a float32
 bias fails when the program runs."""
 

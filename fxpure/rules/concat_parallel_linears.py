@@ -28,9 +28,9 @@ from typing import final
 from returns.result import Failure, Result, Success
 
 from fxpure import layout
-from fxpure.families import ADDMM, LINEAR, MM, VIEW
+from fxpure.families import ADDMM, LINEAR, MATMUL, MM, VIEW
 from fxpure.layout import layout_reader
-from fxpure.linear import Linear, emit_linear, linear_of, linear_root
+from fxpure.linear import Linear, emit_linear, is_linear, linear_of, linear_root
 from fxpure.pattern import Match, Planner, Var, match
 from fxpure.plan import RUNS_EXHAUSTED, RewritePlan
 from fxpure.reasons import GENERIC_CODES, Declined, Malformed, OutputShared, Reason, SymbolicShape
@@ -42,7 +42,7 @@ NAME = "concat-parallel-linears"
 # the slice and split ops each dialect spells (edge has no view ops)
 SLICE_OP: Mapping[str, str] = {"aten": "aten.slice.Tensor", "edge": "aten.slice_copy.Tensor"}
 SPLIT_OP: Mapping[str, str] = {"aten": "aten.split_with_sizes.default", "edge": "aten.split_with_sizes_copy.default"}
-PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets
+PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets
 MATMULS = ADDMM.targets | MM.targets
 
 # a linear in any spelling, its weight and bias unchecked: which input it reads
@@ -195,7 +195,7 @@ class _Found:
 _OPERAND: Mapping[str, tuple[int, str]] = {
     **{t: (0, "input") for t in LINEAR.targets},
     **{t: (1, "mat1") for t in ADDMM.targets},
-    **{t: (0, "self") for t in MM.targets},
+    **{t: (0, "self") for t in MM.targets | MATMUL.targets},
 }
 
 
@@ -264,7 +264,7 @@ def _find(snap: GraphSnapshot) -> _Found:
     groups: dict[str, list[NodeSnapshot]] = {}
     joins: dict[str, Result[Match, Reason]] = {}
     values = _Values(snap)
-    products = snap.calls(PRODUCTS)
+    products = [n for n in snap.calls(PRODUCTS) if is_linear(snap, n)]  # not attention's q @ k.T
     # a product whose input no other product can share is matched not at all (each match costs)
     inputs = [(n, {values.of(x) for x in _inputs(snap, n)}) for n in products]
     readers = Counter(v for _, vs in inputs for v in vs)

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Literal, TypeAlias
 
 from fxpure.families import ADD, ADD_, ADDMM, CAST, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW
-from fxpure.linear import emit_linear, linear, linear_of
+from fxpure.linear import emit_linear, is_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
@@ -99,14 +99,14 @@ PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
-    """``value`` is a conv's or linear's output: its product's, or the reshape's after a matmul; or
+    """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too), or the reshape's after a matmul; or
     a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so: a
     candidate, declined as the aten form's is reported)."""
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
-        return node is not None and node.target in PRODUCTS
+        return node is not None and (node.target in PRODUCTS or is_linear(snap, node))
     inner = node.args[0] if node.args else None
     return isinstance(inner, NodeRef) and snap.node(inner.name).target in MATMULS
 

@@ -103,6 +103,7 @@ FUSE_LINEAR_BN = rule(
     PATTERN,
     need.check(_axes, codes=(AXIS, "malformed-node")),
     need.static("w"),
+    need.rank("w", (2,)),  # (x @ W.T of a batch of matrices is no linear)
     need.dtype("w", FLOAT_DTYPES),
     need.channels("mean", of="w"),
     plan=_plan,
@@ -115,6 +116,7 @@ def fuse_linear_bn() -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(fuse_linear_bn().codes - GENERIC_CODES)
     ['arg-mismatch', 'bn-axis-mismatch', 'bn-stats-used', 'bn-training-mode', 'channel-mismatch', \
-'linear-output-shared', 'not-constant', 'producer-not-linear', 'symbolic-shape', 'unsupported-dtype']
+'linear-output-shared', 'not-constant', 'producer-not-linear', 'symbolic-shape', 'unsupported-dtype', \
+'unsupported-rank']
     """
     return FUSE_LINEAR_BN

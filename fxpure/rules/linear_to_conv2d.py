@@ -2,7 +2,7 @@
 fast path is the convolution: Qualcomm HTP).
 
 Every exported spelling of a linear (``linear``; ``permute_copy`` + ``addmm``/``mm``, wrapped in
-``view_copy`` reshapes for a rank > 2 input) on a rank 2, 3 or 4 input. The weight becomes a
+``view_copy`` reshapes for a rank > 2 input; ``x @ W.T``) on a rank 2, 3 or 4 input. The weight becomes a
 derived constant ``(O, I, 1, 1)``: from a parameter, an earlier rule's derived constant, or the
 integer weight behind a dequantize, re-spelled for the 4D weight with the same per-channel
 parameters (axis 0 is still the output channels). The activations move with permute, unsqueeze
@@ -19,7 +19,7 @@ from returns.result import Failure, Result, Success
 
 from fxpure import layout
 from fxpure.layout import layout_reader
-from fxpure.linear import Linear, linear_input, linear_of, linear_root
+from fxpure.linear import Linear, is_linear, linear_input, linear_of, linear_root
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
@@ -228,6 +228,7 @@ LINEAR_TO_CONV2D = rule(
     ),
     need.check(_static_input, codes=(DYNAMIC,)),
     plan=_plan,
+    candidate=lambda root, snap: is_linear(snap, root.node),  # not attention's q @ k.T
 )
 
 

@@ -33,7 +33,7 @@ from fxpure.families import CONV, SCHEMAS
 from fxpure.plan import Rule
 from fxpure.reasons import Declined
 from fxpure.rules import RULES, concat_parallel_linears, quantized_conv
-from fxpure.snapshot import Arg, DTypeArg
+from fxpure.snapshot import Arg, DTypeArg, TensorSpec
 from fxpure.testing import spec
 from tests.core.test_fuzz import (
     SIZE,
@@ -417,6 +417,48 @@ def _viewed_parallel_linears(gen: _Gen) -> None:
     _merging_view(gen)
 
 
+def _matmul_linear(gen: _Gen) -> None:
+    """An aten program's ``x @ W.T``: a matmul of a transposed weight (``t``, ``transpose``,
+    ``permute``), sometimes of a computed one (attention's ``q @ k.T``: no linear), or of a batch of
+    constant matrices (on a rank-1 input: its product is a matrix a batch norm may read); on a rank-1, 2 or 3
+    input, two of them sometimes on one input. (An edge program spells it ``mm``: the fuzzer's linear.)"""
+    if gen.g.dialect == "edge":
+        _linear(gen)
+        return
+    f, o = gen.pick((2, 4, 8)), gen.pick((2, 4, 8))
+    batched = gen.flip()
+    lead: tuple[int | str, ...] = () if batched or gen.flip(4) else gen.pick(((gen.batch,), (gen.batch, 2)))
+    x = gen.input((*lead, f))
+    # the weight's shape, its transposes (target and arguments) and the product's shape
+    shapes: tuple[tuple[int, ...], tuple[int, ...], TensorSpec]
+    transposes: list[tuple[str, dict[str, Arg]]]
+    if batched:  # (o, o, f) transposed to (o, f, o): x (f,) @ it is (o, o)
+        swap: tuple[str, dict[str, Arg]] = ("aten.transpose.int", {"dim0": -2, "dim1": -1})
+        shapes, transposes = ((o, o, f), (o, f, o), spec(o, o, dtype=gen.dtype)), [swap, swap]
+        transposes.append(("aten.permute.default", {"dims": (0, 2, 1)}))
+    else:
+        shapes = ((o, f), (f, o), spec(*lead, o, dtype=gen.dtype))
+        transposes = [("aten.t.default", {}), ("aten.transpose.int", {"dim0": 0, "dim1": 1})]
+        transposes.append(("aten.permute.default", {"dims": (1, 0)}))
+    for _ in range(1 + gen.flip(3)):
+        target, args = gen.pick(transposes)
+        w = gen.constant(shapes[0]) if batched else gen.tensor(shapes[0])
+        wt = gen.call(target, spec(*shapes[1], dtype=gen.dtype), self=w, **args)
+        out = shapes[2]
+        gen.result(gen.call("aten.matmul.default", out, self=x, other=wt), out)
+
+
+def _misdeclared_weight(gen: _Gen) -> None:
+    """A conv1d whose dequantized weight declares another shape than its integer constant holds (a
+    pass that wrote wrong metadata): the weight expression of the conv2d's weight does not type."""
+    x = gen.input((gen.batch, 2, SIZE))
+    dq = gen.call(
+        f"{Q}.dequantize_per_tensor.default", spec(2, 2, 1), **_qparams(gen, gen.constant((4,), "int8"), "int8")
+    )
+    out = spec(gen.batch, 2, SIZE, dtype=gen.dtype)
+    gen.result(gen.call("aten.conv1d.default", out, input=x, weight=dq), out)
+
+
 RARE: tuple[Callable[[_Gen], None], ...] = (
     _grouped,
     _grouped,
@@ -437,6 +479,11 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _copied_operand,
     _empty_linear,
     _dynamic_linear,
+    _then(_matmul_linear, _batch_norm),
+    _then(_matmul_linear, _batch_norm),
+    _then(_matmul_linear, _binary),
+    _matmul_linear,
+    _misdeclared_weight,
 )
 
 

@@ -8,7 +8,7 @@ import pytest
 from returns.result import Failure, Success
 
 from fxpure.families import ADDMM, PERMUTE, RELU, TRANSPOSE
-from fxpure.linear import MATRIX_T, emit_linear, linear, linear_input, linear_of, linear_root
+from fxpure.linear import MATRIX_T, emit_linear, is_linear, linear, linear_input, linear_of, linear_root
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match, rule
 from fxpure.plan import RewritePlan, plan
 from fxpure.reasons import Reason
@@ -246,7 +246,7 @@ def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool)
         else linear("q", input=x, weight=w, bias=b, code="C", shared="S", users=ANY)
     )
     ops = _ops(p)
-    assert len(ops) == 13 + 4 * 8  # every Op of the five spellings, the weight's transpose in nine
+    assert len(ops) == 10 + 5 * 9  # every Op of the six spellings, the weight's transpose (nine) in five
     assert {o.code for o in ops} == {"C"}
     assert {o.shared for o in ops if o.name != "q_in"} == {"S"}  # (the input reshape may be shared)
     swaps = {Lit(d) for d in (0, 1, -1, -2)}
@@ -257,7 +257,7 @@ def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool)
         if o.name == "q_in":
             assert o.users == ANY  # the model's own flatten may feed others
     tops = [o.users for o in p.alternatives if isinstance(o, Op)]
-    assert tops == ([ONE] * 5 if root else [ANY] * 5)
+    assert tops == ([ONE] * 6 if root else [ANY] * 6)
     inner = [o.users for o in ops if o.name == "q" and o not in p.alternatives]
     assert inner == [ONE] * (0 if root else 2)  # a reshaped product is read by its reshape only
     if root:  # the reshape after a rank > 2 product is matched as its one user
@@ -413,3 +413,71 @@ def test_a_models_own_flatten_around_a_product_is_no_linear_input() -> None:
     snap = g.build()
     m = _match(snap, linear_root(), "mm")
     assert m.bindings["x"] == NodeRef("x") and linear_input(m, linear_of(m)) == (NodeRef("flat"), False)
+
+
+def _matmul(*, w_shape: tuple[int, ...] = (6, 8), t: str = "aten.t.default", weight: str = "param") -> GraphSnapshot:
+    """relu(x @ t(w)), aten, as ``x @ W.T`` exports; ``weight="input"``: attention's ``q @ k.T``,
+    ``t=""``: ``x @ W`` (no transpose)."""
+    g = GraphBuilder()
+    x = g.input("x", (2, 3, 8))
+    w = g.parameter("w", w_shape) if weight == "param" else g.input("w", w_shape)
+    swapped = (*w_shape[:-2], w_shape[-1], w_shape[-2])
+    dims = (-2, -1) if t == "aten.transpose.int" else ()
+    other = g.node(t, (w, *dims), name="lin_t", out=swapped) if t else w
+    out = (*w_shape[:-2], 2, 3, swapped[-1]) if len(w_shape) > 2 else (2, 3, swapped[-1])
+    y = g.call("aten.matmul.default", name="lin", out=out, self=x, other=other)
+    g.output(g.call("aten.relu.default", name="relu", out=out, self=y))
+    return g.build()
+
+
+@pytest.mark.parametrize("new_bias", [True, False])
+def test_x_matmul_a_transposed_weight_is_a_linear_emitted_as_one(new_bias: bool) -> None:
+    # x @ W.T stays aten.matmul in an aten program: no linear rule saw it
+    snap = _matmul()
+    for pattern in (Op(RELU, name="relu", self=linear()), linear_root()):
+        m = _match(snap, pattern, "relu" if isinstance(pattern, Op) else "lin")
+        lin = linear_of(m)
+        assert (lin.op.name, lin.t and lin.t.name, lin.weight, m.bindings["x"]) == (
+            "lin",
+            "lin_t",
+            NodeRef("w"),
+            NodeRef("x"),
+        )
+        assert m.sites["w"].path.endswith("lin.other/lin_t.self") and "b" not in m.bindings
+        assert linear_input(m, lin) == (NodeRef("x"), True)
+    w, b = NodeRef("w2"), NodeRef("b2") if new_bias else None
+    p = Planner("t", m)
+    out = emit_linear(p, lin, w, b, out_features=4)
+    (product,) = p.finish([]).nodes  # one aten.linear, with or without bias: no transpose, no matmul
+    assert out.name == product.name == "lin_new"
+    assert (product.target, product.args, dict(product.kwargs)) == ("aten.linear.default", (NodeRef("x"), w, b), {})
+    assert (product.spec, product.provenance) == (spec(2, 3, 4), "lin")
+    p = Planner("t", m)
+    emit_linear(p, lin, w, b, input=NodeRef("y"))
+    (product,) = p.finish([]).nodes
+    assert (product.args[0], product.spec) == (NodeRef("y"), spec(2, 3, 6))
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ({}, True),
+        ({"t": "aten.numpy_T.default"}, True),
+        ({"t": "aten.transpose.int"}, True),
+        ({"weight": "input"}, False),  # attention's q @ k.T: two activations
+        ({"w_shape": (4, 6, 8), "t": "aten.transpose.int"}, False),  # a batch of matrices
+        ({"t": "aten.relu.default"}, False),  # no transpose
+        ({"t": ""}, False),  # x @ W: the weight is (in, out), no linear's
+    ],
+)
+def test_a_matmul_is_a_linear_only_of_a_transposed_matrix_constant(kind: dict[str, object], expected: bool) -> None:
+    if kind.get("t") == "aten.relu.default":
+        snap = _matmul(w_shape=(8, 8), **kind)  # type: ignore[arg-type]
+    elif kind.get("t") == "":
+        snap = _matmul(w_shape=(8, 6), **kind)  # type: ignore[arg-type]
+    else:
+        snap = _matmul(**kind)  # type: ignore[arg-type]
+    assert is_linear(snap, snap.node("lin")) is expected
+    # every linear, addmm and mm is one (a rule says why not); no other op is
+    other = graph(spelling="addmm", dialect="edge", lead=(2,))
+    assert is_linear(other, other.node("lin")) and not is_linear(snap, snap.node("relu"))

@@ -1,0 +1,105 @@
+"""``x @ W.T`` in an aten program: torch.export keeps it as ``matmul`` of a transpose (``numpy_T``,
+``t``, ``transpose``, ``mT``), which no linear rule saw (no plan, no rejection). Each linear rule
+now rewrites it, a ``matmul`` of two activations (attention) or of a batch of matrices stays no
+candidate, and the program computes what it did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import adapters
+from fxpure.plan import Rule
+from fxpure.rules import RULES
+from fxpure.rules.concat_parallel_linears import concat_parallel_linears
+from fxpure.rules.fold_binary import fold_binary
+from fxpure.rules.fuse_linear_bn import fuse_linear_bn
+from fxpure.rules.linear_to_conv2d import linear_to_conv2d
+from tests.programs import Program, assert_close, assert_sound, build, count, run
+
+
+class HandWritten(nn.Module):
+    """A hand-written attention block and heads, every linear spelled ``x @ W.T``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(8, 8, generator=g)) for _ in range(3))
+        self.w, self.b = nn.Parameter(torch.randn(6, 8, generator=g)), nn.Parameter(torch.randn(6, generator=g))
+        self.bn = nn.BatchNorm1d(6)
+        assert self.bn.running_mean is not None and self.bn.running_var is not None
+        self.bn.running_mean.uniform_(-0.5, 0.5, generator=g)
+        self.bn.running_var.uniform_(0.5, 1.5, generator=g)
+        self.batched = nn.Parameter(torch.randn(2, 6, 8, generator=g))  # a batch of matrices: no linear
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v = x @ self.wq.T, x @ self.wk.t(), x @ self.wv.transpose(0, 1)
+        attention = torch.softmax(q @ k.transpose(-2, -1) / 3.0, -1) @ v
+        return attention, (y @ self.w.T) * 2.0 + self.b, self.bn(z @ self.w.mT), x @ self.batched.transpose(-2, -1)
+
+
+ARGS = (torch.randn(2, 3, 8), torch.randn(4, 8), torch.randn(5, 8))
+RULE_SETS: dict[str, tuple[list[Callable[[], Rule]], set[str]]] = {
+    "fuse-linear-bn": ([fuse_linear_bn], {"batch_norm"}),
+    "fold-binary": ([fold_binary], {"mul", "add"}),
+    "concat-parallel-linears": ([concat_parallel_linears], {"x"}),
+    "linear-to-conv2d": ([linear_to_conv2d], {"matmul", "matmul_1", "matmul_2", "matmul_5", "matmul_6"}),
+}
+
+
+def _outputs(model: nn.Module, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = model(*x)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _transform(program: Program, rules: list[Rule]) -> adapters.TransformOutcome:
+    out: adapters.TransformOutcome = adapters.transform(program, rules).unwrap()
+    return out
+
+
+@pytest.mark.parametrize("form", ["aten", "gm"])
+@pytest.mark.parametrize("name", sorted(RULE_SETS))
+def test_each_linear_rule_rewrites_x_matmul_w_transposed(form: str, name: str) -> None:
+    model = HandWritten().eval()
+    program, want = build(model, ARGS, form), _outputs(model, ARGS)
+    makers, anchors = RULE_SETS[name]
+    report = _transform(program, [m() for m in makers]).report
+    assert {p.anchor for p in report.plans} == anchors
+    assert report.rejections == ()  # the attention matmuls and the batched one are no candidates
+    assert_sound(program, ARGS, want)
+
+
+@pytest.mark.parametrize("form", ["aten", "gm"])
+def test_every_rule_in_order_leaves_only_the_matmuls_that_are_no_linears(form: str) -> None:
+    model = HandWritten().eval()
+    program, want = build(model, ARGS, form), _outputs(model, ARGS)
+    report = _transform(program, [m() for m in RULES.values()]).report
+    assert [r.rule for r in report.rejections] == ["fuse-conv-bn"]  # its batch norm reads no conv
+    assert_sound(program, ARGS, want)
+    # q @ k.T, attention @ v and the batched weight's product; every linear is a conv now
+    assert count(program, "matmul") == 3 and count(program, "conv2d") == 3  # q, k, v joined: one
+
+
+def test_a_batch_norm_after_a_product_with_a_batch_of_matrices_is_declined_not_fused() -> None:
+    # x (8,) @ W.transpose(-2, -1) with W (6, 6, 8) is (6, 6): a batch norm of 6 channels reads it as
+    # a linear's output, and W's first dim holds 6 too; folded along it, the numbers were wrong
+    class Batched(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.bn = nn.Parameter(torch.randn(6, 6, 8)), nn.BatchNorm1d(6)
+            assert self.bn.running_var is not None
+            self.bn.running_var.fill_(4.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.bn(x @ self.w.transpose(-2, -1))
+            return out
+
+    model, x = Batched().eval(), (torch.randn(8),)
+    program, want = build(model, x, "aten"), _outputs(model, x)
+    report = _transform(program, [fuse_linear_bn()]).report
+    assert report.plans == () and [r.reason.code for r in report.rejections] == ["unsupported-rank"]
+    assert_close(run(program, x), want)
