@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from executorch.exir import EdgeCompileConfig, to_edge
@@ -61,6 +61,34 @@ def square(model: nn.Module, x: tuple[torch.Tensor, ...], form: str, rule: Rule)
     return after
 
 
+class Product(nn.Module):
+    """A linear written as a product, ``x @ W.T (+ b)``: an aten program keeps it as ``matmul`` of
+    the weight's transpose, in the spelling the model wrote it."""
+
+    T: ClassVar[dict[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+        "x @ W.T": lambda w: w.T,
+        "x @ W.t()": lambda w: w.t(),
+        "x @ W.mT": lambda w: w.mT,
+        "x @ W.transpose(0, 1)": lambda w: w.transpose(0, 1),
+    }
+
+    def __init__(self, spelling: str, cin: int, cout: int, bias: bool) -> None:
+        super().__init__()
+        self.spelling, self.weight = spelling, nn.Parameter(torch.randn(cout, cin) / cin**0.5)
+        self.bias = nn.Parameter(torch.randn(cout)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.T[self.spelling](self.weight)
+        return y if self.bias is None else y + self.bias
+
+
+def linear_module(spelling: str, cin: int, cout: int, bias: bool) -> nn.Module:
+    return nn.Linear(cin, cout, bias=bias) if spelling == "nn.Linear" else Product(spelling, cin, cout, bias)
+
+
+SPELLINGS = ["nn.Linear", "nn.Linear", *Product.T]
+
+
 # --- linear + batch norm ---------------------------------------------------------------------------
 
 
@@ -75,6 +103,7 @@ class LinearBN:
     batch: int
     seq: int
     form: str
+    spelling: str = "nn.Linear"  # a Product without bias: with one, the bias add is between it and the BN
 
 
 @st.composite
@@ -90,6 +119,7 @@ def linear_bns(draw: st.DrawFn) -> LinearBN:
         batch=draw(st.integers(2, 4)),
         seq=draw(st.integers(1, 4)),
         form=draw(st.sampled_from(FORMS)),
+        spelling=draw(st.sampled_from(SPELLINGS)),
     )
 
 
@@ -105,7 +135,7 @@ class LinearThenBN(nn.Module):
     def __init__(self, c: LinearBN) -> None:
         super().__init__()
         self.lin, self.bn, self.swap = (
-            nn.Linear(c.cin, c.cout, bias=c.bias),
+            linear_module(c.spelling, c.cin, c.cout, c.bias and c.spelling == "nn.Linear"),
             nn.BatchNorm1d(c.cout, affine=c.affine),
             c.swap,
         )
@@ -118,6 +148,20 @@ class LinearThenBN(nn.Module):
 @SETTINGS
 @given(linear_bns())
 @example(LinearBN(rank=3, swap="transpose(1, 2)", cin=3, cout=5, bias=False, affine=True, batch=2, seq=3, form="edge"))
+@example(
+    LinearBN(
+        rank=3,
+        swap="permute(0, 2, 1)",
+        cin=3,
+        cout=4,
+        bias=False,
+        affine=True,
+        batch=2,
+        seq=3,
+        form="aten",
+        spelling="x @ W.T",
+    )
+)
 def test_fuse_linear_bn_commuting_square_and_numerics(c: LinearBN) -> None:
     model = randomize_bn(LinearThenBN(c))
     x = (torch.randn(c.batch, *((c.seq,) if c.rank == 3 else ()), c.cin),)
@@ -154,7 +198,7 @@ OPS: dict[str, Callable[[torch.Tensor, Any], torch.Tensor]] = {
 
 @dataclass(frozen=True)
 class Binary:
-    producer: str  # "conv" or "linear"
+    producer: str  # "conv", "linear" or a Product spelling ("x @ W.T")
     rank: int  # spatial dims of a conv; dims of a linear's input
     transposed: bool
     groups: int
@@ -171,7 +215,7 @@ class Binary:
 
 @st.composite
 def binaries(draw: st.DrawFn) -> Binary:
-    producer = draw(st.sampled_from(["conv", "conv", "linear"]))
+    producer = draw(st.sampled_from(["conv", "conv", "linear", "linear", *Product.T]))
     groups = draw(st.sampled_from([1, 2, 3])) if producer == "conv" else 1
     op = draw(st.sampled_from(sorted(OPS)))
     operands = ["0-d", "channels", "full"] if op.endswith("tensor") else ["number", "0-d", "channels", "full"]
@@ -189,7 +233,7 @@ def binaries(draw: st.DrawFn) -> Binary:
         op=op,
         operand=draw(st.sampled_from(operands)),
         value=draw(st.floats(0.5, 2.0)) * draw(st.sampled_from([1, -1])),
-        form=draw(st.sampled_from(FORMS if producer == "linear" else FORMS[:3])),
+        form=draw(st.sampled_from(FORMS if producer != "conv" else FORMS[:3])),
     )
 
 
@@ -203,7 +247,9 @@ class ProducerThenOp(nn.Module):
             self.y: nn.Module = cls(b.cin, b.cout, b.kernel, stride=b.stride, groups=b.groups, bias=b.bias)
             out_rank, channel = b.rank + 2, 1
         else:
-            self.y = nn.Linear(b.cin, b.cout, bias=b.bias)
+            # (a Product's bias add would fold first: two plans, where the square checks one)
+            linear = b.producer == "linear"
+            self.y = linear_module("nn.Linear" if linear else b.producer, b.cin, b.cout, b.bias and linear)
             out_rank, channel = b.rank, b.rank - 1
         after = (1,) * (out_rank - channel - 1)
         shape = {"0-d": (), "channels": (b.cout, *after), "full": (*(1,) * channel, b.cout, *after)}.get(b.operand)
