@@ -456,7 +456,8 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     """Both programs on the same random inputs: max abs / rel difference, or the error that stopped it.
     A program of symbolic sizes runs with each at its declared least value, but at least 2, and
     again with each at 1 where its declared least value is 1 or less (a squeeze of a batch of one;
-    0 is not tried); that second run is skipped, unmarked, where the original itself does not run."""
+    0 is not tried); that second run is skipped where the original itself does not run, and the
+    result says so (``not_compared``)."""
     import torch
 
     from adapters.validate import symbol_values
@@ -472,6 +473,8 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
             want = _outputs(copy.deepcopy(original) if i + 1 < len(runs) else original, x)
         except Exception as e:  # the original cannot run on these inputs: one line, exit 1 (the first sizes)
             if i:
+                sizes = ", ".join(f"{_dim_of(program, k)} = {v}" for k, v in symbols.items() if v != runs[0].get(k))
+                out["not_compared"] = f"at {sizes}, where the original does not run ({_line(e)})"
                 continue
             return {"ok": False, "error": _line(e)}
         try:
@@ -486,6 +489,16 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
         if abs_err / scale >= out["max_rel"]:
             out = {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= tolerance}
     return out
+
+
+def _dim_of(program: Any, symbol: str) -> str:
+    """Where a symbolic size is an input's: ``x.shape[0]`` (else the symbol's own name)."""
+    for node in program.graph.find_nodes(op="placeholder"):
+        shape = getattr(node.meta.get("val"), "shape", ())
+        at = next((i for i, d in enumerate(shape) if str(d) == symbol), None)
+        if at is not None and node.name in program.graph_signature.user_inputs:
+            return f"{node.name}.shape[{at}]"
+    return symbol
 
 
 def _line(e: Exception) -> str:
@@ -691,9 +704,10 @@ def apply_cmd(args: argparse.Namespace) -> int:
         elif "error" in v:
             print(f"verify: FAILED, the programs could not be compared ({v['error']})")
         else:
+            skipped = f"; not compared {v['not_compared']}" if "not_compared" in v else ""
             print(
                 f"verify: max abs diff {v['max_abs']:.3g}, max rel diff {v['max_rel']:.3g} "
-                f"({'ok' if v['ok'] else 'FAILED'}, tolerance {args.tolerance:g})"
+                f"({'ok' if v['ok'] else 'FAILED'}, tolerance {args.tolerance:g}){skipped}"
             )
     return code
 
