@@ -49,9 +49,10 @@ class _Expr:
     a rewrite (one constant per distinct expression, one evaluation per shared subexpression), and
     a recomputed hash would walk the whole tree each time."""
 
-    __slots__ = ("_hash", "_spec")
+    __slots__ = ("_hash", "_sources", "_spec")
     _hash: int
     _spec: TensorSpec | BadExpr  # infer_spec's answer, kept once computed
+    _sources: frozenset[str]  # sources' answer, kept once computed
 
     def _key(self) -> tuple[object, ...]:
         cls = type(self)
@@ -559,7 +560,12 @@ def sources(expr: WeightExpr) -> frozenset[str]:
     >>> sorted(sources(Concat(xs=(Source(key="a", spec=s), Source(key="b", spec=s)), dim=0)))
     ['a', 'b']
     """
-    return frozenset(e.key for e in subexpressions(expr) if isinstance(e, Source))
+    try:
+        return expr._sources  # (kept: a rewrite asks for each new constant's, whose subexpressions repeat)
+    except AttributeError:
+        keys = frozenset((expr.key,)) if isinstance(expr, Source) else frozenset().union(*map(sources, children(expr)))
+        object.__setattr__(expr, "_sources", keys)
+        return keys
 
 
 def _as(x: WeightExpr, dtype: str) -> WeightExpr:
