@@ -244,8 +244,16 @@ TRANSPOSE = family("t", "a transpose", [f"aten.{op}.default(Tensor self) -> Tens
 TRANSPOSE_DIMS = family(
     "transpose",
     "a transpose",
-    [f"aten.{op}.int(Tensor self, int dim0, int dim1) -> Tensor" for op in ("transpose", "transpose_copy")],
+    [
+        *(f"aten.{op}.int(Tensor self, int dim0, int dim1) -> Tensor" for op in ("transpose", "transpose_copy")),
+        "aten.swapdims.default(Tensor self, int dim0, int dim1) -> Tensor",
+        parse_schema(
+            "aten.swapaxes.default(Tensor self, int axis0, int axis1) -> Tensor",
+            rename={"axis0": "dim0", "axis1": "dim1"},
+        ),
+    ],
 )
+"""Two dims swapped: ``transpose``, ``swapdims``, ``swapaxes`` (an aten program keeps the latter two)."""
 VIEW = family(
     "view",
     "a view",

@@ -15,8 +15,7 @@ from typing import final
 
 from fxpure.families import ADDMM, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var
-from fxpure.plan import constant_expr
-from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
+from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
 # dims, transpose(0, 1) in either order or with negative dims
@@ -31,10 +30,19 @@ def _parts(
     x = input if input is not None else Var("x")
     w = weight if weight is not None else Const("w")
     b = bias if bias is not None else Const("b", optional=True)
+    # the transpose may be shared (tied weights, ``wt = W.T`` read twice): a plan leaves it to its other readers
     t = OneOf(
-        Op(WEIGHT_T, name=f"{name}_t", code=code, shared=shared, self=w, dims=Lit((1, 0), (-1, -2), (1, -2), (-1, 0))),
+        Op(
+            WEIGHT_T,
+            name=f"{name}_t",
+            users=ANY,
+            code=code,
+            shared=shared,
+            self=w,
+            dims=Lit((1, 0), (-1, -2), (1, -2), (-1, 0)),
+        ),
         *(
-            Op(TRANSPOSE_DIMS, name=f"{name}_t", code=code, shared=shared, self=w, dim0=Lit(a), dim1=Lit(b))
+            Op(TRANSPOSE_DIMS, name=f"{name}_t", users=ANY, code=code, shared=shared, self=w, dim0=Lit(a), dim1=Lit(b))
             for a, b in _SWAPS
         ),
     )
@@ -115,10 +123,12 @@ def linear_root(
 
 def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     """Whether the product ``node`` may be a linear's: every ``linear``, ``addmm`` and ``mm`` (a
-    rule says why one is not), but a ``matmul`` only where it reads the transpose of a 2-D
-    constant, ``x @ W.T``: one of two activations (attention's ``q @ k.T``) or of a batch of
-    matrices is no linear, and no candidate. ``rule(candidate=lambda root, snap: is_linear(snap,
-    root.node))`` for a rule anchored at :func:`linear_root`.
+    rule says why one is not), but a ``matmul`` only where it reads a transpose (two dims
+    swapped) of a 2-D weight, ``x @ W.T``: a weight being a value computed from constants alone
+    (a parameter, a dequantized one, a slice of one; a rule says if it cannot take it). A
+    ``matmul`` of two activations (attention's ``q @ k.T``) or of a batch of matrices is no
+    linear, and no candidate. ``rule(candidate=lambda root, snap: is_linear(snap, root.node))`` for
+    a rule anchored at :func:`linear_root`.
 
     >>> from fxpure.testing import GraphBuilder
     >>> g = GraphBuilder()
@@ -135,11 +145,39 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
         return node.target in LINEAR.targets | ADDMM.targets | MM.targets
     other = node.arg(1, "other")
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
-    w = t.arg(0, "self") if t is not None and t.target in WEIGHT_T.targets | TRANSPOSE_DIMS.targets else None
+    w = t.arg(0, "self") if t is not None and _swaps(t) else None
     if not isinstance(w, NodeRef) or w.name not in snap.index:
         return False
     spec = snap.node(w.name).tensor_spec
-    return spec is not None and len(spec.shape) == 2 and constant_expr(snap, w.name) is not None
+    return spec is not None and len(spec.shape) == 2 and _of_constants(snap, w.name)
+
+
+def _swaps(t: NodeSnapshot) -> bool:
+    """``t`` swaps the two dims of a matrix (as the weight transposes of :func:`linear` do)."""
+    if t.target in PERMUTE.targets:
+        dims = t.arg(1, "dims")
+        ints = [d for d in dims if type(d) is int] if type(dims) is tuple else []
+        return type(dims) is tuple and len(ints) == len(dims) == 2 and (ints[0] % 2, ints[1] % 2) == (1, 0)
+    if t.target in TRANSPOSE_DIMS.targets:
+        a, b = t.arg(1, "dim0"), t.arg(2, "dim1")
+        return type(a) is int and type(b) is int and a % 2 != b % 2
+    return t.target in TRANSPOSE.targets | MATRIX_T.targets
+
+
+def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:
+    """``name`` is computed from constants alone, by at most ``most`` nodes (a weight's
+    dequantize, slice or cast; an activation reaches an input, or more nodes, soon)."""
+    todo, seen = [name], set()
+    while todo:
+        at = todo.pop()
+        if at in seen or at in snap.constants:
+            continue
+        seen.add(at)
+        node = snap.node(at)
+        if node.op != "call_function" or len(seen) > most:
+            return False
+        todo.extend(ref_list(node))
+    return True
 
 
 @final

@@ -103,3 +103,39 @@ def test_a_batch_norm_after_a_product_with_a_batch_of_matrices_is_declined_not_f
     report = _transform(program, [fuse_linear_bn()]).report
     assert report.plans == () and [r.reason.code for r in report.rejections] == ["unsupported-rank"]
     assert_close(run(program, x), want)
+
+
+class Tied(nn.Module):
+    """One transpose ``wt = W.T`` read by three products (tied weights), and a weight the program
+    selects from a stack of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.w, self.w2 = nn.Parameter(torch.randn(6, 8, generator=g)), nn.Parameter(torch.randn(6, 8, generator=g))
+        self.stack = nn.Parameter(torch.randn(2, 6, 8, generator=g))
+        self.bn = nn.BatchNorm1d(6)
+        assert self.bn.running_var is not None
+        self.bn.running_var.uniform_(0.5, 1.5, generator=g)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        wt = self.w.T
+        return self.bn(x @ wt), (y @ wt) * 2.0, y @ wt + y @ self.w2.T, y @ self.stack[0].T
+
+
+TIED = (torch.randn(5, 8), torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("form", ["aten", "gm"])
+def test_a_transpose_several_products_read_is_left_to_each(form: str) -> None:
+    # declined output-shared (as if the linear's output were shared) where each rewrite is valid
+    model = Tied().eval()
+    program, want = build(model, TIED, form), _outputs(model, TIED)
+    report = _transform(program, [fuse_linear_bn(), fold_binary(), concat_parallel_linears()]).report
+    assert [p.rule for p in report.plans] == ["fuse-linear-bn", "fold-binary", "concat-parallel-linears"]
+    # the selected weight is a linear's, computed: it joins no other (declined as F.linear(y, stack[0]) is)
+    assert [(r.rule, r.reason.code) for r in report.rejections] == [("concat-parallel-linears", "not-constant")]
+    assert_close(run(program, TIED), want)
+    report = _transform(program, [linear_to_conv2d()]).report
+    assert len(report.plans) == 2 and [r.reason.code for r in report.rejections] == ["not-constant"]  # y's joined
+    assert_close(run(program, TIED), want)

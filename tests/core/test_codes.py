@@ -545,6 +545,11 @@ UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: ADAPTER for name in RULES}
         **ADAPTER,
         "wrong-op": "a weight computed by another op fails the Const alternative as deep (not-constant), which wins",
     },
+    "linear-to-conv2d": {
+        **ADAPTER,
+        "output-shared": "its linear's inner nodes may be shared (a transpose, the input's flatten); a rank > 2"
+        " product read by more than its reshape back is matched as a rank-2 linear on the flat input",
+    },
     "concat-parallel-linears": {
         **ADAPTER,
         "plan-conflict": NO_OVERLAP,
@@ -558,7 +563,8 @@ def _features(snap: GraphSnapshot, p: RewritePlan) -> set[str]:
     """What tells plans of one rule apart: the ops it adds and removes, the program's dialect and
     constants (lifted or ``get_attr``), a fallback; for each conv it removes, its spatial rank,
     transposed, grouped or depthwise, with or without bias."""
-    removed = [snap.node(n) for n in dict.fromkeys((*p.erase, *(o for o, _ in p.replace))) if n in snap.index]
+    gone = (*p.erase, *(o for o, _ in p.replace), *p.prune)  # (a pruned node goes unless another reads it)
+    removed = [snap.node(n) for n in dict.fromkeys(gone) if n in snap.index]
     out = {f"dialect={snap.dialect}", "lifted" if snap.lifted else "get_attr"}
     out |= {f"+{n.target}" for n in p.nodes} | {f"-{n.target}" for n in removed}
     if p.instead_of is not None:

@@ -235,6 +235,15 @@ def test_a_weight_shared_with_another_linear_is_left_as_it_is() -> None:
     assert after.node("lin_bn").args[1] == NodeRef("lin_bn_weight")
 
 
+def test_a_weight_transpose_another_node_reads_is_left_to_it() -> None:
+    # tied weights: it was declined linear-output-shared, as if the linear's output were shared
+    report = plan(linear_bn(spelling="addmm", dialect="edge", extra_user="lin_t"), [RULE])
+    assert len(report.plans) == 1 and report.rejections == ()
+    after = verify(report.after).unwrap()
+    assert after.node("lin_t").args[0] == NodeRef("w") and "lin_t" in after.outputs
+    assert after.node("lin_t_bn").args == (NodeRef("lin_bn_weight"), (1, 0))
+
+
 @pytest.mark.parametrize(
     ("knobs", "code", "path", "node"),
     [
@@ -249,13 +258,6 @@ def test_a_weight_shared_with_another_linear_is_left_as_it_is() -> None:
             "lin_out",
         ),
         ({"rank": 3, "swap": "permute", "extra_user": "perm"}, "linear-output-shared", "bn.input/perm", "perm"),
-        # a weight transpose read by another node too (it is part of the linear)
-        (
-            {"spelling": "addmm", "dialect": "edge", "extra_user": "lin_t"},
-            "linear-output-shared",
-            "bn.input/lin.mat2/lin_t",
-            "lin_t",
-        ),
         (
             {"spelling": "addmm", "dialect": "edge", "rank": 3, "swap": "permute", "extra_user": "lin"},
             "linear-output-shared",

@@ -220,6 +220,18 @@ def test_weight_also_read_elsewhere_is_left_as_it_is() -> None:
     assert after.node("lin_conv").args[1] == NodeRef("lin_weight_1x1")
 
 
+def test_a_weight_transpose_another_node_reads_is_left_to_it() -> None:
+    # tied weights (edge spells every product's own permute_copy; an aten program's ``wt = W.T``
+    # read twice, or returned) were declined output-shared where the rewrite is valid
+    for spelling in ("addmm", "t"):
+        g = linear(spelling=spelling, dialect="edge" if spelling == "addmm" else "aten", t_shared=True)
+        report = plan(g, [RULE])
+        assert len(report.plans) == 1 and report.rejections == ()
+        after = verify(report.after).unwrap()
+        assert "lin_t" in after.index and "lin_t" in after.outputs  # still computed, for its other reader
+        assert after.node("lin_conv").args[1] == NodeRef("lin_weight_1x1")
+
+
 def test_computed_bias_passes_through() -> None:
     after = plan(linear(bias="input"), [RULE]).after
     assert after.node("lin_conv").args[2] == NodeRef("b")
@@ -253,7 +265,6 @@ def test_computed_bias_passes_through() -> None:
             "self of lin_t",
         ),
         ({"weight": "dq-of-input"}, "not-constant", "lin.weight/dqw.input", "weight of lin is not a constant"),
-        ({"t_shared": True, "spelling": "addmm"}, "output-shared", "lin.mat2/lin_t", "output of lin_t is also used"),
         ({"beta": 2.0, "spelling": "addmm"}, "arg-mismatch", "lin.beta", "beta of lin is 2.0"),
         # conv2d of no input channels is empty (no bias); of no output channels, or an empty
         # spatial dim, it fails: a linear of them is not a 1x1 conv
