@@ -304,3 +304,17 @@ def test_the_graph_module_convert_pt2e_returns_is_planned_as_its_export_is() -> 
     outcome = adapters.transform(gm, [linear_to_conv2d()]).unwrap()
     assert [p.anchor for p in outcome.report.plans] == ["linear"] and outcome.changed
     assert torch.allclose(gm(*x), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", [3, 1])
+def test_a_conv_of_one_channel_in_and_out_is_packed_for_the_general_kernel(kernel: int) -> None:
+    # it was taken for a depthwise conv (one input channel per group, as many groups as outputs)
+    # and declined "depthwise output channels is 1, not a multiple of 4": float, where it packs
+    torch.manual_seed(0)
+    x = (torch.randn(1, 1, 8, 8),)
+    ep = quantize(torch.nn.Conv2d(1, 1, kernel, padding=kernel // 2).eval(), x).exported_program()
+    original = copy.deepcopy(ep)
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
+    assert report.rejections == () and len(report.plans) == 1
+    assert kernels(ep) == Counter({"q8ta_conv2d_pw" if kernel == 1 else "q8ta_conv2d": 1})
+    assert_exact(ep, original, report, x)

@@ -203,7 +203,8 @@ def _vectors(conv: Bound, geo: Geometry, dqw: Bound, match: Match) -> Reason | N
 
 def _kernel(conv: Bound, geo: Geometry, align: int) -> Result[str, Reason]:
     g, oc = geo.groups, geo.oc
-    depthwise = geo.icg == 1 and g == oc and not conv.bool("transposed")
+    # (one channel in and out, groups=1, is no depthwise conv: the general kernels take it)
+    depthwise = geo.icg == 1 and g == oc > 1 and not conv.bool("transposed")
     # the grouped kernels read and write channels by texel: a group must not cross one
     if g > 1 and not depthwise and geo.ocg % align:
         return Failure(_misaligned(conv, "output channels per group", geo.ocg, align))
@@ -211,7 +212,7 @@ def _kernel(conv: Bound, geo: Geometry, align: int) -> Result[str, Reason]:
         return Failure(_misaligned(conv, "input channels per group", geo.icg, align))
     if conv.bool("transposed"):
         return Success("transposed")
-    if geo.icg == 1 and g == oc:
+    if depthwise:
         return Failure(_misaligned(conv, "depthwise output channels", oc, align)) if oc % align else Success("dw")
     one = (1, 1)
     pointwise = (geo.kh, geo.kw) == conv.ints("stride") == conv.ints("dilation") == one and conv.args["padding"] == (
@@ -357,8 +358,9 @@ FALLBACKS: Mapping[str, PatternRule | None] = {"dequantize": DEQUANTIZE_WEIGHT, 
 
 
 def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
-    """The int8 conv packing rule for ExecuTorch's Vulkan q8ta kernels; ``align`` is the texel width
-    (a positive multiple of 4: the kernels read channels four at a time).
+    """The int8 conv packing rule for ExecuTorch's Vulkan q8ta kernels; ``align`` is their texel
+    width, 4 (the kernels read each packed row, per-channel vector and group four channels at a
+    time; rows padded to another multiple would not be read as laid out).
 
     ``fallback`` is what happens to a quantized conv it declines: ``"dequantize"`` (the default)
     dequantizes its int8 weight into a float constant, so the conv runs in float between the
@@ -373,14 +375,14 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
 'not-quantized', 'not-scalar', 'symbolic-shape', 'unsupported-dtype', 'unsupported-rank']
     >>> r.fallback.name if r.fallback else None, quantized_conv(fallback="none").fallback
     ('quantized-conv-fallback', None)
-    >>> quantized_conv(align=0)
+    >>> quantized_conv(align=8)
     Traceback (most recent call last):
-    ValueError: align must be a positive multiple of 4, got 0
+    ValueError: align must be 4 (the q8ta kernels' texel width), got 8
     """
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
-    if type(align) is not int or align < 4 or align % 4:  # the kernels read channels four at a time
-        raise ValueError(f"align must be a positive multiple of 4, got {align!r}")
+    if type(align) is not int or align != 4:  # the kernels read channels four at a time
+        raise ValueError(f"align must be 4 (the q8ta kernels' texel width), got {align!r}")
 
     def aligned(conv: Bound, geo: Geometry) -> Result[str, Reason]:
         return _kernel(conv, geo, align)

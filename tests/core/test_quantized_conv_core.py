@@ -256,11 +256,13 @@ def test_a_zero_weight_scale_is_kept() -> None:
     assert isinstance(weight.expr, Dequantize) and weight.expr.scale == Fill(shape=(), value=0.0, dtype="float32")
 
 
-@pytest.mark.parametrize("align", [0, -4, 2, 6, 4.0, True])
+@pytest.mark.parametrize("align", [0, -4, 2, 6, 8, 16, 4.0, True])
 def test_an_align_the_kernels_cannot_use_is_refused(align: Any) -> None:
-    with pytest.raises(ValueError, match=rf"^align must be a positive multiple of 4, got {align!r}$"):
+    # align=8 was taken: rows padded to 8, which the kernels read at a stride of the row padded to 4
+    # (3x3, 4 -> 8 channels: 439 of 512 outputs off, by up to 202 steps, in a hunt against the oracle)
+    with pytest.raises(ValueError, match=rf"^align must be 4 \(the q8ta kernels' texel width\), got {align!r}$"):
         quantized_conv(align=align)
-    assert quantized_conv(align=8).name == "quantized-conv"
+    assert quantized_conv(align=4).name == "quantized-conv"
 
 
 def test_an_unknown_fallback_is_refused() -> None:
