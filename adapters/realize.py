@@ -97,7 +97,7 @@ class _Fakes:
 
     gm: torch.fx.GraphModule
     mode: Any = None
-    vals: dict[TensorSpec, Any] = field(default_factory=dict)
+    vals: dict[tuple[TensorSpec, bool], Any] = field(default_factory=dict)
     _symbols: dict[str, Any] | None = None
     sized_mode: Any = None  # the fake mode of :meth:`sized` values, made when first needed
 
@@ -143,16 +143,17 @@ class _Fakes:
         with self.sized_mode:
             return torch.empty_strided(sizes[: value.dim()], sizes[value.dim() :], dtype=value.dtype)
 
-    def value(self, spec: TensorSpec) -> Any:
-        """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec."""
+    def value(self, spec: TensorSpec, *, grad: bool = False) -> Any:
+        """A contiguous fake tensor of ``spec`` from the graph's own fake mode, shared per spec;
+        ``grad``: one that requires grad, as a parameter's value does."""
         if self.mode is None:
             return None
-        if spec not in self.vals:
+        if (spec, grad) not in self.vals:
             symbols = {} if spec.is_static else self.symbols()
             shape = [d if isinstance(d, int) else symbols[d] for d in spec.shape]
             with self.mode:
-                self.vals[spec] = torch.empty(shape, dtype=dtype_of(spec.dtype))
-        return self.vals[spec]
+                self.vals[spec, grad] = torch.empty(shape, dtype=dtype_of(spec.dtype), requires_grad=grad)
+        return self.vals[spec, grad]
 
 
 def _source_fn_stack(name: str, fn_name: str, source: torch.fx.Node, same_op: bool) -> list[tuple[str, Any]]:
@@ -242,7 +243,10 @@ def _prepare_new(
     spec = rec.spec
     val: Any = None
     if isinstance(spec, TensorSpec):
-        val = fakes.value(spec)
+        # a new parameter's value requires grad as its tensor does: torch's fake conv picks a
+        # backend by that, and for a weight of no grad guards the batch size (a dynamic batch was
+        # capped at 15 when the program was traced again)
+        val = fakes.value(spec, grad=rec.name in tensors and tensors[rec.name].requires_grad)
     elif isinstance(spec, tuple):
         val = tuple(fakes.value(s) if s is not None else None for s in spec)
     if rec.name in tensors:  # a new constant: a lifted placeholder or a get_attr
@@ -502,6 +506,44 @@ def _restore_code(gm: torch.fx.GraphModule) -> Callable[[], None]:
     return undo
 
 
+def _run_ahead(edit: _Edit) -> None:
+    """Run each new conv of symbolic sizes once in the program's own fake mode, its guards
+    suppressed. torch's fake conv picks a kernel by the batch size (``size(0) >= 16``) and guards
+    it the first time a pass runs the conv: ``to_executorch`` runs every node again, and a dynamic
+    batch was capped at 15 in the lowered program (after fuse-conv-bn, split-group-conv,
+    conv1d-to-conv2d or linear-to-conv2d). Run here on values like those such a pass computes
+    (requiring grad where a parameter they are computed from does), the result is in torch's
+    fake-tensor cache, which that pass reads, as it reads the original convs' (run when the
+    program was exported). Best effort: what cannot run here is left to that pass."""
+    made = {n.rec.name for n in edit.new}
+    grads: dict[torch.fx.Node, bool] = {}
+
+    def grad(node: torch.fx.Node) -> bool:  # as autograd would have it: read from one that does
+        if node not in grads:
+            own = bool(getattr(node.meta.get("val"), "requires_grad", False))
+            grads[node] = own or (node.name in made and any(map(grad, node.all_input_nodes)))
+        return grads[node]
+
+    def val(a: Any) -> Any:
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if not isinstance(a, torch.fx.Node) or not isinstance(v, torch.Tensor) or v.requires_grad or not grad(a):
+            return v
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device, requires_grad=True)
+
+    for new in edit.new:
+        node = edit.env.get(new.rec.name)
+        if new.rec.target not in fxpure.families.CONV.targets or node is None:
+            continue
+        x: Any = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        mode = getattr(x, "fake_mode", None)
+        env = getattr(mode, "shape_env", None)
+        if mode is None or env is None or not any(isinstance(d, torch.SymInt) for d in x.shape):
+            continue
+        target: Any = node.target
+        with contextlib.suppress(Exception), mode, env.suppress_guards():
+            target(*torch.fx.node.map_aggregate(node.args, val), **torch.fx.node.map_aggregate(node.kwargs, val))
+
+
 def realize(
     cap: Captured, after: GraphSnapshot, new: dict[str, torch.Tensor]
 ) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
@@ -528,6 +570,7 @@ def realize(
             raise
         code = e.code if isinstance(e, _ApplyError) else "apply-failed"
         raise _ApplyError(code, f"commit failed and was rolled back: {type(e).__name__}: {e}") from e
+    _run_ahead(edit)
     kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
     added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
     dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
@@ -566,7 +609,9 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
         got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
         if got != (info.spec.shape, info.spec.dtype):
             raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
-        out[name] = torch.nn.Parameter(t, requires_grad=False) if info.kind == "parameter" else t
+        if info.kind == "parameter":  # requiring grad where a parameter it is computed from does
+            t = torch.nn.Parameter(t, requires_grad=any(cap.tensors[k].requires_grad for k in sources(source)))
+        out[name] = t
     return out
 
 
@@ -647,15 +692,19 @@ def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, s
     for p in report.plans:
         if not p.constants:
             continue
-        origin = next((live[n] for n in (p.anchor, *(m.provenance for m in p.nodes)) if n in live), None)
-        stack = origin.meta.get("nn_module_stack", {}) if origin is not None else {}
-        inside = next((fqn for fqn, _ in stack.values() if fqn in kept), None)
-        if inside is not None:
-            detail = (
-                f"{p.anchor} is inside {inside!r}, whose call signature the program preserves:"
-                " a new weight there would be one more input of it"
-            )
-            out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+        # the anchor, and every node the plan stands in for or removes: a merge anchored at an input
+        # outside the module may rewrite the linears inside it
+        touched = (p.anchor, *(m.provenance for m in p.nodes), *p.erase, *(old for old, _ in p.replace))
+        for name in dict.fromkeys(n for n in touched if n in live):
+            stack = live[name].meta.get("nn_module_stack", {})
+            inside = next((fqn for fqn, _ in stack.values() if fqn in kept), None)
+            if inside is not None:
+                detail = (
+                    f"{'' if name == p.anchor else f'{p.anchor}: '}{name} is inside {inside!r}, whose call"
+                    " signature the program preserves: a new weight there would be one more input of it"
+                )
+                out[(p.rule, p.anchor)] = Declined(code="preserved-signature", node=p.anchor, detail=detail)
+                break
     return out
 
 
