@@ -716,9 +716,29 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def _capped(program: Any, lowered: Any) -> str | None:
+    """What the lowering capped: a symbolic size the lowered program takes up to less than
+    ``program`` declares (torch's fake conv guards a batch below 16 when a pass first traces a conv
+    whose input is a view, say), or None."""
+    import torch
+
+    declared = {str(s): r.upper for s, r in (getattr(program, "range_constraints", None) or {}).items()}
+    ranges = {str(s): r.upper for s, r in (getattr(lowered, "range_constraints", None) or {}).items()}
+    sizes = (d for n in lowered.graph.nodes for d in getattr(n.meta.get("val"), "shape", ()))
+    symbol: Any = next((d for d in sizes if isinstance(d, torch.SymInt)), None)
+    if symbol is not None:  # the shape environment a later pass narrowed, where the constraints were not
+        for s, r in symbol.node.shape_env.var_to_range.items():
+            ranges[str(s)] = min(r.upper, ranges.get(str(s), r.upper))
+    for sym, upper in declared.items():
+        if sym in ranges and ranges[sym] < upper:
+            return f"{_dim_of(program, sym)} up to {ranges[sym]} only, where the program takes up to {upper}"
+    return None
+
+
 def _lower(program: Any, names: list[str]) -> bytes:
     """The program lowered to an ExecuTorch .pte: through the Vulkan partitioner when a rule's new
-    ops run there (quantized-conv), else with the portable kernels."""
+    ops run there (quantized-conv), else with the portable kernels. A size the lowering capped is
+    said on stderr (the .pte refuses larger inputs)."""
     import logging
 
     import executorch.kernels.quantized  # type: ignore[import-untyped]  # noqa: F401  (a PT2E program's q/dq out variants)
@@ -734,6 +754,9 @@ def _lower(program: Any, names: list[str]) -> bytes:
         buffer: bytes = edge.to_executorch().buffer
     finally:
         logging.disable(logging.NOTSET)
+    capped = _capped(program, edge.exported_program())
+    if capped is not None:
+        print(f"fxpure: warning: the .pte takes {capped} (a conv traced again while lowering)", file=sys.stderr)
     return buffer
 
 

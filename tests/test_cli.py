@@ -559,3 +559,19 @@ def test_a_rule_class_prints_and_sys_exit_are_handled(saved: dict[str, Path], tm
     assert not (tmp_path / "out.pt2").exists()
     r = fxpure("explain", program, "--rules", f"{rules}:Unnamed")
     assert r.returncode == 2 and "Unnamed is not a rule" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_pte_the_lowering_capped_is_said(tmp_path: Path) -> None:
+    # linear-to-conv2d on an aten program of a dynamic batch: to_edge traces the new conv (its input a
+    # view) again, and torch's fake conv guards the batch below 16; the .pte refuses a batch of 16
+    from tests.test_dynamic_lowering import Mlp
+
+    batch = ({0: torch.export.Dim("batch", min=1, max=64)},)
+    program = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 10, 8),), dynamic_shapes=batch), program)
+    args = ("apply", program, "-o", tmp_path / "o.pt2", "--pte", tmp_path / "o.pte", "--rules", "linear-to-conv2d")
+    r = fxpure(*args)
+    assert r.returncode == 0 and (tmp_path / "o.pte").exists(), r.stderr
+    assert "fxpure: warning: the .pte takes x.shape[0] up to 15 only, where the program takes up to 64" in r.stderr
+    r = fxpure(*args[:-1], "conv1d-to-conv2d")  # nothing capped (nothing rewritten): nothing said
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
