@@ -947,6 +947,32 @@ def test_no_weight_is_added_inside_a_module_whose_signature_is_preserved() -> No
     assert adapters.apply(again, plans).failure().code == "preserved-signature"
 
 
+class _Normed(nn.Module):  # the linears' shared input (a layer norm) outside the preserved att
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.att = nn.LayerNorm(4), _Attn()
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = z + self.att(self.norm(z))
+        return out
+
+
+def test_no_merge_anchored_outside_a_preserved_module_rewrites_the_linears_inside_it() -> None:
+    # concat-parallel-linears is anchored at the input the linears share: only the anchor was
+    # looked at, and the merged weight became one more input of att once unflattened
+    model, z = _Normed().eval(), (torch.randn(2, 3, 4),)
+    ep = torch.export.export(model, z, preserve_module_call_signature=("att",))
+    outcome = adapters.transform(ep, [RULES["concat-parallel-linears"]()]).unwrap()
+    assert outcome.report.plans == ()
+    (declined,) = outcome.report.rejections
+    assert (declined.node, declined.reason.code) == ("layer_norm", "preserved-signature")
+    assert declined.reason.message.startswith("layer_norm: linear is inside 'att'")
+    unflat = torch.export.unflatten(ep)
+    unflat.set_submodule("att", model.att)
+    with torch.no_grad():
+        assert_close([unflat(*z)], [model(*z)])
+
+
 @pytest.mark.parametrize("form", ["aten", "edge"])
 def test_planning_leaves_a_dynamic_programs_symbols_as_they_were(form: str) -> None:
     # each plan's new nodes are run on fake values before anything is applied: run in the program's
