@@ -10,12 +10,13 @@ and write the result back, in the same spelling (a ``matmul`` as ``linear``), wi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
 from fxpure.families import ADDMM, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var
-from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
+from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
 # dims, transpose(0, 1) in either order or with negative dims
@@ -143,25 +144,30 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     """
     if node.target not in MATMUL.targets:
         return node.target in LINEAR.targets | ADDMM.targets | MM.targets
-    other = node.arg(1, "other")
+    other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
-    w = t.arg(0, "self") if t is not None and _swaps(t) else None
+    swap = _TRANSPOSES.bind(snap, t).value_or(None) if t is not None and t.target in _TRANSPOSES.targets else None
+    w = swap.get("self") if swap is not None and _swaps(swap) else None
     if not isinstance(w, NodeRef) or w.name not in snap.index:
         return False
     spec = snap.node(w.name).tensor_spec
     return spec is not None and len(spec.shape) == 2 and _of_constants(snap, w.name)
 
 
-def _swaps(t: NodeSnapshot) -> bool:
-    """``t`` swaps the two dims of a matrix (as the weight transposes of :func:`linear` do)."""
-    if t.target in PERMUTE.targets:
-        dims = t.arg(1, "dims")
+_TRANSPOSES = WEIGHT_T | TRANSPOSE_DIMS
+
+
+def _swaps(args: Mapping[str, Arg]) -> bool:
+    """A transpose's arguments (by name) swap the two dims of a matrix, as the weight transposes
+    of :func:`linear` do."""
+    if "dims" in args:  # a permute
+        dims = args["dims"]
         ints = [d for d in dims if type(d) is int] if type(dims) is tuple else []
         return type(dims) is tuple and len(ints) == len(dims) == 2 and (ints[0] % 2, ints[1] % 2) == (1, 0)
-    if t.target in TRANSPOSE_DIMS.targets:
-        a, b = t.arg(1, "dim0"), t.arg(2, "dim1")
+    if "dim0" in args:  # transpose(dim0, dim1), swapaxes, swapdims
+        a, b = args["dim0"], args.get("dim1")
         return type(a) is int and type(b) is int and a % 2 != b % 2
-    return t.target in TRANSPOSE.targets | MATRIX_T.targets
+    return True  # t, W.T, W.mT
 
 
 def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:

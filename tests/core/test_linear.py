@@ -460,6 +460,8 @@ def test_x_matmul_a_transposed_weight_is_a_linear_emitted_as_one(new_bias: bool)
         assert m.sites["w"].path.endswith("lin.other/lin_t.self") and "b" not in m.bindings
         assert linear_input(m, lin) == (NodeRef("x"), True)
     w, b = NodeRef("w2"), NodeRef("b2") if new_bias else None
+    m = _match(snap, Op(RELU, name="relu", self=linear()), "relu")  # (anchored elsewhere: the provenance is lin)
+    lin = linear_of(m)
     p = Planner("t", m)
     out = emit_linear(p, lin, w, b, out_features=4)
     (product,) = p.finish([]).nodes  # one aten.linear, with or without bias: no transpose, no matmul
@@ -497,3 +499,41 @@ def test_a_matmul_is_a_linear_only_of_a_transposed_matrix_constant(kind: dict[st
     # every linear, addmm and mm is one (a rule says why not); no other op is
     other = graph(spelling="addmm", dialect="edge", lead=(2,))
     assert is_linear(other, other.node("lin")) and not is_linear(snap, snap.node("relu"))
+
+
+def test_a_matmul_and_its_transpose_are_read_by_argument_name() -> None:
+    # a pass may write arguments as keywords (other=, dim0=): they are the same linear
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 3, 8)), g.parameter("w", (6, 8))
+    t = g.node("aten.transpose.int", (), {"self": w, "dim0": 1, "dim1": 0}, name="t", out=(8, 6))
+    permuted = g.node("aten.permute.default", (w,), {"dims": (-1, -2)}, name="p", out=(8, 6))
+    y = g.node("aten.matmul.default", (x,), {"other": t}, name="lin", out=(2, 3, 6))
+    z = g.node("aten.matmul.default", (x, permuted), name="lin2", out=(2, 3, 6))
+    literal = g.node("aten.matmul.default", (x, 2.0), name="lin3", out=(2, 3, 8))  # malformed: no raise
+    g.output(y, z, literal)
+    snap = g.build()
+    assert [is_linear(snap, snap.node(n)) for n in ("lin", "lin2", "lin3")] == [True, True, False]
+
+
+@pytest.mark.parametrize(("ops", "expected"), [(8, True), (9, False)])
+def test_a_weight_is_looked_for_among_constants_a_few_nodes_up(ops: int, expected: bool) -> None:
+    """At most eight nodes between the weight and its constants (an activation reaches an input,
+    or more nodes, soon: no walk through the whole program per matmul)."""
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 8)), g.parameter("w", (6, 8))
+    for _ in range(ops):
+        w = g.call("aten.relu.default", self=w, out=(6, 8))
+    t = g.call("aten.t.default", name="t", self=w, out=(8, 6))
+    g.output(g.call("aten.matmul.default", name="lin", self=x, other=t, out=(2, 6)))
+    snap = g.build()
+    assert is_linear(snap, snap.node("lin")) is expected
+
+
+def test_a_weight_computed_from_an_input_too_is_no_weight() -> None:
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 8)), g.parameter("w", (6, 8))
+    scaled = g.call("aten.mul.Tensor", self=g.input("s", (6, 8)), other=w, out=(6, 8))  # the input read first
+    t = g.call("aten.t.default", name="t", self=scaled, out=(8, 6))
+    g.output(g.call("aten.matmul.default", name="lin", self=x, other=t, out=(2, 6)))
+    snap = g.build()
+    assert not is_linear(snap, snap.node("lin"))
