@@ -246,7 +246,7 @@ def _prepare_new(
         # a new parameter's value requires grad as its tensor does: torch's fake conv picks a
         # backend by that, and for a weight of no grad guards the batch size (a dynamic batch was
         # capped at 15 when the program was traced again)
-        val = fakes.value(spec, grad=rec.name in tensors and tensors[rec.name].requires_grad)
+        val = fakes.value(spec, grad=bool(getattr(tensors.get(rec.name), "requires_grad", False)))
     elif isinstance(spec, tuple):
         val = tuple(fakes.value(s) if s is not None else None for s in spec)
     if rec.name in tensors:  # a new constant: a lifted placeholder or a get_attr
@@ -610,7 +610,8 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
         if got != (info.spec.shape, info.spec.dtype):
             raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
         if info.kind == "parameter":  # requiring grad where a parameter it is computed from does
-            t = torch.nn.Parameter(t, requires_grad=any(cap.tensors[k].requires_grad for k in sources(source)))
+            grad = any(getattr(cap.tensors.get(k), "requires_grad", False) for k in sources(source))
+            t = torch.nn.Parameter(t, requires_grad=grad)
         out[name] = t
     return out
 

@@ -264,7 +264,8 @@ def misaligned(c: QuantConfig) -> bool:
     a group's output channels (a group must not cross a texel) or its input channels (upstream's
     ``Q8taConv2d.cpp``: ``VK_CHECK_COND(in_channels_per_group % 4 == 0)``) not a multiple of it."""
     icg, ocg = c.cin // c.groups, c.cout // c.groups
-    if c.groups == c.cin == c.cout and c.kind != "transposed":  # transposed: its own kernel
+    # depthwise (transposed: its own kernel; one channel in and out, groups=1: the general kernels)
+    if c.groups == c.cin == c.cout > 1 and c.kind != "transposed":
         return c.cout % ALIGN != 0
     return c.groups > 1 and (ocg % ALIGN != 0 or icg % ALIGN != 0)
 
