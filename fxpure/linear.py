@@ -142,8 +142,8 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     >>> is_linear(snap, snap.node("lin")), is_linear(snap, snap.node("qk"))
     (True, False)
     """
-    if node.target not in MATMUL.targets:
-        return node.target in LINEAR.targets | ADDMM.targets | MM.targets
+    if node.target not in _MATMULS:
+        return node.target in _PRODUCTS
     other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
     swap = _TRANSPOSES.bind(snap, t).value_or(None) if t is not None and t.target in _TRANSPOSES.targets else None
@@ -155,6 +155,7 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
 
 
 _TRANSPOSES = WEIGHT_T | TRANSPOSE_DIMS
+_PRODUCTS, _MATMULS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.targets
 
 
 def _swaps(args: Mapping[str, Arg]) -> bool:
