@@ -878,10 +878,9 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     sizes at the sizes the program was exported at, in a fake mode of their own), stage after stage:
     a plan with a node torch refuses (a conv given an input of other channels than its weight), or
     one computing another dtype or shape than its plan declares (its readers, and the program's
-    meta, take the declared one), is a ``plan-conflict``. A node that reads a channels-last tensor
-    and that torch lays out otherwise (a ``slice_copy`` of it is contiguous; in an aten program, a
-    view such as ``slice``, which ``to_edge`` makes a copy) is ``dim-order-changes``: ExecuTorch
-    takes dim orders from torch's fake values, and its portable
+    meta, take the declared one), is a ``plan-conflict``. On an edge program, a node that reads a
+    channels-last tensor and that torch lays out otherwise (a ``slice_copy`` of it is contiguous) is
+    ``dim-order-changes``: ExecuTorch takes dim orders from torch's fake values, and its portable
     kernels refuse an op whose input and output dim orders differ, so the ``.pte`` would fail at run
     time (unless a delegate takes the node, which the program does not say). An op only a delegate
     runs (``et_vk``), or one torch cannot run on fake values, is not checked. With the reason."""
@@ -889,7 +888,7 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     if fakes.mode is None or not report.plans:
         return {}
     vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes}
-    layout = any(_channels_last(v) for v in vals.values())
+    layout = cap.snap.dialect == "edge" and any(_channels_last(v) for v in vals.values())
     out: dict[tuple[str, str], Reason] = {}
     runs: dict[Hashable, tuple[Any, str | None]] = {}
     before: GraphSnapshot | None = None
@@ -979,13 +978,10 @@ def _ran(
         return declared, None
     first_in = next((v for v in reads.values() if isinstance(v, torch.Tensor) and v.dim() == ran.dim()), None)
     # (a one-channel output is also contiguous: its strides, not torch's contiguity, give its dim order)
-    order, laid = _dim_order(ran), f"strides {ran.stride()}"
-    if dialect == "aten" and _is_view(node.target):
-        order, laid = tuple(range(ran.dim())), "a view, which to_edge makes a contiguous copy"
-    if layout and _channels_last(first_in) and order != _dim_order(first_in):
+    if layout and _channels_last(first_in) and _dim_order(ran) != _dim_order(first_in):
         why = f"{node.name} would read a channels-last tensor and write one laid out otherwise"
         kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"
-        return ran, ("dim-order-changes", f"{why} ({laid}): {kernels}")
+        return ran, ("dim-order-changes", f"{why} (strides {ran.stride()}): {kernels}")
     return ran, None
 
 
@@ -1049,16 +1045,6 @@ def _channels_last(v: object) -> bool:
         return bool(v.is_contiguous(memory_format=torch.channels_last)) and not bool(v.is_contiguous())
     except Exception:  # a symbolic layout torch cannot decide: taken as contiguous
         return False
-
-
-def _is_view(target: str) -> bool:
-    """An aten op whose result is a view of its input (``slice``, ``permute``): ``to_edge`` writes
-    its copy (``slice_copy``), whose result is contiguous."""
-    try:
-        op = resolve_target(target, "aten")
-    except ValueError:
-        return False
-    return bool(getattr(op, "is_view", False))
 
 
 def _dim_order(v: torch.Tensor | None) -> tuple[int, ...] | None:
