@@ -10,13 +10,14 @@ and write the result back, in the same spelling (a ``matmul`` as ``linear``), wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
+from returns.result import Success
+
 from fxpure.families import ADDMM, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
-from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var
-from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
+from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, match
+from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
 # dims, transpose(0, 1) in either order or with negative dims
@@ -49,6 +50,10 @@ def _parts(
     )
     flat = Op(VIEW, name=f"{name}_in", users=ANY, code=code, self=x)
     return x, w, b, t, flat
+
+
+# a weight's transpose in any spelling, what it reads bound as ``w`` (what is_linear looks for)
+_WEIGHT_TRANSPOSE = _parts("w", None, Var("w"), None, "wrong-op", "output-shared")[3]
 
 
 def _products(
@@ -146,29 +151,16 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
         return node.target in _PRODUCTS
     other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
-    swap = _TRANSPOSES.bind(snap, t).value_or(None) if t is not None and t.target in _TRANSPOSES.targets else None
-    w = swap.get("self") if swap is not None and _swaps(swap) else None
+    # the transpose as linear() matches it, each spelling and its dims in one place
+    found = match(_WEIGHT_TRANSPOSE, snap, t) if t is not None else None
+    w = found.unwrap().bindings.get("w") if isinstance(found, Success) else None
     if not isinstance(w, NodeRef) or w.name not in snap.index:
         return False
     spec = snap.node(w.name).tensor_spec
     return spec is not None and len(spec.shape) == 2 and _of_constants(snap, w.name)
 
 
-_TRANSPOSES = WEIGHT_T | TRANSPOSE_DIMS
 _PRODUCTS, _MATMULS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.targets
-
-
-def _swaps(args: Mapping[str, Arg]) -> bool:
-    """A transpose's arguments (by name) swap the two dims of a matrix, as the weight transposes
-    of :func:`linear` do."""
-    if "dims" in args:  # a permute
-        dims = args["dims"]
-        ints = [d for d in dims if type(d) is int] if type(dims) is tuple else []
-        return type(dims) is tuple and len(ints) == len(dims) == 2 and (ints[0] % 2, ints[1] % 2) == (1, 0)
-    if "dim0" in args:  # transpose(dim0, dim1), swapaxes, swapdims
-        a, b = args["dim0"], args.get("dim1")
-        return type(a) is int and type(b) is int and a % 2 != b % 2
-    return True  # t, W.T, W.mT
 
 
 def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:
@@ -295,7 +287,7 @@ def emit_linear(
     if t is None:  # aten.linear
         x = op.args["input"] if input is None else input
         result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
-    elif op.node.target in MATMUL.targets:  # x @ W.T, in an aten program: a linear, with or without bias
+    elif op.node.target in _MATMULS:  # x @ W.T, in an aten program: a linear, with or without bias
         x = op.args["self"] if input is None else input
         spec = _features(op.spec, out_features)
         result = p.call(
