@@ -151,8 +151,10 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
         return node.target in _PRODUCTS
     other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
+    if t is None or not _of_constants(snap, t.name, most=9):  # (cheap: attention's k.T reaches an input soon)
+        return False
     # the transpose as linear() matches it, each spelling and its dims in one place
-    found = match(_WEIGHT_TRANSPOSE, snap, t) if t is not None else None
+    found = match(_WEIGHT_TRANSPOSE, snap, t)
     w = found.unwrap().bindings.get("w") if isinstance(found, Success) else None
     if not isinstance(w, NodeRef) or w.name not in snap.index:
         return False

@@ -424,7 +424,8 @@ def _matmul(
     weight: str = "param",
 ) -> GraphSnapshot:
     """relu(x @ t(w, *dims)), aten, as ``x @ W.T`` exports; ``weight="input"``: attention's
-    ``q @ k.T``, ``"dq"``: an int8 weight dequantized, ``"select"``: ``W3[0]``; ``t=""``: ``x @ W``
+    ``q @ k.T``, ``"dq"``: an int8 weight dequantized, ``"select"``: ``W3[0]``, ``"chainN"``: ``W``
+    cloned N times; ``t=""``: ``x @ W``
     (no transpose)."""
     g = GraphBuilder()
     x = g.input("x", (2, 3, 8))
@@ -434,6 +435,10 @@ def _matmul(
                    zero_point=0, quant_min=-127, quant_max=127, dtype="int8")  # fmt: skip
     elif weight == "select":
         w = g.node("aten.select.int", (g.parameter("w3", (2, *w_shape)), 0, 0), name="select", out=w_shape)
+    elif weight.startswith("chain"):  # a weight computed by that many nodes
+        w = g.parameter("w", w_shape)
+        for _ in range(int(weight[5:])):
+            w = g.call("aten.clone.default", self=w, out=w_shape)
     else:
         w = g.parameter("w", w_shape) if weight == "param" else g.input("w", w_shape)
     swapped = (*w_shape[:-2], w_shape[-1], w_shape[-2])
@@ -485,6 +490,8 @@ def test_x_matmul_a_transposed_weight_is_a_linear_emitted_as_one(new_bias: bool)
         # a weight computed from constants alone: a rule says if it cannot take it (not-constant)
         ({"weight": "dq"}, True),
         ({"weight": "select"}, True),
+        ({"weight": "chain8"}, True),
+        ({"weight": "chain9"}, False),  # computed by more nodes than a weight's dequantize, slice or cast
         ({"weight": "input"}, False),  # attention's q @ k.T: two activations
         ({"w_shape": (4, 6, 8), "t": "aten.transpose.int", "dims": (-2, -1)}, False),  # a batch of matrices
         ({"w_shape": (8, 8), "t": "aten.relu.default"}, False),  # no transpose
