@@ -11,6 +11,7 @@ from pyrsistent import pmap
 from pyrsistent.typing import PMap
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from adapters.torchnames import dtype_name, is_edge, target_name
@@ -132,7 +133,16 @@ def storage(t: torch.Tensor) -> str:
     """What identifies ``t``'s storage: tensors sharing one alias each other."""
     if t.is_meta:  # no data, no address: each meta tensor is its own storage
         return f"meta-{id(t):x}"
+    if opaque(t):  # no storage of its own to read (torch raises)
+        return f"opaque-{id(t):x}"
     return f"{t.untyped_storage().data_ptr():x}"
+
+
+def opaque(t: torch.Tensor) -> bool:
+    """A tensor that is not plain dense data: a sparse (or other non-strided) layout, or a tensor
+    subclass wrapping others (torchao's quantized weights, ``TwoTensor``). No rule reads it as a
+    constant: its values are not what arithmetic on its elements would compute from."""
+    return t.layout is not torch.strided or is_traceable_wrapper_subclass(t)
 
 
 @dataclass
@@ -237,8 +247,8 @@ def _constant(
     if n.op == "placeholder" and ep is not None and n.name in specs and specs[n.name].kind in _KINDS:
         spec = specs[n.name]
         t = _tensor_of(ep, spec)
-        return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None else None
-    if isinstance(value, torch.Tensor):
+        return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None and not opaque(t) else None
+    if isinstance(value, torch.Tensor) and not opaque(value):
         return value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer", str(n.target)
     return None
 

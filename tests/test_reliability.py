@@ -1000,3 +1000,37 @@ def test_planning_leaves_a_dynamic_programs_symbols_as_they_were(form: str) -> N
     assert adapters.transform(program, [fuse_conv_bn(), split_group_conv()]).unwrap().changed
     big = (torch.randn(32, 16, 12, 12),)
     assert_close(run(program, big), [model(*big).detach()])
+
+
+class OpaqueConstants(nn.Module):
+    """A sparse buffer (a graph's adjacency) and a linear whose weight is a tensor subclass
+    (torch's ``TwoTensor``, as torchao's quantized weights are): no storage to read, no values
+    to fold."""
+
+    def __init__(self) -> None:
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 8, 3), nn.BatchNorm2d(8)
+        self.lin, self.bn1 = nn.Linear(6, 5), nn.BatchNorm1d(5)
+        w = self.lin.weight.detach()
+        self.lin.weight = nn.Parameter(TwoTensor(w.clone(), w.clone()))  # type: ignore[no-untyped-call]
+        self.register_buffer("adj", torch.eye(3).to_sparse())
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.bn(self.conv(x)), self.bn1(self.lin(h)), torch.sparse.mm(self.adj, g)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])  # (edge: no sparse ops)
+def test_sparse_and_subclass_constants_are_no_constants_to_fold(form: str) -> None:
+    # reading their storage raised out of transform; now the conv fuses and the subclass weight is declined
+    model, x = OpaqueConstants().eval(), (torch.randn(2, 4, 6, 6), torch.randn(3, 6), torch.randn(3, 2))
+    randomize_bn(model)
+    with torch.no_grad():
+        want = list(model(*x))
+    program = build(model, x, form)
+    report = adapters.transform(program, [fuse_conv_bn(), fuse_linear_bn()]).unwrap().report
+    assert [p.anchor for p in report.plans] == ["batch_norm"]
+    declined = [r.reason for r in report.rejections if r.rule == "fuse-linear-bn"]
+    assert [r.code for r in declined] == ["not-constant"] and "weight" in declined[0].message
+    assert_sound(program, x, want)
