@@ -356,18 +356,29 @@ class _Commit:
 
     def insert(self, graph: torch.fx.Graph, new: _NewNode, env: dict[str, torch.fx.Node]) -> None:
         at = env[new.before]
-        prev = at.prev
+        prev, length = at.prev, graph._len
+        args, kwargs = _bind(new.args, env), _bind(new.kwargs, env)
+        reads: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}
+        torch.fx.node.map_arg((args, kwargs), lambda a: reads.setdefault(a, tuple(a.users)))
 
-        def undo() -> None:  # the node just before ``at`` is this one, if it was made
+        def undo() -> None:  # the node just before ``at`` is this one, if it was linked
             env.pop(new.rec.name, None)
-            if at.prev is not prev:
-                graph.erase_node(at.prev)
+            made = at.prev if at.prev is not prev else None
+            if made is not None:
+                table = graph._find_nodes_lookup_table
+                if made not in table:  # linked, and stopped before the table had it
+                    table.insert(made)
+                graph.erase_node(made)
+            graph._len = length  # (linked, and stopped before it was counted)
+            # torch.fx makes a node a user of what it reads before it links it (and runs the module's
+            # create-node hooks in between): one that stopped there is a user of no node in the graph
+            for a, users in reads.items():
+                for u in [u for u in a.users if u not in users]:
+                    del a.users[u]
 
         self.undo.append(undo)  # before the change, which may not finish
         with graph.inserting_before(at):
-            node = graph.create_node(
-                new.op, new.target, _bind(new.args, env), _bind(new.kwargs, env), name=new.rec.name
-            )
+            node = graph.create_node(new.op, new.target, args, kwargs, name=new.rec.name)
         # FX renames a name that shadows a builtin ("input"): keep the snapshot's (only then: a rename
         # updates the graph's lookup table)
         if node.name != new.rec.name:

@@ -178,11 +178,38 @@ def _fail_setting_kwargs(exc: BaseException) -> Callable[..., Any]:
     return wrap
 
 
+def _fail_naming_a_call(exc: BaseException) -> Callable[..., Any]:
+    """``create_node`` stops after it made its first call node (a user of what it reads), before
+    it linked it (where a module's create-node hooks run): the name is given to the node last."""
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        def fn(namespace: Any, name: str, obj: Any) -> Any:
+            if isinstance(obj, torch.fx.Node) and obj.op == "call_function":
+                raise exc
+            return real(namespace, name, obj)
+
+        return fn
+
+    return wrap
+
+
 # every point of the in-place commit where something can go wrong (the call that fails: the second
 # one, after some edits were made; recompile runs once, after all of them)
 FAILURE_POINTS: dict[str, tuple[Any, str, Callable[[BaseException], Callable[..., Any]]]] = {
     "insert a node": (torch.fx.Graph, "create_node", functools.partial(_fail_on_call, 2)),
     "just after a node is inserted": (torch.fx.Graph, "create_node", functools.partial(_fail_after_call, 2)),
+    # inside create_node: the node reads its inputs (is their user) and is not linked yet (where the
+    # module's create-node hooks run), then linked and not yet in the lookup table nor counted
+    "a node made, not linked": (
+        importlib.import_module("torch.fx.graph")._Namespace,
+        "associate_name_with_obj",
+        _fail_naming_a_call,
+    ),
+    "a node linked, not counted": (
+        importlib.import_module("torch.fx.graph")._FindNodesLookupTable,
+        "insert",
+        functools.partial(_fail_on_call, 2),
+    ),
     "between a node's args and kwargs": (torch.fx.Node, "kwargs", _fail_setting_kwargs),
     "re-point arguments": (
         importlib.import_module("adapters.realize"),
@@ -235,6 +262,9 @@ def test_every_commit_failure_point_rolls_back(
         assert [str(s) for s in program.graph_signature.input_specs] == before_sig
         validate(program)
     gm.graph.lint()
+    nodes = set(gm.graph.nodes)  # (lint does not look at users, nor the count: a node made and never linked is one)
+    assert len(gm.graph.nodes) == len(nodes)
+    assert {n.name: [u.name for u in n.users if u not in nodes] for n in nodes} == {n.name: [] for n in nodes}
     with torch.no_grad():
         got = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
     assert torch.equal(got, want)
