@@ -350,7 +350,8 @@ def _load(path: str, extra_files: dict[str, Any] | None = None) -> Any:
 
     if extra_files is not None:  # the loader fills the names it is given (and only a non-empty dict)
         with zipfile.ZipFile(path) as z:
-            extra_files.update((n.split("/", 2)[2], "") for n in z.namelist() if n.split("/")[1:2] == ["extra"])
+            parts = [n.split("/", 2) for n in z.namelist()]  # <archive>/extra/<name>
+            extra_files.update((p[2], "") for p in parts if len(p) == 3 and p[1] == "extra" and p[2])
     with contextlib.suppress(Exception):
         return torch.export.load(path, extra_files=extra_files)
     try:  # a program quantized-conv packed calls the et_vk ops, which this import registers

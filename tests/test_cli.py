@@ -492,6 +492,15 @@ def test_an_archives_extra_files_are_written_again(saved: dict[str, Path], tmp_p
     extra = {"tokenizer.json": ""}
     torch.export.load(out, extra_files=extra)
     assert extra == {"tokenizer.json": '{"vocab": 42}'}
+    # a member named just <archive>/extra (no file under it) is no extra file, and no traceback
+    with zipfile.ZipFile(program) as z:
+        top = z.namelist()[0].split("/")[0]
+    with zipfile.ZipFile(program, "a") as z:
+        z.writestr(f"{top}/extra", "x")
+    r = fxpure("apply", program, "-o", out)
+    assert (r.returncode, r.stderr) == (0, "")
+    torch.export.load(out, extra_files=extra)
+    assert extra == {"tokenizer.json": '{"vocab": 42}'}
 
 
 def test_an_archive_of_two_programs_or_a_corrupt_one_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
