@@ -361,10 +361,10 @@ def _load(path: str, extra_files: dict[str, Any] | None = None) -> Any:
         raise BadInput(f"{path}: cannot load the program (corrupt, or not saved by torch.export.save)") from e
 
 
-def _random_inputs(program: Any, symbols: Mapping[str, int]) -> tuple[Any, ...]:
+def _random_inputs(program: Any, symbols: Mapping[str, int], seed: int = 0) -> tuple[Any, ...]:
     """Random tensors of the shapes and dtypes the program's user inputs were exported with, in
-    input order; a symbolic size takes its value in ``symbols`` for all inputs
-    (:func:`adapters.validate.symbol_values`)."""
+    input order, drawn from ``seed`` (the same every run); a symbolic size takes its value in
+    ``symbols`` for all inputs (:func:`adapters.validate.symbol_values`)."""
     import torch
     from torch.export.graph_signature import ConstantArgument, InputKind
 
@@ -374,6 +374,7 @@ def _random_inputs(program: Any, symbols: Mapping[str, int]) -> tuple[Any, ...]:
         return d if isinstance(d, int) else size_value(str(d.node.expr), symbols)
 
     placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
+    draw = torch.Generator().manual_seed(seed)
     out: list[Any] = []
     for spec in program.graph_signature.input_specs:
         if spec.kind != InputKind.USER_INPUT:
@@ -385,9 +386,9 @@ def _random_inputs(program: Any, symbols: Mapping[str, int]) -> tuple[Any, ...]:
             continue
         shape = [size(d) for d in val.shape]
         if val.dtype.is_floating_point or val.dtype.is_complex:
-            out.append(torch.randn(shape, dtype=val.dtype))
+            out.append(torch.randn(shape, dtype=val.dtype, generator=draw))
         else:
-            out.append(torch.randint(0, 2, shape, dtype=val.dtype))
+            out.append(torch.randint(0, 2, shape, dtype=val.dtype, generator=draw))
     return tuple(out)
 
 
@@ -454,7 +455,8 @@ def _diff(got: Any, want: Any) -> float:
 
 
 def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
-    """Both programs on the same random inputs: max abs / rel difference, or the error that stopped it.
+    """Both programs on the same random inputs, the first of :data:`DRAWS` seeded draws the original
+    runs on (the same every time): max abs / rel difference, or the error that stopped it.
     A program of symbolic sizes runs with each at its declared least value, but at least 2, and
     again with each at 1 where its declared least value is 1 or less (a squeeze of a batch of one;
     0 is not tried); that second run is skipped where the original itself does not run, and the
@@ -468,11 +470,8 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     out: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "ok": True}
     for i, symbols in enumerate(runs):
         try:
-            x = _random_inputs(program, symbols)
-            # the rewritten program runs as a copy: a run may update its buffers in place, and it is
-            # saved after (the original is a copy already, dropped after its last run)
-            want = _outputs(copy.deepcopy(original) if i + 1 < len(runs) else original, x)
-        except Exception as e:  # the original cannot run on these inputs: one line, exit 1 (the first sizes)
+            x, want = _drawn(original, program, symbols)
+        except Exception as e:  # the original runs on no draw at these sizes: one line, exit 1 (the first sizes)
             if i:
                 sizes = ", ".join(f"{_dim_of(program, k)} = {v}" for k, v in symbols.items() if v != runs[0].get(k))
                 out["not_compared"] = f"at {sizes}, where the original does not run ({_line(e)})"
@@ -490,6 +489,25 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
         if abs_err / scale >= out["max_rel"]:
             out = {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= tolerance}
     return out
+
+
+DRAWS = 8
+"""Inputs ``--verify`` draws (seeds 0, 1, ...) until the original runs on one: a program may assert
+what its inputs hold (``k.item() >= 1``)."""
+
+
+def _drawn(original: Any, program: Any, symbols: Mapping[str, int]) -> tuple[tuple[Any, ...], list[Any]]:
+    """The first draw of inputs the original runs on, and its outputs; else the first draw's error.
+    Each run is of a copy (a run may update buffers in place, or stop half way)."""
+    first: Exception | None = None
+    for seed in range(DRAWS):
+        x = _random_inputs(program, symbols, seed)
+        try:
+            return x, _outputs(copy.deepcopy(original), x)
+        except Exception as e:
+            first = first or e
+    assert first is not None
+    raise first
 
 
 def _dim_of(program: Any, symbol: str) -> str:

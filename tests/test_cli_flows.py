@@ -147,6 +147,27 @@ def test_verify_calls_a_program_with_its_keyword_inputs(
     assert code == 0, capsys.readouterr().out
 
 
+class _Asserting(_ConvBN):
+    def forward(self, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        n = k.item()
+        torch._check(n == 0)  # type: ignore[no-untyped-call]
+        return self.bn(self.c(x)) * (n + 2)  # type: ignore[no-any-return]
+
+
+def test_verify_gives_one_answer_for_a_program_asserting_what_an_input_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`_random_inputs` drew `k` from 0 and 1 with the global generator: the original refused
+    `k = 1` (its own assertion), and `--verify` of a correct rewrite ended 'FAILED' (exit 1) or
+    passed, depending on the draw. (The first draw now gives `k = 1`: a later one is taken.)"""
+    src = _save(_Asserting(), tmp_path / "k.pt2", X, torch.tensor(0))
+    for seed in range(4):  # (the global generator no longer decides)
+        torch.manual_seed(seed)
+        code = _main(monkeypatch, "apply", src, "-o", tmp_path / "out.pt2", "--verify")
+        out = capsys.readouterr().out
+        assert code == 0 and "verify: max abs diff" in out and "(ok, tolerance" in out, out
+
+
 class _Complex(_ConvBN):
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return self.bn(self.c(x)) + torch.view_as_real(z).sum()  # type: ignore[no-any-return]
