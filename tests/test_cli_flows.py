@@ -207,6 +207,35 @@ def test_an_overlong_path_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _main(monkeypatch, "explain", "/tmp/" + "b" * 300 + ".pt2") == 2
 
 
+class _Branched(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.bn = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.cond(x.sum() > 0, lambda t: self.bn(self.c(t)), lambda t: t * 2, (x,))
+        return out
+
+
+def test_explain_node_takes_every_anchor_the_table_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table lists `true_graph_0.batch_norm` (`in-subgraph`); `--node` of it said 'no node ...
+    in the program' (exit 2)."""
+    src = _save(_Branched(), tmp_path / "cond.pt2", torch.randn(1, 3, 6, 6).abs())
+    rules = ("--rules", "fuse-conv-bn")
+    assert _main(monkeypatch, "explain", src, *rules) == 0
+    assert "true_graph_0.batch_norm" in capsys.readouterr().out
+    assert _main(monkeypatch, "explain", src, *rules, "--node", "true_graph_0.batch_norm") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fuse-conv-bn at true_graph_0.batch_norm: declined: in-subgraph at -", lines
+    assert "control-flow branch" in lines[1] and lines[2] == "  matched 0 pattern primitives; bound: nothing"
+    assert _main(monkeypatch, "explain", src, *rules, "--node", "true_graph_0.batch_norm", "--json") == 0
+    (attempt,) = json.loads(capsys.readouterr().out)["attempts"]
+    assert (attempt["rule"], attempt["reason"]["code"]) == ("fuse-conv-bn", "in-subgraph")
+    assert _main(monkeypatch, "explain", src, *rules, "--node", "true_graph_0.nothing") == 2
+
+
 # --- outputs half-written, input overwritten ----------------------------------------------------
 
 
