@@ -1793,10 +1793,10 @@ def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[A
             if not stage:
                 break
     # a candidate no snapshot holds, declined by the adapter (a node of a control-flow branch, a module call)
-    seen = {(a.rule, a.anchor) for a in out}
+    seen, names = {(a.rule, a.anchor) for a in out}, {r.name for r in rules}
     out += [
         Attempt(rule=j.rule, anchor=node, reason=j.reason, bindings=MappingProxyType({}), depth=0)
         for j in report.rejections
-        if j.node == node and (j.rule, node) not in seen
+        if j.node == node and j.rule in names and (j.rule, node) not in seen
     ]
     return tuple(out)
