@@ -31,6 +31,7 @@ from fxpure.snapshot import (
 )
 from fxpure.weights import (
     FLOAT_DTYPES,
+    INT_DTYPES,
     Binary,
     Cast,
     Fill,
@@ -189,9 +190,9 @@ POWERS: Mapping[float, Literal["square", "sqrt", "rsqrt", "reciprocal"]] = {
 POW, SUM, WEIGHT_NORM = "aten.pow.Tensor_Scalar", "aten.sum.dim_IntList", "aten._weight_norm.default"
 # ``x.square()`` is ``x * x``; ``rsub(x, c)`` is ``c - x``
 SQUARE, RSUB = "aten.square.default", frozenset({"aten.rsub.Scalar", "aten.rsub.Tensor"})
-# permutes (edge computes a weight norm over dim 1 through one), and copies from one floating dtype to
-# another with nothing else changed (``to_edge`` lifts a number as a float32 tensor and copies it to
-# a float16 model's dtype)
+# permutes (edge computes a weight norm over dim 1 through one), and copies to a floating dtype with
+# nothing else changed (``to_edge`` lifts a number as a float32 or int64 tensor and copies it to the
+# model's dtype)
 PERMUTES = PERMUTE.targets | TRANSPOSE.targets | TRANSPOSE_DIMS.targets  # permute, t, transpose(dim0, dim1)
 CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
 
@@ -199,8 +200,8 @@ CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     """The expression for the constant behind node ``name``, or None if it is not one: a parameter,
     buffer or lifted constant, an earlier rule's derived one, or a node of static shape that computes
-    one from constants (and numbers): a reshape (:data:`RESHAPES`), a permute, a copy from one
-    floating dtype to another (:data:`CASTS`), floating elementwise arithmetic (:data:`BINARY_OPS`
+    one from constants (and numbers): a reshape (:data:`RESHAPES`), a permute, a copy to a floating
+    dtype (:data:`CASTS`), floating elementwise arithmetic (:data:`BINARY_OPS`
     and ``rsub`` with ``alpha=1``, :data:`UNARY_OPS`, ``square``, the :data:`POWERS`), such
     as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a sum over dims
     or a weight normalisation (float32 or float64), and that the program does not write in place
@@ -260,7 +261,7 @@ def _operand(
 def _layout(
     snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
 ) -> WeightExpr | None:
-    """A permute of a constant, or a floating constant copied to another floating dtype (the copy's
+    """A permute of a constant, or a constant copied to a floating dtype (the copy's
     other arguments, a memory format, dim order or device, place the elements, not their values)."""
     source = node.arg(0, "self")
     x = _constant(snap, source.name, seen, depth) if type(source) is NodeRef else None
@@ -271,10 +272,15 @@ def _layout(
         out: WeightExpr | None = Permute(x=x, dims=dims) if dims is not None else None
     else:
         known = infer_spec(x)
-        floating = isinstance(known, Success) and known.unwrap().dtype in FLOAT_DTYPES and spec.dtype in FLOAT_DTYPES
-        out = Cast(x=x, dtype=spec.dtype) if floating else None
+        numeric = isinstance(known, Success) and known.unwrap().dtype in _CAST_FROM and spec.dtype in FLOAT_DTYPES
+        out = Cast(x=x, dtype=spec.dtype) if numeric else None
     found = infer_spec(out) if out is not None else None
     return out if isinstance(found, Success) and found.unwrap() == spec else None
+
+
+# a copy to a floating dtype computes the same values wherever it runs: from a floating dtype, and
+# from an integer or bool one (``to_edge`` lifts a model's ``w * 2`` as an int64 tensor copied to float)
+_CAST_FROM = FLOAT_DTYPES | INT_DTYPES | {"bool"}
 
 
 def _order(node: NodeSnapshot, rank: int) -> tuple[int, ...] | None:

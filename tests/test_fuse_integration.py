@@ -211,3 +211,35 @@ def test_a_conv_whose_size_a_dynamic_program_reads_still_fuses(form: str) -> Non
             want = [model(*y)]
         assert_close(run(program, y), want)
     assert count(program, "batch_norm") == 0
+
+
+class ScaledAffine(torch.nn.Module):
+    """A functional batch norm whose affine parameters are computed with Python ints (``w * 2``,
+    ``b - 1``): ``to_edge`` lifts each int as an int64 tensor copied to float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.register_buffer("rm", torch.randn(4))
+        self.register_buffer("rv", torch.rand(4) + 0.5)
+        self.w, self.b = torch.nn.Parameter(torch.rand(4) + 0.5), torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rm, rv = self.rm, self.rv
+        assert isinstance(rm, torch.Tensor) and isinstance(rv, torch.Tensor)
+        return torch.nn.functional.batch_norm(self.conv(x), rm, rv, self.w * 2, self.b - 1, False, 0.1, 1e-3)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_affine_parameters_computed_with_ints_fuse_in_every_form(form: str) -> None:
+    # on edge (only) the int64-to-float32 copy was no constant: declined not-constant
+    model, x = ScaledAffine().eval(), (torch.randn(2, 3, 6, 6),)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert len(outcome.report.plans) == 1 and not outcome.report.rejections
+    assert count(program, "batch_norm") == 0
+    assert_sound(program, x, want)
+    if form == "edge":
+        assert count(program, "_to_dim_order_copy") == 0  # the copies went with the batch norm

@@ -1333,6 +1333,26 @@ def test_floating_arithmetic_of_constants_is_a_constant(target: str, values: dic
     assert computed_by(snap, "c") == (("c",) if want is not None else ())
 
 
+@pytest.mark.parametrize(
+    ("source", "to", "constant"),
+    [
+        ("float32", "float16", True),
+        ("int64", "float32", True),  # to_edge's copy of an int a model multiplies a weight by
+        ("bool", "float32", True),
+        ("float32", "int32", False),  # an integer result: no arithmetic of constants reads it
+        ("int64", "int32", False),
+    ],
+)
+def test_a_copy_of_a_constant_to_a_floating_dtype_is_a_constant(source: str, to: str, constant: bool) -> None:
+    g = GraphBuilder(dialect="edge")
+    v = g.buffer("v", (4,), source)
+    g.output(
+        g.call("dim_order_ops._to_dim_order_copy.default", name="c", self=v, dtype=DTypeArg(to), out=spec(4, dtype=to))
+    )
+    want = Cast(x=Source(key="v", spec=spec(4, dtype=source)), dtype=to) if constant else None
+    assert constant_expr(g.build(), "c") == want
+
+
 def test_arithmetic_torch_would_promote_or_that_is_not_floating_is_no_constant() -> None:
     g = GraphBuilder()
     v, d = g.buffer("v", (4,)), g.buffer("d", (4,), "float64")
