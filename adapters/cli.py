@@ -460,7 +460,8 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     A program of symbolic sizes runs with each at its declared least value, but at least 2, and
     again with each at 1 where its declared least value is 1 or less (a squeeze of a batch of one;
     0 is not tried); that second run is skipped where the original itself does not run, and the
-    result says so (``not_compared``)."""
+    result says so (``not_compared``), as it says where every value the original returns is NaN or
+    infinite (which compares equal to NaN or the same infinity)."""
     import torch
 
     from adapters.validate import symbol_values
@@ -468,15 +469,19 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     least = [symbol_values(program), symbol_values(program, least=1)]
     runs = least[:1] if least[1] == least[0] else least
     out: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "ok": True}
+    skipped: list[str] = []
     for i, symbols in enumerate(runs):
+        sizes = ", ".join(f"{_dim_of(program, k)} = {v}" for k, v in symbols.items() if v != runs[0].get(k))
         try:
             x, want = _drawn(original, program, symbols)
         except Exception as e:  # the original runs on no draw at these sizes: one line, exit 1 (the first sizes)
             if i:
-                sizes = ", ".join(f"{_dim_of(program, k)} = {v}" for k, v in symbols.items() if v != runs[0].get(k))
-                out["not_compared"] = f"at {sizes}, where the original does not run ({_line(e)})"
+                skipped.append(f"at {sizes}, where the original does not run ({_line(e)})")
                 continue
             return {"ok": False, "error": _line(e)}
+        tensors = [w for w in want if isinstance(w, torch.Tensor) and w.numel()]
+        if tensors and not any(w.isfinite().any().item() for w in tensors):  # (equal NaNs and infinities: no check)
+            skipped.append(f"{'at ' + sizes + ', ' if i else ''}where the original returns no finite value")
         try:
             got = _outputs(copy.deepcopy(program), x)
         except Exception as e:
@@ -488,7 +493,7 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
         scale = max((w.abs().max().item() for w in finite if w.numel()), default=1.0) or 1.0
         if abs_err / scale >= out["max_rel"]:
             out = {"max_abs": abs_err, "max_rel": abs_err / scale, "ok": abs_err / scale <= tolerance}
-    return out
+    return {**out, "not_compared": "; ".join(skipped)} if skipped else out
 
 
 DRAWS = 8

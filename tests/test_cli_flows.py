@@ -185,6 +185,22 @@ def test_verify_feeds_a_complex_input_complex_values(
     assert (tmp_path / "out.pt2").exists()
 
 
+class _Overflowing(_ConvBN):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.c(x)) * torch.inf  # type: ignore[no-any-return]
+
+
+def test_verify_says_it_compared_nothing_where_the_original_returns_no_finite_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every output infinite (a float16 model overflowing, say): equal infinities compare equal, so
+    `--verify` reported 'max abs diff 0 (ok)' of a comparison that checked nothing."""
+    src = _save(_Overflowing(), tmp_path / "inf.pt2", X)
+    assert _main(monkeypatch, "apply", src, "-o", tmp_path / "out.pt2", "--verify", "--json") == 0
+    verify = json.loads(capsys.readouterr().out)["verify"]
+    assert verify["not_compared"] == "where the original returns no finite value" and verify["ok"]
+
+
 # --- tracebacks instead of one clean line -------------------------------------------------------
 
 
