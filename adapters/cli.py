@@ -472,13 +472,13 @@ def _verify(original: Any, program: Any, tolerance: float) -> dict[str, Any]:
     skipped: list[str] = []
     for i, symbols in enumerate(runs):
         sizes = ", ".join(f"{_dim_of(program, k)} = {v}" for k, v in symbols.items() if v != runs[0].get(k))
-        try:
-            x, want = _drawn(original, program, symbols)
-        except Exception as e:  # the original runs on no draw at these sizes: one line, exit 1 (the first sizes)
+        drawn = _drawn(original, program, symbols)
+        if isinstance(drawn, str):  # the original runs on no draw at these sizes: exit 1 (the first sizes)
             if i:
-                skipped.append(f"at {sizes}, where the original does not run ({_line(e)})")
+                skipped.append(f"at {sizes}, where the original does not run ({drawn})")
                 continue
-            return {"ok": False, "error": _line(e)}
+            return {"ok": False, "error": drawn}
+        x, want = drawn
         tensors = [w for w in want if isinstance(w, torch.Tensor) and w.numel()]
         if tensors and not any(w.isfinite().any().item() for w in tensors):  # (equal NaNs and infinities: no check)
             skipped.append(f"{'at ' + sizes + ', ' if i else ''}where the original returns no finite value")
@@ -501,18 +501,22 @@ DRAWS = 8
 what its inputs hold (``k.item() >= 1``)."""
 
 
-def _drawn(original: Any, program: Any, symbols: Mapping[str, int]) -> tuple[tuple[Any, ...], list[Any]]:
-    """The first draw of inputs the original runs on, and its outputs; else the first draw's error.
-    Each run is of a copy (a run may update buffers in place, or stop half way)."""
-    first: Exception | None = None
+def _drawn(original: Any, program: Any, symbols: Mapping[str, int]) -> tuple[tuple[Any, ...], list[Any]] | str:
+    """The first draw of inputs the original runs on, and its outputs; else the first draw's error,
+    in one line. Each run is of a copy (a run may update buffers in place, or stop half way); a
+    copy that failed is freed before the next (one copy of the program alive at a time)."""
+    import gc
+
+    first = ""
     for seed in range(DRAWS):
-        x = _random_inputs(program, symbols, seed)
+        x, model = _random_inputs(program, symbols, seed), copy.deepcopy(original)
         try:
-            return x, _outputs(copy.deepcopy(original), x)
+            return x, _outputs(model, x)
         except Exception as e:
-            first = first or e
-    assert first is not None
-    raise first
+            first = first or _line(e)
+        del model
+        gc.collect()  # (the copy, and the frames of the error that still read it, are cyclic garbage)
+    return first
 
 
 def _dim_of(program: Any, symbol: str) -> str:

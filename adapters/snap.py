@@ -139,10 +139,10 @@ def storage(t: torch.Tensor) -> str:
 
 
 def opaque(t: torch.Tensor) -> bool:
-    """A tensor that is not plain dense data: a sparse (or other non-strided) layout, or a tensor
-    subclass wrapping others (torchao's quantized weights, ``TwoTensor``). No rule reads it as a
-    constant: its values are not what arithmetic on its elements would compute from."""
-    return t.layout is not torch.strided or is_traceable_wrapper_subclass(t)
+    """A tensor that is not plain dense data: a sparse (or other non-strided) layout, a nested
+    tensor, or a tensor subclass wrapping others (torchao's quantized weights, ``TwoTensor``). No
+    rule reads it as a constant: its values are not what arithmetic on its elements would compute from."""
+    return t.layout is not torch.strided or t.is_nested or is_traceable_wrapper_subclass(t)
 
 
 @dataclass

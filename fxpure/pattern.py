@@ -1794,9 +1794,8 @@ def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[A
                 break
     # a candidate no snapshot holds, declined by the adapter (a node of a control-flow branch, a module call)
     seen, names = {(a.rule, a.anchor) for a in out}, {r.name for r in rules}
-    out += [
-        Attempt(rule=j.rule, anchor=node, reason=j.reason, bindings=MappingProxyType({}), depth=0)
-        for j in report.rejections
-        if j.node == node and j.rule in names and (j.rule, node) not in seen
-    ]
+    for j in report.rejections:
+        if j.node == node and j.rule in names and (j.rule, node) not in seen:  # (a rule given twice: once)
+            seen.add((j.rule, node))
+            out.append(Attempt(rule=j.rule, anchor=node, reason=j.reason, bindings=MappingProxyType({}), depth=0))
     return tuple(out)

@@ -185,6 +185,27 @@ def test_verify_feeds_a_complex_input_complex_values(
     assert (tmp_path / "out.pt2").exists()
 
 
+def test_verify_keeps_one_copy_of_the_original_alive_while_it_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # each draw the original refused left its copy alive (cyclic garbage, and the error's frames):
+    # eight copies of the program at once
+    import weakref
+
+    src = _save(_Asserting(), tmp_path / "k.pt2", X, torch.tensor(0))
+    copies: list[weakref.ref[object]] = []
+
+    def outputs(program: object, flat: tuple[object, ...]) -> list[object]:
+        assert [c() for c in copies] == [None] * len(copies)  # every earlier copy freed
+        copies.append(weakref.ref(program))
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(cli, "_outputs", outputs)
+    assert _main(monkeypatch, "apply", src, "-o", tmp_path / "out.pt2", "--verify") == 1
+    assert len(copies) == cli.DRAWS
+    assert "could not be compared (RuntimeError: refused)" in capsys.readouterr().out
+
+
 class _Overflowing(_ConvBN):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(self.c(x)) * torch.inf  # type: ignore[no-any-return]

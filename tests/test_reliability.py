@@ -392,6 +392,16 @@ def test_batch_norms_in_control_flow_branches_are_declined_with_a_reason() -> No
     assert {node.split(".")[0] for node, _ in declined} == {"true_graph_0", "false_graph_0"}
     with torch.no_grad():
         assert torch.allclose(program.module()(*x), want, rtol=1e-5, atol=1e-6)
+    # explain --node of such a candidate: its reason, once for a rule given twice
+    twice = [fuse_conv_bn(), fuse_conv_bn()]
+    report = adapters.transform(program, twice, dry_run=True).unwrap().report
+    (attempt,) = fxpure.pattern.attempts(report, twice, declined[0][0])
+    assert (attempt.rule, attempt.anchor, attempt.reason and attempt.reason.code, attempt.depth) == (
+        "fuse-conv-bn",
+        declined[0][0],
+        "in-subgraph",
+        0,
+    )
 
 
 class Nested(nn.Module):
@@ -1034,3 +1044,15 @@ def test_sparse_and_subclass_constants_are_no_constants_to_fold(form: str) -> No
     declined = [r.reason for r in report.rejections if r.rule == "fuse-linear-bn"]
     assert [r.code for r in declined] == ["not-constant"] and "weight" in declined[0].message
     assert_sound(program, x, want)
+
+
+def test_a_nested_tensor_constant_is_no_constant_either() -> None:
+    # (strided, and no wrapper subclass: its sizes raised out of transform, in a traced GraphModule)
+    nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+    assert adapters.snap.opaque(nested) and not adapters.snap.opaque(Holder().w)
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    gm.register_buffer("nt", nested)
+    with gm.graph.inserting_before(next(iter(gm.graph.find_nodes(op="output")))):
+        gm.graph.get_attr("nt")
+    gm.recompile()
+    assert "nt" not in adapters.capture(gm).constants
