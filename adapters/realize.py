@@ -358,8 +358,8 @@ class _Commit:
         at = env[new.before]
         prev, length = at.prev, graph._len
         args, kwargs = _bind(new.args, env), _bind(new.kwargs, env)
-        reads: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}
-        torch.fx.node.map_arg((args, kwargs), lambda a: reads.setdefault(a, tuple(a.users)))
+        reads: list[torch.fx.Node] = []
+        torch.fx.node.map_arg((args, kwargs), reads.append)
 
         def undo() -> None:  # the node just before ``at`` is this one, if it was linked
             env.pop(new.rec.name, None)
@@ -371,9 +371,10 @@ class _Commit:
                 graph.erase_node(made)
             graph._len = length  # (linked, and stopped before it was counted)
             # torch.fx makes a node a user of what it reads before it links it (and runs the module's
-            # create-node hooks in between): one that stopped there is a user of no node in the graph
-            for a, users in reads.items():
-                for u in [u for u in a.users if u not in users]:
+            # create-node hooks in between): one that stopped there is a user never linked (its own
+            # neighbour in the node list)
+            for a in reads:
+                for u in [u for u in a.users if u._prev is u]:
                     del a.users[u]
 
         self.undo.append(undo)  # before the change, which may not finish
