@@ -292,16 +292,30 @@ def derive(
     targets: dict[str, list[str]] = {}
     bad: InvalidSnapshot | None = None
     for i, n in enumerate(nodes):
+        name = n.name
         if n.op == "call_function":
-            targets.setdefault(n.target, []).append(n.name)
-        if bad is None and n.name in index:
-            bad = InvalidSnapshot(node=n.name, detail="duplicate node name")
-        users.setdefault(n.name, [])
-        for r in dict.fromkeys(ref_list(n)):
-            if bad is None and r not in index:
-                bad = InvalidSnapshot(node=n.name, detail=f"reads {r!r} before it is defined")
-            users.setdefault(r, []).append(n.name)
-        index[n.name] = i
+            calls = targets.get(n.target)
+            if calls is None:
+                targets[n.target] = [name]
+            else:
+                calls.append(name)
+        if bad is None and name in index:
+            bad = InvalidSnapshot(node=name, detail="duplicate node name")
+        if name not in users:
+            users[name] = []
+        reads = n._reads
+        for r in dict.fromkeys(reads) if len(reads) > 1 else reads:
+            # a node defined earlier has its entry, and so has one read earlier before it is defined,
+            # which that read reported: only a name never seen, or the node itself, is read too soon
+            readers = users.get(r)
+            if readers is None:
+                readers = users[r] = []
+                if bad is None:
+                    bad = InvalidSnapshot(node=name, detail=f"reads {r!r} before it is defined")
+            elif bad is None and r == name:
+                bad = InvalidSnapshot(node=name, detail=f"reads {r!r} before it is defined")
+            readers.append(name)
+        index[name] = i
     return {k: tuple(v) for k, v in users.items()}, index, {k: tuple(v) for k, v in targets.items()}, bad
 
 
