@@ -168,10 +168,10 @@ _PRODUCTS, _MATMULS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.target
 def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:
     """``name`` is computed from constants alone, by at most ``most`` nodes (a weight's
     dequantize, slice or cast; an activation reaches an input, or more nodes, soon)."""
-    todo, seen = [name], set()
+    todo, seen, constants = [name], set(), snap.constant_names
     while todo:
         at = todo.pop()
-        if at in seen or at in snap.constants:
+        if at in seen or at in constants:
             continue
         seen.add(at)
         node = snap.node(at)

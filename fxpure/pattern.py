@@ -555,7 +555,7 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
             expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
             if expr is None:
                 return not_constant(parent, role, value, path)
-            if isinstance(value, NodeRef) and value.name not in st.snap.constants:  # computed: dropped once unused
+            if isinstance(value, NodeRef) and value.name not in st.snap.constant_names:  # computed: dropped once unused
                 st.prune.extend(computed_by(st.snap, value.name))
             return st.bind(p.name, expr, parent, role, path)
         case Scalar():

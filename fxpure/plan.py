@@ -388,13 +388,13 @@ def computed_by(snap: GraphSnapshot, name: str) -> tuple[str, ...]:
     if constant_expr(snap, name) is None:
         return ()
     out: dict[str, None] = {}
-    todo = [name]
+    todo, constants = [name], snap.constant_names
     while todo:
         n = todo.pop()
-        if n in out or n in snap.constants:
+        if n in out or n in constants:
             continue
         out[n] = None
-        todo.extend(r for r in ref_list(snap.nodes[snap.index[n]]) if r not in snap.constants)
+        todo.extend(r for r in ref_list(snap.nodes[snap.index[n]]) if r not in constants)
     return tuple(out)
 
 
@@ -603,7 +603,7 @@ class _Batch:
             return PlanConflict(node=p.anchor, detail=f"{detail} (a later stage's plan? see RewriteReport.stages)")
         for name in (*p.erase, *p.prune):  # the program's signature is no plan's to change
             op = snap.nodes[snap.index[name]].op
-            if op == "output" or (op == "placeholder" and name not in snap.constants):
+            if op == "output" or (op == "placeholder" and name not in snap.constant_names):
                 what = "output" if op == "output" else "input"
                 return PlanConflict(node=p.anchor, detail=f"plan removes {name}, the program's {what}")
         renamed = {k: v for k, v in local.items() if k != v}  # usually none: plan-local names are unique

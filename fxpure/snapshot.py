@@ -201,6 +201,12 @@ class GraphSnapshot:
     # the nodes whose tensor the program writes in place (directly, or through a view of it): what
     # they compute is no constant, whatever they read
     written: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
+    # the names of ``constants``, found once: a membership test far cheaper than the persistent
+    # map's (a walk up from a node, is it computed from constants alone, asks it of each node met)
+    constant_names: frozenset[str] = field(init=False, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "constant_names", frozenset(self.constants))
 
     def least(self, dim: Dim) -> int:
         """The least value ``dim`` can take: itself when static, else what the program declares
@@ -230,7 +236,7 @@ class GraphSnapshot:
     @property
     def inputs(self) -> tuple[str, ...]:
         """User inputs: placeholders that are not constants."""
-        return tuple(n.name for n in self.nodes if n.op == "placeholder" and n.name not in self.constants)
+        return tuple(n.name for n in self.nodes if n.op == "placeholder" and n.name not in self.constant_names)
 
     @property
     def outputs(self) -> tuple[str, ...]:

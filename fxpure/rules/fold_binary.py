@@ -124,7 +124,7 @@ def _activation(snap: GraphSnapshot, value: Arg, shape: tuple[Dim, ...]) -> bool
     not 1 (a symbolic one counts): another activation, such as the block input of a residual add,
     which could not be one value per channel even if it were constant. (A batch-1 ``(1, C)`` or
     ``(1, C, 1, 1)`` operand could: it stays a candidate, declined ``not-constant``.)"""
-    if not isinstance(value, NodeRef) or value.name not in snap.index or value.name in snap.constants:
+    if not isinstance(value, NodeRef) or value.name not in snap.index or value.name in snap.constant_names:
         return False
     spec = snap.node(value.name).tensor_spec
     return spec is not None and spec.shape == shape and sum(d != 1 for d in shape) > 1
