@@ -745,7 +745,7 @@ def _without(names: Mapping[str, str], kept: frozenset[str]) -> dict[str, str]:
 def _constants_slot(snap: GraphSnapshot) -> int:
     """Where new constants go: after the lifted constant placeholders, else before any compute."""
     if snap.lifted:
-        return 1 + max((snap.index[k] for k in snap.constants), default=-1)
+        return 1 + max(map(snap.index.__getitem__, snap.constant_names), default=-1)
     return next((i for i, n in enumerate(snap.nodes) if n.op not in ("placeholder", "get_attr")), 0)
 
 
@@ -778,8 +778,16 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     names = _resolve(batch.redirect)
     readers = {u for old in names for u in snap.users[old]}  # the only old nodes renamed (add checked them)
     out: list[NodeSnapshot] = []
-    at, before, erase = _constants_slot(snap), batch.before, batch.erase
-    for i, n in enumerate(snap.nodes):
+    at, before, erase, index = _constants_slot(snap), batch.before, batch.erase, snap.index
+    nodes = list(snap.nodes)
+    # the nodes between those where something happens are copied as they are, a slice at a time
+    stops = sorted({at, *before, *(index[n] for n in erase if n in index), *(index[n] for n in readers)})
+    last = 0
+    for i in stops:
+        if i >= len(nodes):
+            break
+        out.extend(nodes[last:i])
+        last, n = i + 1, nodes[i]
         if i == at:
             out.extend(batch.new_constants)
         if i in before:
@@ -787,6 +795,7 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
             out.extend([_renamed(m, names if m.name not in keep else _without(names, keep[m.name])) for m in before[i]])
         if n.name not in erase:
             out.append(_renamed(n, names) if n.name in readers else n)
+    out.extend(nodes[last:])
     return _finish(snap, out, batch.infos, batch.erase, batch.prune)
 
 
