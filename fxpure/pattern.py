@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias, final
+from typing import Any, Literal, TypeAlias, cast, final
 
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
@@ -1550,7 +1550,8 @@ class PatternRule:
     def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
         """The plan at ``node``, or the typed, located reason there is none; when the rule declines
         and its fallback applies there, the fallback's plan, which records the reason it replaces."""
-        result = match(self.pattern, snap, node).bind(self._finish)
+        m, err, _ = _matched(self.pattern, snap, node)  # (as match(...).bind(self._finish), without the wrappers)
+        result: Result[RewritePlan, Reason] = self._finish(m) if m is not None else Failure(cast(Reason, err))
         if isinstance(result, Success) or self.fallback is None:
             return result
         reason: Reason = result.failure()
@@ -1585,8 +1586,8 @@ class PatternRule:
             return Failure(planner.refused)
         if isinstance(out, Failure):  # a code the rule does not list is a bug in the rule, as a check's
             _declared(out.failure(), self.plan_codes, "planner", _name(self.planner))
-        result: Result[RewritePlan, Reason] = Success(out) if isinstance(out, RewritePlan) else out
-        return result.alt(partial(_located, m)).bind(partial(_typed, m.snap))
+            return Failure(_located(m, out.failure()))
+        return _typed(m.snap, out if isinstance(out, RewritePlan) else out.unwrap())
 
     def attempt(self, snap: GraphSnapshot, node: NodeSnapshot) -> Attempt:
         """How far the rule gets at ``node`` (for ``fxpure explain --node``)."""
