@@ -522,6 +522,14 @@ def _capture(program: Program) -> Captured:
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"expected an ExportedProgram or a torch.fx.GraphModule, got {type(program).__name__}")
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")} if ep else {}
+    placeholders = {n.name for n in gm.graph.find_nodes(op="placeholder")}
+    lost = next((k for k in specs if k not in placeholders), None)
+    if lost is not None:  # torch's own validate() fails too: nothing here can be applied
+        raise TypeError(
+            f"the program's graph signature names input {lost!r}, which its graph does not have (a copy.deepcopy"
+            " of an exported program renames an input named like a builtin, 'input', without its signature):"
+            " transform the program itself, or export it again"
+        )
     nodes: list[NodeSnapshot] = []
     constants: dict[str, ConstantInfo] = {}
     tensors: dict[str, torch.Tensor] = {}

@@ -1056,3 +1056,19 @@ def test_a_nested_tensor_constant_is_no_constant_either() -> None:
         gm.graph.get_attr("nt")
     gm.recompile()
     assert "nt" not in adapters.capture(gm).constants
+
+
+def test_a_deep_copy_whose_signature_names_a_lost_input_is_declined_up_front() -> None:
+    # torch's deepcopy renames an nn.Sequential program's `input` placeholder, not its signature:
+    # the dry run planned the fusion, then the transform failed apply-failed (KeyError: 'input_1')
+    program = torch.export.export(
+        nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval(), (torch.randn(1, 3, 6, 6),)
+    )
+    assert len(adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap().report.plans) == 1
+    copied = copy.deepcopy(program)
+    code = copied.graph_module.code
+    for dry_run in (True, False):
+        failure = adapters.transform(copied, [fuse_conv_bn()], dry_run=dry_run).failure()
+        assert failure.code == "unsupported-program"
+        assert "graph signature names input 'input', which its graph does not have" in failure.message
+    assert copied.graph_module.code == code
