@@ -527,14 +527,18 @@ def _run_ahead(edit: _Edit) -> None:
     (requiring grad where a parameter they are computed from does), the result is in torch's
     fake-tensor cache, which that pass reads, as it reads the original convs' (run when the
     program was exported). Best effort: what cannot run here is left to that pass."""
-    made = {n.rec.name for n in edit.new}
     grads: dict[torch.fx.Node, bool] = {}
 
-    def grad(node: torch.fx.Node) -> bool:  # as autograd would have it: read from one that does
-        if node not in grads:
-            own = bool(getattr(node.meta.get("val"), "requires_grad", False))
-            grads[node] = own or (node.name in made and any(map(grad, node.all_input_nodes)))
-        return grads[node]
+    def grad(node: torch.fx.Node) -> bool:  # as autograd would have it: a float computed from one that does
+        # (an exported activation's value records no grad, but the pass computes it from parameters);
+        # found for the whole graph, in order, the first time it is asked
+        for n in node.graph.nodes if not grads else ():
+            v = n.meta.get("val")
+            computed = n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point()
+            grads[n] = bool(getattr(v, "requires_grad", False)) or (
+                computed and any(grads.get(a, False) for a in n.all_input_nodes)
+            )
+        return grads.get(node, False)
 
     def val(a: Any) -> Any:
         v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
