@@ -86,7 +86,10 @@ def test_a_rewritten_edge_program_lowers_for_every_batch_it_declares(name: str) 
             assert_close(run_pte(pte, x), [model(*x)], rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["fuse-conv-bn", "fuse-conv-bn, two in a row", "split-group-conv", "conv1d-to-conv2d"])
+# (linear-to-conv2d: the new conv reads a view of a layer norm, a value requiring grad in the lowering)
+@pytest.mark.parametrize(
+    "name", ["fuse-conv-bn", "fuse-conv-bn, two in a row", "split-group-conv", "conv1d-to-conv2d", "linear-to-conv2d"]
+)
 def test_a_rewritten_aten_program_lowers_for_every_batch_it_declares(name: str) -> None:
     make, sizes, rule = CASES[name]
     model = make()
