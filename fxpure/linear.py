@@ -151,7 +151,9 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
         return node.target in _PRODUCTS
     other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
-    if t is None or not _of_constants(snap, t.name, most=9):  # (cheap: attention's k.T reaches an input soon)
+    # computed from constants by at most 8 nodes besides the transpose, which reads the weight alone
+    # (cheap, asked first: attention's k.T reaches an input soon)
+    if t is None or not _of_constants(snap, t.name, most=9):
         return False
     # the transpose as linear() matches it, each spelling and its dims in one place
     found = match(_WEIGHT_TRANSPOSE, snap, t)
@@ -159,7 +161,7 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     if not isinstance(w, NodeRef) or w.name not in snap.index:
         return False
     spec = snap.node(w.name).tensor_spec
-    return spec is not None and len(spec.shape) == 2 and _of_constants(snap, w.name)
+    return spec is not None and len(spec.shape) == 2
 
 
 _PRODUCTS, _MATMULS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.targets
