@@ -485,3 +485,39 @@ def test_a_dynamically_quantized_linear_is_declined_and_the_program_still_lowers
         ("linear_1", "dynamic-quantization"),
     ]
     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+
+
+class _ViewsAndConvs(nn.Module):
+    """A linear on a rank 3 input, a conv1d and a transposed conv1d: the rules add views and convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+        self.conv = nn.Conv1d(6, 4, 3)
+        self.up = nn.ConvTranspose1d(4, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.up(self.conv(self.lin(x).transpose(1, 2)))
+        return y
+
+
+def test_new_views_and_convs_name_their_own_function_in_source_fn_stack() -> None:
+    # a strict export records which user-level function made each node; a partitioner grouping a
+    # model's linears (or conv1ds) by it must not find the views that now feed a conv2d among them
+    from fxpure.rules.conv1d_to_conv2d import conv1d_to_conv2d
+
+    model, x = _ViewsAndConvs().eval(), (torch.randn(2, 5, 8),)
+    p = torch.export.export(model, x, strict=True)
+    before = {n.name for n in p.graph.nodes}
+    assert adapters.transform(p, [conv1d_to_conv2d(), linear_to_conv2d()]).unwrap().changed
+    fns = {
+        torch.ops.aten.permute.default: torch.permute,
+        torch.ops.aten.unsqueeze.default: torch.unsqueeze,
+        torch.ops.aten.squeeze.dims: torch.squeeze,
+        torch.ops.aten.conv2d.default: torch.conv2d,
+        torch.ops.aten.conv_transpose2d.input: torch.conv_transpose2d,
+    }
+    new = [n for n in p.graph.nodes if n.op == "call_function" and n.name not in before]
+    # the linear: permute, unsqueeze, conv2d, squeeze, permute; each conv1d: unsqueeze, conv2d, squeeze
+    assert len(new) == 11
+    assert [(n.name, *n.meta["source_fn_stack"][-1]) for n in new] == [(n.name, n.name, fns[n.target]) for n in new]

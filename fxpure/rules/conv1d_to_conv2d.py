@@ -50,6 +50,7 @@ SOURCE_FN: Mapping[str, str] = {
     "aten.conv2d.default": "conv2d",
     "aten.conv2d.padding": "conv2d",
     "aten.convolution.default": "convolution",
+    "aten.conv_transpose2d.input": "conv_transpose2d",
 }
 # dialect -> (unsqueeze, squeeze over a list of dims); edge has no view ops
 VIEWS: Mapping[str, tuple[str, str]] = {
@@ -123,10 +124,9 @@ def _plan(
     unsqueeze, squeeze = VIEWS[p.dialect]
     target, a = _target(conv, p.match.snap), conv.args
     base = conv.name
-    # KIT-GAP: adapters.torchnames.SOURCE_FNS has no unsqueeze/squeeze (nor conv_transpose2d), so the
-    # view nodes keep the conv's source_fn_stack (nn.Conv1d) instead of naming their own function
+    # the views name their own function in source_fn_stack (``torch.unsqueeze``...), not the conv's
     snap, x_spec = p.match.snap, _at2(p.match.spec("x"))
-    x2 = p.call(unsqueeze, name=f"{base}_in_2d", spec=x_spec, self=x, dim=2)
+    x2 = p.call(unsqueeze, name=f"{base}_in_2d", spec=x_spec, source_fn="unsqueeze", self=x, dim=2)
     # a quantized program keeps dequantize -> conv -> quantize around the views (a backend lowers that)
     dq, q, y_spec = quantized_as(snap, x.name), quantized_as(snap, base), _at2(conv.spec)
     if dq is not None and x_spec is not None:
@@ -147,7 +147,8 @@ def _plan(
     y2 = p.call(target, name=f"{base}_2d", spec=y_spec, provenance=base, source_fn=SOURCE_FN.get(target), **args)
     if q is not None and y_spec is not None:
         y2 = p.requantize(y2, q, name=f"{base}_2d", spec=y_spec)
-    return p.replace(conv, p.call(squeeze, name=f"{base}_out_1d", spec=conv.spec, self=y2, dim=(2,)))
+    out = p.call(squeeze, name=f"{base}_out_1d", spec=conv.spec, source_fn="squeeze", self=y2, dim=(2,))
+    return p.replace(conv, out)
 
 
 CONV1D_TO_CONV2D = rule(

@@ -141,12 +141,11 @@ def _steps(
     p: Planner, x: NodeRef, shape: tuple[Dim, ...], dtype: str, steps: tuple[Step, ...], name: str
 ) -> tuple[NodeRef, tuple[Dim, ...]]:
     """The activation moved by each step in turn (no size is written into a node), and its shape."""
-    # KIT-GAP: adapters.torchnames.SOURCE_FNS has no permute/unsqueeze/squeeze: these nodes keep the
-    # linear's source_fn_stack (nn.Linear) instead of naming their own function
+    # each names its own function in source_fn_stack (``torch.permute``, ...), not the linear's
+    # (nn.Linear): a partitioner grouping a model's linears by it finds the conv's views in none
     for i, step in enumerate(steps):
-        target = VIEW_OPS[(p.dialect, step[0])]
-        shape = _moved(shape, step)
-        x = p.node(target, (x, step[1]), name=f"{name}{i}", spec=TensorSpec(shape=shape, dtype=dtype))
+        target, spec = VIEW_OPS[(p.dialect, step[0])], TensorSpec(shape=(shape := _moved(shape, step)), dtype=dtype)
+        x = p.node(target, (x, step[1]), name=f"{name}{i}", spec=spec, source_fn=step[0])
     return x, shape
 
 

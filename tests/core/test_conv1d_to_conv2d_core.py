@@ -171,10 +171,9 @@ def test_plan_for_every_aten_spelling(knobs: dict[str, Any], target: str, args: 
     assert after.node("conv_weight_2d").op == ("placeholder" if lifted else "get_attr")
     assert "w" not in after.constants and "conv" not in after.index  # nothing left of the 1D conv
     assert {after.node(n).provenance for n in ("conv_in_2d", "conv_2d", "conv_out_1d")} == {"conv"}
-    # quantizers see the new conv as the user-level function it is (none known for a transposed conv2d)
-    assert y2.source_fn == {"aten.conv_transpose2d.input": None, "aten.convolution.default": "convolution"}.get(
-        target, "conv2d"
-    )
+    # quantizers see each new node as the user-level function it is
+    assert y2.source_fn == target.split(".")[1]
+    assert (x2.source_fn, y.source_fn) == ("unsqueeze", "squeeze")
     assert p.erase == ("conv",) and p.replace == (("conv", "conv_out_1d"),)
 
 

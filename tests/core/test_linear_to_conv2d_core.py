@@ -145,7 +145,7 @@ def test_plan_for_every_spelling_and_rank(spelling: str, dialect: str, rank: int
     prev = NodeRef("x")
     for i, (op, arg, shape) in enumerate(before):
         n = after.node(f"lin_nchw{i}")
-        assert (n.target, n.args, n.spec) == (TARGETS[(dialect, op)], (prev, arg), spec(*shape))
+        assert (n.target, n.args, n.spec, n.source_fn) == (TARGETS[(dialect, op)], (prev, arg), spec(*shape), op)
         prev = NodeRef(n.name)
     conv = after.node("lin_conv")
     b = NodeRef("b") if bias == "param" else None
@@ -158,7 +158,7 @@ def test_plan_for_every_spelling_and_rank(spelling: str, dialect: str, rank: int
     prev = NodeRef("lin_conv")
     for i, (op, arg, shape) in enumerate(back):
         n = after.node(f"lin_back{i}")
-        assert (n.target, n.args, n.spec) == (TARGETS[(dialect, op)], (prev, arg), spec(*shape))
+        assert (n.target, n.args, n.spec, n.source_fn) == (TARGETS[(dialect, op)], (prev, arg), spec(*shape), op)
         prev = NodeRef(n.name)
     assert after.outputs == (prev.name,)
     assert after.node(prev.name).spec == g.node(g.outputs[0]).spec
