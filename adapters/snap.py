@@ -247,8 +247,8 @@ def _constant(
     if n.op == "placeholder" and ep is not None and n.name in specs and specs[n.name].kind in _KINDS:
         spec = specs[n.name]
         t = _tensor_of(ep, spec)
-        return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None and not opaque(t) else None
-    if isinstance(value, torch.Tensor) and not opaque(value):
+        return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None else None
+    if isinstance(value, torch.Tensor):
         return value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer", str(n.target)
     return None
 
@@ -537,6 +537,7 @@ def _capture(program: Program) -> Captured:
     branches: list[tuple[str, torch.fx.GraphModule]] = []
     refs: dict[torch.fx.Node, NodeRef] = {}
     symbolic: dict[str, torch.SymInt] = {}
+    held_opaque: list[str] = []
     fakes = _Fakes(gm)  # values of calls torch added without one
     edge = False
     for n in gm.graph.nodes:
@@ -552,7 +553,9 @@ def _capture(program: Program) -> Captured:
             elif isinstance(value, torch.fx.GraphModule):
                 branches.append((target, value))
             found = _constant(ep, n, value, specs) if op in ("placeholder", "get_attr") else None
-            if found is not None:
+            if found is not None and opaque(found[0]):  # held by the program, but no data to fold
+                held_opaque.append(name)
+            elif found is not None:
                 t, kind, key = found
                 spec = tensor_spec(t)
                 assert spec is not None
@@ -583,6 +586,7 @@ def _capture(program: Program) -> Captured:
         reserved=_reserved(ep, gm),
         least_sizes=_least_sizes(ep, gm, symbolic) if symbolic else None,
         written=written,
+        opaque=held_opaque,
     )
     return Captured(
         program,

@@ -407,17 +407,22 @@ def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Res
     """
     expr = constant_expr(snap, arg.name) if isinstance(arg, NodeRef) else None
     if expr is None:
-        return Failure(not_constant(node, role, arg))
+        return Failure(not_constant(node, role, arg, opaque=isinstance(arg, NodeRef) and arg.name in snap.opaque))
     return Success(expr)
 
 
-def not_constant(node: str, role: str, value: Arg, path: str = "") -> NotConstant:
+def not_constant(node: str, role: str, value: Arg, path: str = "", *, opaque: bool = False) -> NotConstant:
     """Why operand ``role`` of ``node``, given as ``value``, is not a constant: a node computes it,
-    or it is a number or absent.
+    it is a number or absent, or (``opaque``) it is held as no plain data (:attr:`GraphSnapshot.opaque`).
 
     >>> not_constant("bn", "running_mean", None).message
     'running_mean of bn is not a constant tensor (it is absent)'
+    >>> not_constant("lin", "weight", NodeRef("w"), opaque=True).message
+    'weight of lin is not a constant tensor (it is w, held as a sparse, nested or subclass tensor: no data to fold)'
     """
+    if isinstance(value, NodeRef) and opaque:
+        shown = f"{value.name}, held as a sparse, nested or subclass tensor: no data to fold"
+        return NotConstant(node=node, role=role, source=shown, computed=False, path=path)
     if isinstance(value, NodeRef):
         return NotConstant(node=node, role=role, source=value.name, path=path)
     shown = "absent" if value is None else f"the literal {value!r}"
@@ -879,6 +884,7 @@ def _finish(
             reserved=snap.reserved | erased | dead | gone,
             least_sizes=snap.least_sizes,
             written=snap.written,
+            opaque=snap.opaque,
         )
     )
 

@@ -201,6 +201,9 @@ class GraphSnapshot:
     # the nodes whose tensor the program writes in place (directly, or through a view of it): what
     # they compute is no constant, whatever they read
     written: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
+    # the parameters, buffers and constants the program holds as no plain data (a sparse, nested or
+    # tensor-subclass tensor): not in ``constants``, and a rule that needs one says why
+    opaque: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
     # the names of ``constants``, found once: a membership test far cheaper than the persistent
     # map's (a walk up from a node, is it computed from constants alone, asks it of each node met)
     constant_names: frozenset[str] = field(init=False, compare=False, hash=False, repr=False)
@@ -253,12 +256,14 @@ def snapshot(
     reserved: Iterable[str] = (),
     least_sizes: Mapping[str, int] | None = None,
     written: Iterable[str] = (),
+    opaque: Iterable[str] = (),
 ) -> GraphSnapshot:
     """Build a snapshot, deriving users and the name index in one pass.
 
     ``reserved``: names a new constant must not take (the program's state-dict keys, say).
     ``least_sizes``: the least value of each symbolic size, where known. ``written``: the nodes
-    whose tensor the program writes in place.
+    whose tensor the program writes in place. ``opaque``: the constants held as no plain data
+    (:attr:`GraphSnapshot.opaque`).
 
     >>> g = snapshot([NodeSnapshot(name="x", op="placeholder", target="x"),
     ...               NodeSnapshot(name="out", op="output", target="output",
@@ -279,6 +284,7 @@ def snapshot(
         reserved=frozenset(reserved),
         least_sizes=MappingProxyType(dict(least_sizes or {})),
         written=frozenset(written),
+        opaque=frozenset(opaque),
     )
 
 

@@ -1042,7 +1042,12 @@ def test_sparse_and_subclass_constants_are_no_constants_to_fold(form: str) -> No
     report = adapters.transform(program, [fuse_conv_bn(), fuse_linear_bn()]).unwrap().report
     assert [p.anchor for p in report.plans] == ["batch_norm"]
     declined = [r.reason for r in report.rejections if r.rule == "fuse-linear-bn"]
-    assert [r.code for r in declined] == ["not-constant"] and "weight" in declined[0].message
+    assert [r.code for r in declined] == ["not-constant"]
+    # it says what the weight is, not that a node computes it
+    assert (
+        declined[0].message.startswith("weight of ")
+        and "held as a sparse, nested or subclass tensor" in declined[0].message
+    )
     assert_sound(program, x, want)
 
 

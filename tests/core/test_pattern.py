@@ -1378,6 +1378,46 @@ def test_a_computed_value_the_program_writes_is_no_constant_nor_what_is_computed
     assert computed_by(written, "d") == ()
 
 
+def test_a_constant_held_as_no_plain_data_is_declined_as_what_it_is_in_every_stage() -> None:
+    # (a sparse or subclass weight: the adapter keeps it out of the constants and names it opaque)
+    from fxpure.plan import constant_operand
+    from fxpure.rules import fuse_conv_bn
+
+    g = GraphBuilder()
+    x = g.input("x", (1, 2, 4, 4))
+    for i in (1, 2):
+        conv = g.call(
+            "aten.conv2d.default", name=f"conv{i}", out=(1, 2, 4, 4), input=x, weight=g.parameter(f"w{i}", (2, 2, 1, 1))
+        )
+        stats = {k: g.buffer(f"{k}{i}", (2,)) for k in ("running_mean", "running_var")}
+        x = g.call(
+            "aten.batch_norm.default",
+            name=f"bn{i}",
+            out=(1, 2, 4, 4),
+            input=conv,
+            weight=None,
+            bias=None,
+            **stats,
+            training=False,
+            momentum=0.1,
+            eps=1e-5,
+            cudnn_enabled=False,
+        )
+    g.output(x)
+    built = g.build()
+    snap = snapshot(built.nodes, {k: v for k, v in built.constants.items() if k != "w2"}, opaque=["w2"])
+    report = plan(snap, [fuse_conv_bn(), fuse_conv_bn()])  # the second stage plans on the first's rewrite
+    assert [p.anchor for p in report.plans] == ["bn1"] and report.after.opaque == {"w2"}
+    held = (
+        "weight of conv2 is not a constant tensor "
+        "(it is w2, held as a sparse, nested or subclass tensor: no data to fold)"
+    )
+    assert [(r.reason.code, r.reason.message) for r in report.rejections] == [("not-constant", held)] * 2
+    assert constant_operand(snap, "conv2", "weight", NodeRef("w2")).failure().message == held
+    plain = snapshot(built.nodes, {k: v for k, v in built.constants.items() if k != "w2"})
+    assert constant_operand(plain, "conv2", "weight", NodeRef("w2")).failure().computed  # (a plain input, say)
+
+
 @pytest.mark.parametrize(
     ("start", "ops", "constant", "target"),
     [
