@@ -144,7 +144,9 @@ def _steps(
     # each names its own function in source_fn_stack (``torch.permute``, ...), not the linear's
     # (nn.Linear): a partitioner grouping a model's linears by it finds the conv's views in none
     for i, step in enumerate(steps):
-        target, spec = VIEW_OPS[(p.dialect, step[0])], TensorSpec(shape=(shape := _moved(shape, step)), dtype=dtype)
+        target = VIEW_OPS[(p.dialect, step[0])]
+        shape = _moved(shape, step)
+        spec = TensorSpec(shape=shape, dtype=dtype)
         x = p.node(target, (x, step[1]), name=f"{name}{i}", spec=spec, source_fn=step[0])
     return x, shape
 
