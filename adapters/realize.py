@@ -45,7 +45,7 @@ from fxpure.plan import (
 )
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
-from fxpure.weights import infer_spec, sources
+from fxpure.weights import infer_spec, moves_data, sources
 
 V = TypeVar("V")
 
@@ -636,8 +636,11 @@ def _non_finite(
     new: Mapping[str, torch.Tensor], after: GraphSnapshot, tensors: Mapping[str, torch.Tensor]
 ) -> list[str]:
     """Derived floating constants holding inf or NaN that their computation brings in (a fold that
-    overflowed its dtype, say): where a constant it reads holds some already (a slice of a weight
-    with an inf), it is computed again with those made 1, and counts only if still not finite."""
+    overflowed its dtype, say). Where a constant it reads holds some already and the expression only
+    moves data (a slice of a weight with an inf: the new op reads the inf the old one read), it is
+    computed again with those made 1, and counts only if still not finite; arithmetic on an inf
+    counts (``W * inf`` in a fold: the old op scaled its finite sum, the new one sums infinities of
+    both signs, NaN)."""
 
     def finite(t: torch.Tensor) -> bool:
         return not t.is_floating_point() or bool(torch.isfinite(t).all())
@@ -648,7 +651,7 @@ def _non_finite(
         if finite(t) or source is None:
             continue
         read = {key: tensors[key] for key in sources(source) if key in tensors}
-        if not all(map(finite, read.values())):
+        if not all(map(finite, read.values())) and moves_data(source):
             made_finite = {
                 key: v if finite(v) else torch.nan_to_num(v, nan=1.0, posinf=1.0, neginf=1.0) for key, v in read.items()
             }

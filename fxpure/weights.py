@@ -553,6 +553,22 @@ def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
     return frozenset(seen)
 
 
+# expressions whose every element is one of their operands' (or a fill, or a pad's zero)
+_MOVES = (Source, Permute, Reshape, Unsqueeze, Slice, PadTo, Cast, Concat, Fill)
+
+
+def moves_data(expr: WeightExpr) -> bool:
+    """True when ``expr`` computes nothing from its sources' values: it lays them out (permute,
+    reshape, slice, pad, concat), casts them, or fills; an inf it holds is one a source holds, at
+    another place. Arithmetic (and quantization) is not.
+
+    >>> w = Source(key="w", spec=TensorSpec(shape=(4, 3), dtype="float32"))
+    >>> moves_data(PadTo(x=Permute(x=w, dims=(1, 0)), dim=0, multiple=4)), moves_data(Unary(op="neg", x=w))
+    (True, False)
+    """
+    return all(isinstance(e, _MOVES) for e in subexpressions(expr))
+
+
 def sources(expr: WeightExpr) -> frozenset[str]:
     """Keys of the existing constants an expression reads.
 
