@@ -539,6 +539,9 @@ def changed_values(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec
     for old, new in p.replace:
         was = snap.node(old).spec if old in snap.index else None
         now = local[new] if new in local else (snap.node(new).spec if new in snap.index else None)
+        if was is not None and now is None and new in local:  # nothing to check it against
+            detail = f"new value {new} takes the uses of {old} ({shown(was)}) and declares no spec"
+            return PlanConflict(node=p.anchor, detail=detail)
         if was is not None and now is not None and specs_differ(was, now):
             detail = f"new value {new} ({shown(now)}) takes the uses of {old} ({shown(was)})"
             return PlanConflict(node=p.anchor, detail=detail)
@@ -964,10 +967,29 @@ def _decide(
     if known is not None:
         return Failure(known)
     try:
-        return rule.plan_at(snap, node)
+        result = rule.plan_at(snap, node)
     except Exception as e:  # a bug in the rule: raised as it is, saying where
         e.add_note(f"raised by rule {rule.name!r} planning at node {node.name!r}")
         raise
+    if isinstance(result, Success) and isinstance(result.unwrap(), RewritePlan):
+        return result
+    if isinstance(result, Failure) and isinstance(result.failure(), Reason):
+        return result
+    raise TypeError(
+        f"rule {rule.name!r} planning at node {node.name!r} returned {result!r}, "
+        "not Success(RewritePlan) or Failure(Reason)"
+    )
+
+
+def _anchors(rule: Rule, snap: GraphSnapshot) -> Iterator[NodeSnapshot]:
+    """``rule``'s anchors in ``snap``; TypeError, naming the rule, for one that is no node record."""
+    found = rule.anchors(snap)
+    if not isinstance(found, Iterable):
+        raise TypeError(f"rule {rule.name!r} gave the anchors {found!r}, not an iterable of NodeSnapshots")
+    for node in found:
+        if not isinstance(node, NodeSnapshot):
+            raise TypeError(f"rule {rule.name!r} gave the anchor {node!r}, not a NodeSnapshot of the snapshot")
+        yield node
 
 
 def _left(
@@ -980,7 +1002,7 @@ def _left(
     """The candidates of the program (not of the rule's new nodes) that ``rule`` would plan, or
     decline, in one more run, after its last: each with its reason, or ``runs-exhausted``."""
     out = []
-    for node in rule.anchors(current):
+    for node in _anchors(rule, current):
         if node.name not in first.index or node.name in reported:
             continue
         result = _decide(rule, current, node, declined)
@@ -1009,7 +1031,7 @@ def _stages(
         for run in range(runs(rule)):
             accepted: list[RewritePlan] = []
             claimed: dict[str, str] = {}
-            for node in rule.anchors(current):
+            for node in _anchors(rule, current):
                 if node.name in planned:  # (an insertion that keeps its anchor would repeat every run)
                     continue
                 # a later run declines no candidate an earlier one decided, nor one of the rule's new nodes
@@ -1021,6 +1043,13 @@ def _stages(
                         reported.add(node.name)
                     continue
                 p = result.unwrap()
+                if (p.rule, p.anchor) != (rule.name, node.name):  # checks outside the core find a plan by them
+                    if report:
+                        detail = f"the plan made at {node.name} names rule {p.rule!r} and anchor {p.anchor!r}"
+                        reason = PlanConflict(node=node.name, detail=detail, path="plan")
+                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
+                        reported.add(node.name)
+                    continue
                 overlap = sorted(c for c in p.claims if c in claimed)
                 if overlap:
                     if report:

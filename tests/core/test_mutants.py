@@ -912,7 +912,13 @@ def test_new_nodes_keep_their_keywords_and_follow_plan_names_the_rewrite_changed
     w = Source(key="w", spec=spec(4, 3, 3, 3))
 
     def plan_with(const: str, node: str, kwargs: Any, args: Any = None) -> GraphSnapshot:
-        added = NewNode(name=node, target="aten.add.Tensor", args=args or (NodeRef("conv"),), kwargs=kwargs)
+        added = NewNode(
+            name=node,
+            target="aten.add.Tensor",
+            args=args or (NodeRef("conv"),),
+            kwargs=kwargs,
+            spec=snap.node("relu").spec,
+        )
         p = RewritePlan(
             rule="r",
             anchor="relu",

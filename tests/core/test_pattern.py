@@ -1495,7 +1495,7 @@ def test_a_rewrite_keeps_the_declared_sizes_and_the_written_nodes() -> None:
     keep = RewritePlan(
         rule="r",
         anchor="r",
-        nodes=(NewNode(name="r2", target="aten.relu.default", args=(NodeRef("c"),)),),
+        nodes=(NewNode(name="r2", target="aten.relu.default", args=(NodeRef("c"),), spec=spec(4)),),
         replace=(("r", "r2"),),
         erase=("r",),
     )

@@ -210,9 +210,11 @@ def test_a_value_standing_for_one_of_another_dtype_or_shape_conflicts(now: Spec,
     p = RewritePlan(rule="r", anchor="relu", nodes=(made,), replace=(("relu", "n"),), erase=("relu",))
     detail = f"new value n ({shown}) takes the uses of relu (float32[1, 2, 4, 4])"
     assert rewrite(g.build(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
-    # a size only one side knows, or a value of unknown spec, is no conflict
-    for fine in (spec(1, 2, "s0", 4), None):
-        assert isinstance(rewrite(g.build(), [replace(p, nodes=(replace(made, spec=fine),))]), Success)
+    # a size only one side knows is no conflict; a new value of unknown spec is (nothing checks it)
+    assert isinstance(rewrite(g.build(), [replace(p, nodes=(replace(made, spec=spec(1, 2, "s0", 4)),))]), Success)
+    unknown = "new value n takes the uses of relu (float32[1, 2, 4, 4]) and declares no spec"
+    unchecked = [replace(p, nodes=(replace(made, spec=None),))]
+    assert rewrite(g.build(), unchecked) == Failure(PlanConflict(node="relu", detail=unknown))
 
 
 def test_uses_moved_to_an_existing_node_of_another_spec_conflict() -> None:
@@ -256,7 +258,7 @@ def test_provenance_outside_the_snapshot_is_kept_and_inside_it_is_traced_to_its_
         anchor="a",
         nodes=(
             NewNode(name="n", target="h", args=(NodeRef("c"),), provenance="elsewhere"),
-            NewNode(name="m", target="h", args=(NodeRef("n"),), provenance="a"),
+            NewNode(name="m", target="h", args=(NodeRef("n"),), provenance="a", spec=spec(2)),
         ),
         replace=(("a", "m"),),
         erase=("a",),
@@ -266,7 +268,7 @@ def test_provenance_outside_the_snapshot_is_kept_and_inside_it_is_traced_to_its_
     q = RewritePlan(
         rule="r",
         anchor="m",
-        nodes=(NewNode(name="k", target="h", args=(NodeRef("n"),), provenance="m"),),
+        nodes=(NewNode(name="k", target="h", args=(NodeRef("n"),), provenance="m", spec=spec(2)),),
         replace=(("m", "k"),),
         erase=("m",),
     )
@@ -611,3 +613,57 @@ def test_a_rule_raising_says_which_rule_raised_and_where() -> None:
     with pytest.raises(KeyError) as raised:
         plan(g.build(), [Raising()])
     assert raised.value.__notes__ == ["raised by rule 'raising' planning at node 'relu'"]
+
+
+class Returning:
+    """A hand-written rule anchored at every call (or at ``anchors``) that returns ``make`` there."""
+
+    name = "returning"
+
+    def __init__(self, make: object, anchors: object = None) -> None:
+        self.make, self.given = make, anchors
+
+    def anchors(self, snap: GraphSnapshot) -> Sequence[NodeSnapshot]:
+        calls = [n for n in snap.nodes if n.op == "call_function"]
+        return calls if self.given is None else self.given  # type: ignore[return-value]
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        return self.make  # type: ignore[return-value]
+
+
+def relu_program() -> GraphSnapshot:
+    g = GraphBuilder()
+    g.output(g.call("aten.relu.default", name="relu", self=g.input("x", (2,)), out=(2,)))
+    return g.build()
+
+
+@pytest.mark.parametrize(("rule", "anchor"), [("typo", "relu"), ("returning", "elsewhere")])
+def test_a_plan_naming_another_rule_or_anchor_than_where_it_was_made_is_declined(rule: str, anchor: str) -> None:
+    # found by a hunt: the adapter's checks decline a plan by (rule, anchor), and plan() asked them
+    # by the candidate: such a plan skipped every check (a wrong shape was applied)
+    made = NewNode(name="n", target="aten.neg.default", args=(NodeRef("x"),), spec=spec(2))
+    p = RewritePlan(rule=rule, anchor=anchor, nodes=(made,), replace=(("relu", "n"),), erase=("relu",))
+    report = plan(relu_program(), [Returning(Success(p))])
+    detail = f"the plan made at relu names rule {rule!r} and anchor {anchor!r}"
+    reason = PlanConflict(node="relu", detail=detail, path="plan")
+    assert report.plans == () and report.rejections == (Rejection(rule="returning", node="relu", reason=reason),)
+
+
+@pytest.mark.parametrize(
+    ("given", "anchors", "said"),
+    [
+        (None, None, "returned None, not Success(RewritePlan) or Failure(Reason)"),
+        (Failure("nope"), None, "returned <Failure: nope>, not Success(RewritePlan) or Failure(Reason)"),
+        (Success(None), None, "returned <Success: None>, not Success(RewritePlan) or Failure(Reason)"),
+        (RewritePlan(rule="returning", anchor="relu"), None, "not Success(RewritePlan) or Failure(Reason)"),
+        (None, ["relu"], "gave the anchor 'relu', not a NodeSnapshot of the snapshot"),
+        (None, 3, "gave the anchors 3, not an iterable of NodeSnapshots"),
+    ],
+)
+def test_a_rule_returning_what_the_protocol_does_not_allow_is_a_type_error_naming_it(
+    given: object, anchors: object, said: str
+) -> None:
+    # (they raised AttributeError or TypeError from inside plan(), or from the command line's report)
+    with pytest.raises(TypeError, match=r"^rule 'returning' ") as raised:
+        plan(relu_program(), [Returning(given, anchors)])
+    assert said in str(raised.value)
