@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 from collections import ChainMap
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -860,10 +861,12 @@ def _tensor_of(snap: GraphSnapshot, p: RewritePlan, name: str, al: _Aliasing) ->
 
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan that writes an op the program's own verifier refuses (an edge program takes Core
-    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), with the reason."""
-    if not isinstance(cap.program, ExportedProgram) or not report.plans:
+    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), or an op that writes
+    its arguments in place (``add_``: a value other nodes read, or a parameter, would change), with
+    the reason."""
+    if not report.plans:
         return {}
-    verifiers = [v() for v in cap.program.verifiers]
+    verifiers = [v() for v in cap.program.verifiers] if isinstance(cap.program, ExportedProgram) else []
     why: dict[str, str | None] = {}
     out: dict[tuple[str, str], Reason] = {}
     for p in report.plans:
@@ -882,6 +885,8 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
         op = resolve_target(target, dialect)
     except ValueError:
         return None  # an unknown op is refused, with its name, when the plan is applied
+    if getattr(getattr(op, "_schema", None), "is_mutable", False):
+        return f"{target} writes its arguments in place: a plan adds no such op (what other nodes read would change)"
     for v in verifiers:
         try:
             v.check_valid_op(op)
@@ -993,8 +998,8 @@ def _ran(
         also = f" ({shown(want)} there)" if there is not None and there != node.spec else ""
         detail = f"new node {node.name} computes {shown(got)}{at}, its plan declares {shown(node.spec)}{also}"
         return declared, ("plan-conflict", detail)
-    if not isinstance(ran, torch.Tensor):
-        return declared, None
+    if not isinstance(ran, torch.Tensor):  # a tuple (a split's parts, which a getitem then picks), or none
+        return (tuple(ran) if isinstance(ran, (tuple, list)) else declared), None
     first_in = next((v for v in reads.values() if isinstance(v, torch.Tensor) and v.dim() == ran.dim()), None)
     # (a one-channel output is also contiguous: its strides, not torch's contiguity, give its dim order)
     if layout and _channels_last(first_in) and _dim_order(ran) != _dim_order(first_in):
@@ -1033,7 +1038,8 @@ def _fake_call(
     try:
         op = resolve_target(node.target, dialect)
         schema = getattr(op, "_schema", None)
-        if schema is None or schema.is_mutable:  # an in-place op would write the program's own fake values
+        # an in-place op would write the program's own fake values; ``getitem`` picks a fake value
+        if (schema is None and op is not operator.getitem) or (schema is not None and schema.is_mutable):
             return None, None
         args = _bind(tuple(_literal(a) for a in node.args), reads)
         kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
@@ -1074,8 +1080,23 @@ def _dim_order(v: torch.Tensor | None) -> tuple[int, ...] | None:
         return None
 
 
+def _unheld(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan with a new constant that reads a tensor the program holds as no constant (a
+    buffer it writes in place, a value it computes: a hand-written ``Source`` of it), with the reason."""
+    out: dict[tuple[str, str], Reason] = {}
+    for p in report.plans:
+        for c in p.constants:
+            unheld = next((k for k in sources(c.expr) if k not in cap.tensors), None)
+            if unheld is not None:
+                detail = f"constant {c.name} reads {unheld}, which the program holds as no constant"
+                out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
+                break
+    return out
+
+
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why
 _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]], ...] = (
+    _unheld,
     _crossing,
     _inside_preserved,
     _refused,
@@ -1244,7 +1265,7 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
         for stage in stages:
             step = fxpure.rewrite(after, stage)
             if isinstance(step, Failure):
-                return Failure(TransformError(code="plan-conflict", message=str(step.failure())))
+                return Failure(TransformError(code="plan-conflict", message=step.failure().message))
             after = step.unwrap()
         flat = tuple(p for s in stages for p in s)
         report = RewriteReport(plans=flat, rejections=(), before=cap.snap, after=after, stages=stages)

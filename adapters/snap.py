@@ -256,10 +256,16 @@ def _constant(
 _EMPTY: PMap[str, Arg] = pmap()
 
 
+# what torch.fx's generated code names besides the graph's nodes (builtins, keywords, its own globals)
+_CODE_NAMES = (*getattr(torch.fx.graph, "_illegal_names", {}), *getattr(torch.fx.graph, "_custom_builtins", {}))
+
+
 def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset[str]:
-    """Names a new constant must not take: every state-dict / constant key and attribute of the
-    module, every module the program calls, with each dotted prefix (a submodule's name)."""
+    """Names a new node or constant must not take: every state-dict / constant key and attribute of
+    the module, every module the program calls, with each dotted prefix (a submodule's name), and
+    the names the generated code and ``ep.module()`` use (``self``, builtins, ``torch``, ``_guards_fn``)."""
     keys = [*ep.state_dict, *ep.constants, *(e.fqn for e in ep.module_call_graph)] if ep is not None else []
+    keys += ["self", "_guards_fn", *_CODE_NAMES]
     keys += [k for k, _ in gm.named_parameters(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_buffers(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_modules(remove_duplicate=False)]

@@ -1109,6 +1109,7 @@ class Planner:
         self.anchor = anchor or m.anchor
         self._constants: list[NewConstant] = []
         self._nodes: list[NewNode] = []
+        self._names: set[str] = set()  # of the new values: one name, one value
         self.refused: Reason | None = None
         """Why the plan cannot be written for this match (a number bound where the op needs a
         node: ``malformed-node`` at path ``plan``; an erased node whose size is read, with no new
@@ -1122,9 +1123,19 @@ class Planner:
 
     def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind = "parameter") -> NodeRef:
         """A derived constant (computed by the adapter, once, if it survives), keyed under the
-        module of the constants it reads (``NewConstant``)."""
+        module of the constants it reads (``NewConstant``). A name the plan gave a new value
+        already is counted up (``w_padded_1``): the reference returned names this one."""
+        name = self._unique(name)
         self._constants.append(NewConstant(name=name, expr=expr, kind=kind))
         return NodeRef(name)
+
+    def _unique(self, name: str) -> str:
+        fresh, i = name, 0
+        while fresh in self._names:
+            i += 1
+            fresh = f"{name}_{i}"
+        self._names.add(fresh)
+        return fresh
 
     def node(
         self,
@@ -1137,7 +1148,8 @@ class Planner:
         provenance: str | None = None,
         source_fn: str | None = None,
     ) -> NodeRef:
-        """A new node with positional arguments as given."""
+        """A new node with positional arguments as given (a name taken counted up, as for ``const``)."""
+        name = self._unique(name)
         self._nodes.append(
             NewNode(
                 name=name,

@@ -20,9 +20,11 @@ from fxpure.snapshot import (
     Arg,
     ConstantInfo,
     ConstantKind,
+    DTypeArg,
     GraphSnapshot,
     NodeRef,
     NodeSnapshot,
+    Opaque,
     Spec,
     TensorSpec,
     derive,
@@ -466,6 +468,21 @@ def _renamed(node: NodeSnapshot, names: Mapping[str, str]) -> NodeSnapshot:
     )
 
 
+_LEAVES = (int, float, str, NodeRef, DTypeArg, Opaque, type(None))
+
+
+def _foreign(args: Iterable[object]) -> object:
+    """The first value in an argument tree that is no ``Arg`` (a tensor, say), else ``_LEAVES``."""
+    for a in args:
+        if isinstance(a, tuple | list):
+            found = _foreign(a)
+            if found is not _LEAVES:
+                return found
+        elif not isinstance(a, _LEAVES):
+            return a
+    return _LEAVES
+
+
 def _conflict(node: str, detail: str) -> Result[GraphSnapshot, PlanConflict]:
     return Failure(PlanConflict(node=node, detail=detail))
 
@@ -580,6 +597,16 @@ class _Batch:
 
     def add(self, p: RewritePlan) -> PlanConflict | None:
         snap, local, specs = self.snap, {}, {}
+        named = [*(c.name for c in p.constants), *(n.name for n in p.nodes)]
+        moved = [old for old, _ in p.replace]
+        if len(set(named)) < len(named) or len(set(moved)) < len(moved):  # which one a reference means is unclear
+            name = next((n for n in named if named.count(n) > 1), None)
+            detail = (
+                f"plan gives two new values the name {name}"
+                if name is not None
+                else f"plan moves the uses of {next(n for n in moved if moved.count(n) > 1)} twice"
+            )
+            return PlanConflict(node=p.anchor, detail=detail)
         for c in p.constants:
             spec = infer_spec(c.expr)
             if not isinstance(spec, Success):
@@ -602,9 +629,13 @@ class _Batch:
         if misfit is not None:
             return misfit
         for n in p.nodes:
+            foreign = _foreign((*n.args, *n.kwargs.values()))
+            if foreign is not _LEAVES:  # an adapter would print it into the program's code
+                detail = f"new node {n.name} has an argument {type(foreign).__name__}, no node, number, string or dtype"
+                return PlanConflict(node=p.anchor, detail=detail)
             local[n.name] = _fresh(n.name, self.used)
-        sources = [old for old, _ in p.replace] or [p.anchor]
-        missing = next((s for s in (*sources, *p.erase, *p.prune) if s not in snap.index), None)
+        taken = [old for old, _ in p.replace] or [p.anchor]
+        missing = next((s for s in (*taken, *p.erase, *p.prune) if s not in snap.index), None)
         if missing is not None:
             detail = f"plan names {missing}, a node the graph does not have"
             # the usual cause: the plans of a rule that runs again, each made on the last run's result
@@ -769,12 +800,13 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     """
     if not plans:
         return Success(snap)
-    claimed: dict[str, str] = {}
+    claimed: dict[str, RewritePlan] = {}
     for p in plans:
         for c in p.claims:
             if c in claimed:
-                return _conflict(c, f"claimed by plans at {claimed[c]} and {p.anchor}")
-            claimed[c] = p.anchor
+                first = claimed[c]
+                return _conflict(c, f"claimed by plans of {first.rule} at {first.anchor} and of {p.rule} at {p.anchor}")
+            claimed[c] = p
     # a new constant's name is also its key in the program: unique among nodes, keys and attributes
     used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
     batch = _Batch(snap=snap, used=used)

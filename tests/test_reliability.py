@@ -1109,3 +1109,117 @@ def test_a_deep_copy_whose_signature_names_a_lost_input_is_declined_up_front() -
         assert failure.code == "unsupported-program"
         assert "graph signature names input 'input', which its graph does not have" in failure.message
     assert copied.graph_module.code == code
+
+
+class _AtRelu:
+    """A hand-written rule at each relu whose plan ``make(snap, node)`` gives (a backend author's)."""
+
+    name = "at-relu"
+
+    def __init__(self, make: Callable[[fxpure.GraphSnapshot, fxpure.NodeSnapshot], fxpure.RewritePlan]) -> None:
+        self.make = make
+
+    def anchors(self, snap: fxpure.GraphSnapshot) -> list[fxpure.NodeSnapshot]:
+        return [n for n in snap.nodes if n.op == "call_function" and "relu" in n.target]
+
+    def plan_at(self, snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> Any:
+        from returns.result import Success
+
+        return Success(self.make(snap, node))
+
+
+class LinearRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x)) * 2.0
+
+
+def _half_split(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    # the first half of a split of the relu's input, declared as the whole (2, 4): a lie
+    from fxpure.plan import NewNode, RewritePlan
+    from fxpure.snapshot import NodeRef, TensorSpec
+
+    half = TensorSpec(shape=(2, 2), dtype="float32")
+    split = "aten.split_with_sizes.default" if snap.dialect == "aten" else "aten.split_with_sizes_copy.default"
+    made = (
+        NewNode(name="sp", target=split, args=(node.args[0], (2, 2), 1), spec=(half, half)),
+        NewNode(name="g", target="getitem", args=(NodeRef("sp"), 0), spec=node.spec),
+        NewNode(name="r2", target="aten.relu.default", args=(NodeRef("g"),), spec=node.spec),
+    )
+    return RewritePlan(rule="at-relu", anchor=node.name, nodes=made, replace=((node.name, "r2"),), erase=(node.name,))
+
+
+def _bias_add_(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    # relu(x) as relu(x) after adding 1 to the linear's bias in place: a write to a parameter
+    from fxpure.plan import NewNode, RewritePlan
+    from fxpure.snapshot import NodeRef
+
+    bias = next(n.name for n in snap.nodes if n.name in snap.constants and len(snap.constants[n.name].spec.shape) == 1)
+    made = (
+        NewNode(name="w", target="aten.add_.Tensor", args=(NodeRef(bias), 1.0), spec=snap.constants[bias].spec),
+        NewNode(name="r2", target="aten.relu.default", args=node.args, spec=node.spec),
+    )
+    return RewritePlan(rule="at-relu", anchor=node.name, nodes=made, replace=((node.name, "r2"),), erase=(node.name,))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(
+    ("make", "code", "said"),
+    [
+        (_half_split, "plan-conflict", "new node g computes float32[2, 2], its plan declares float32[2, 4]"),
+        (_bias_add_, "op-not-allowed", "aten.add_.Tensor writes its arguments in place"),
+    ],
+)
+def test_a_hand_written_plan_that_lies_about_a_getitem_or_writes_a_parameter_is_declined(
+    form: str, make: Callable[[fxpure.GraphSnapshot, fxpure.NodeSnapshot], fxpure.RewritePlan], code: str, said: str
+) -> None:
+    # found by a hunt of hand-written rules: a getitem's declared spec was taken on trust (the program
+    # returned (2, 2)), and a new in-place op changed the model's own bias on every call
+    torch.manual_seed(0)
+    model, x = LinearRelu().eval(), (torch.randn(2, 4),)
+    program = build(model, x, form)
+    want = run(program, x)[0]
+    outcome = adapters.transform(program, [_AtRelu(make)]).unwrap()
+    assert not outcome.changed
+    (declined,) = outcome.report.rejections
+    assert declined.reason.code == code and said in declined.reason.message
+    for _ in range(2):
+        assert torch.equal(run(program, x)[0], want)
+
+
+def _named_self(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    # relu(x) + 0 as a new node "self" reading a new constant "_guards_fn" (names the code takes)
+    from fxpure.plan import NewConstant, NewNode, RewritePlan
+    from fxpure.snapshot import NodeRef
+    from fxpure.weights import Fill
+
+    zero = NewConstant(name="_guards_fn", expr=Fill(shape=(4,), value=0.0, dtype="float32"))
+    made = (
+        NewNode(name="r", target="aten.relu.default", args=node.args, spec=node.spec),
+        NewNode(name="self", target="aten.add.Tensor", args=(NodeRef("r"), NodeRef("_guards_fn")), spec=node.spec),
+    )
+    return RewritePlan(
+        rule="at-relu",
+        anchor=node.name,
+        constants=(zero,),
+        nodes=made,
+        replace=((node.name, "self"),),
+        erase=(node.name,),
+    )
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_new_names_the_generated_code_uses_are_given_fresh_ones(form: str) -> None:
+    # found by a hunt: a node named self broke every call of the program (self = ...; self._out_spec),
+    # a constant named _guards_fn broke ep.module()
+    torch.manual_seed(0)
+    model, x = LinearRelu().eval(), (torch.randn(2, 4),)
+    program = build(model, x, form)
+    want = run(program, x)[0]
+    assert adapters.transform(program, [_AtRelu(_named_self)]).unwrap().changed
+    names = {n.name for n in program.graph.nodes}
+    assert "self" not in names and {"self_1", "_guards_fn_1"} <= names  # (a GraphModule has a _guards_fn call)
+    assert torch.equal(run(program, x)[0], want)

@@ -89,18 +89,20 @@ def test_a_plan_wrong_only_for_large_inputs_or_in_its_declared_spec_is_named(for
     assert check(_clamp(None)) == (True, "")
     ok, note = check(_clamp(5.0))  # differs from relu above 5 only: the inputs reach past it
     assert ok is False and note.startswith("max relative difference")
-    assert check(_clamp(None, "none")) == (False, "c declares no shape or dtype, and computes (2, 64) float32")
-    # a new value declared of another dtype than the one it stands for is declined when planned
-    report = adapters.transform(program, [_clamp(None, "half")], dry_run=True).unwrap().report
-    assert report.plans == () and [r.reason.code for r in report.rejections] == ["plan-conflict"]
+    # a new value declared of another dtype than the one it stands for, or of none, is declined when planned
+    for declared in ("half", "none"):
+        report = adapters.transform(program, [_clamp(None, declared)], dry_run=True).unwrap().report
+        assert report.plans == () and [r.reason.code for r in report.rejections] == ["plan-conflict"]
     # and check_plans names it in a report made otherwise (by hand, say)
     good = adapters.transform(program, [_clamp(None)], dry_run=True).unwrap().report
     (p,) = good.plans
-    half = dataclasses.replace(
-        p, nodes=(dataclasses.replace(p.nodes[0], spec=TensorSpec(shape=(2, 64), dtype="float16")),)
-    )
-    (c,) = check_plans(program, dataclasses.replace(good, plans=(half,), stages=((half,),)))
-    assert (c.ok, c.note) == (False, "c declares (2, 64) float16, and computes (2, 64) float32")
+    for spec, note in (
+        (None, "c declares no shape or dtype, and computes (2, 64) float32"),
+        (TensorSpec(shape=(2, 64), dtype="float16"), "c declares (2, 64) float16, and computes (2, 64) float32"),
+    ):
+        made = dataclasses.replace(p, nodes=(dataclasses.replace(p.nodes[0], spec=spec),))
+        (c,) = check_plans(program, dataclasses.replace(good, plans=(made,), stages=((made,),)))
+        assert (c.ok, c.note) == (False, note)
 
 
 @pytest.fixture

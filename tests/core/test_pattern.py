@@ -1851,3 +1851,20 @@ def test_a_family_of_ones_own_reaches_the_builder_and_the_planner_by_target_or_s
     assert [(n.target, n.args) for n in same.nodes] == [("aten.hardswish.default", (NodeRef("x"),))]
     with pytest.raises(PatternError, match=r"no schema for my.act.default: pass its Schema"):
         plan(snap, [rule("unknown", pattern, plan=unknown)])
+
+
+def test_a_planner_counts_up_a_name_it_gave_a_new_value_already() -> None:
+    # (quantized-conv named a conv's padded scales and bias after the node that holds them: where one
+    # constant holds both, two new constants had one name, and every reference meant the last)
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(g.call("aten.relu.default", name="relu", self=x, out=(2,)))
+    snap = g.build()
+    m = match(RELU_X, snap, snap.node("relu")).unwrap()
+    p = Planner("r", m)
+    a = p.const(Fill(shape=(2,), value=1.0, dtype="float32"), "k")
+    b = p.const(Fill(shape=(2,), value=2.0, dtype="float32"), "k")
+    n = p.node("aten.add.Tensor", (a, b), name="k", spec=spec(2))
+    assert (a.name, b.name, n.name) == ("k", "k_1", "k_2")
+    r = m.bindings["r"]
+    assert isinstance(r, Bound) and p.replace(r, n).nodes[0].args == (NodeRef("k"), NodeRef("k_1"))

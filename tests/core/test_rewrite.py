@@ -393,7 +393,9 @@ def test_new_names_avoid_nodes_constant_keys_and_reserved_names_and_count_up() -
 def test_two_plans_taking_one_node_conflict() -> None:
     p1 = RewritePlan(rule="r", anchor="a", erase=("a",))
     p2 = RewritePlan(rule="r", anchor="c", replace=(("a", "c"),))
-    assert rewrite(chain(), [p1, p2]) == Failure(PlanConflict(node="a", detail="claimed by plans at a and c"))
+    assert rewrite(chain(), [p1, p2]) == Failure(
+        PlanConflict(node="a", detail="claimed by plans of r at a and of r at c")
+    )
 
 
 def test_a_plan_that_does_not_fit_the_graph_conflicts_with_the_reason() -> None:
@@ -667,3 +669,32 @@ def test_a_rule_returning_what_the_protocol_does_not_allow_is_a_type_error_namin
     with pytest.raises(TypeError, match=r"^rule 'returning' ") as raised:
         plan(relu_program(), [Returning(given, anchors)])
     assert said in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("constants", "nodes", "moves", "detail"),
+    [
+        (("k",), ("k",), (("relu", "k"),), "plan gives two new values the name k"),
+        ((), ("n", "m"), (("relu", "n"), ("relu", "m")), "plan moves the uses of relu twice"),
+    ],
+)
+def test_a_plan_whose_names_or_moves_say_two_things_conflicts(
+    constants: tuple[str, ...], nodes: tuple[str, ...], moves: tuple[tuple[str, str], ...], detail: str
+) -> None:
+    # found by a hunt: the last one silently won (a node and a constant named alike: every reference
+    # meant the node; the uses of relu moved twice: to the second value)
+    made = tuple(NewNode(name=n, target="aten.neg.default", args=(NodeRef("x"),), spec=spec(2)) for n in nodes)
+    added = tuple(NewConstant(name=c, expr=ONES) for c in constants)
+    p = RewritePlan(rule="r", anchor="relu", constants=added, nodes=made, replace=moves, erase=("relu",))
+    assert rewrite(relu_program(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
+
+
+def test_a_new_node_with_an_argument_that_is_no_arg_conflicts() -> None:
+    # (a tensor put in a hand-written plan was printed into the program's code: a NameError at run time)
+    class Tensorish:
+        pass
+
+    made = NewNode(name="n", target="aten.add.Tensor", args=(NodeRef("x"), (1, Tensorish())), spec=spec(2))  # type: ignore[arg-type]
+    p = RewritePlan(rule="r", anchor="relu", nodes=(made,), replace=(("relu", "n"),), erase=("relu",))
+    detail = "new node n has an argument Tensorish, no node, number, string or dtype"
+    assert rewrite(relu_program(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
