@@ -1223,3 +1223,53 @@ def test_new_names_the_generated_code_uses_are_given_fresh_ones(form: str) -> No
     names = {n.name for n in program.graph.nodes}
     assert "self" not in names and {"self_1", "_guards_fn_1"} <= names  # (a GraphModule has a _guards_fn call)
     assert torch.equal(run(program, x)[0], want)
+
+
+class Accumulating(nn.Module):
+    acc: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("acc", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.acc.add_(1.0)
+        return torch.relu(self.lin(x)) * self.acc
+
+
+def _times_acc(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    # relu(x) * acc with acc read as a constant: but the program adds 1 to it on every call
+    from fxpure.plan import NewConstant, NewNode, RewritePlan
+    from fxpure.snapshot import NodeRef, TensorSpec
+    from fxpure.weights import Source
+
+    acc = next(n.name for n in snap.nodes if n.op in ("placeholder", "get_attr") and "acc" in n.name)
+    k = NewConstant(name="k", expr=Source(key=acc, spec=TensorSpec(shape=(4,), dtype="float32")))
+    made = NewNode(name="r2", target="aten.mul.Tensor", args=(NodeRef(node.name), NodeRef("k")), spec=node.spec)
+    return RewritePlan(rule="at-relu", anchor=node.name, constants=(k,), nodes=(made,), replace=((node.name, "r2"),))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])  # (edge: no in-place op)
+def test_a_plan_reading_a_buffer_the_program_writes_as_a_constant_is_declined(form: str) -> None:
+    # found by a hunt: the whole transform failed materialize-failed (KeyError 'b_acc'); now that plan
+    # is declined and nothing else changes
+    model, x = Accumulating().eval(), (torch.randn(2, 4),)
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [_AtRelu(_times_acc)]).unwrap()
+    (declined,) = outcome.report.rejections
+    assert declined.reason.code == "plan-conflict" and not outcome.changed
+    assert declined.reason.message.startswith("relu: constant k reads ") and "as no constant" in declined.reason.message
+
+
+def test_applying_two_plans_that_take_one_node_names_both_rules_once() -> None:
+    model, x = LinearRelu().eval(), (torch.randn(2, 4),)
+    program = build(model, x, "aten")
+    relu = next(n for n in adapters.capture(program).nodes if n.name == "relu")
+    from fxpure.plan import NewNode, RewritePlan
+
+    made = [NewNode(name=f"r{i}", target="aten.relu.default", args=relu.args, spec=relu.spec) for i in (2, 3)]
+    a = RewritePlan(rule="A", anchor="relu", nodes=(made[0],), replace=(("relu", "r2"),), erase=("relu",))
+    b = RewritePlan(rule="B", anchor="relu", nodes=(made[1],), replace=(("relu", "r3"),))
+    error = adapters.apply(program, [a, b]).failure()
+    assert str(error) == "plan-conflict: relu: claimed by plans of A at relu and of B at relu"
