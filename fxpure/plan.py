@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Literal, Protocol, final
+from typing import Literal, Protocol, final, get_args
 
 from pyrsistent import PMap as PMapType
 from pyrsistent import pmap, pvector
@@ -468,6 +468,35 @@ def _renamed(node: NodeSnapshot, names: Mapping[str, str]) -> NodeSnapshot:
     )
 
 
+_EXPRS = get_args(WeightExpr)
+
+
+def malformed(p: RewritePlan) -> str | None:
+    """What in ``p`` is not of the type its record declares (a hand-written plan's slip that the
+    type checker would catch: a list of names, a target of None, a float for an expression), or
+    None. Expressions are checked when their spec is inferred.
+
+    >>> malformed(RewritePlan(rule="r", anchor="a", replace=(("a",),)))
+    "replace holds ('a',), not a pair of node names"
+    """
+    if not isinstance(p.constants, tuple) or not all(
+        isinstance(c, NewConstant) and type(c.name) is str and isinstance(c.expr, _EXPRS) for c in p.constants
+    ):
+        return f"constants {p.constants!r} are no tuple of NewConstant(name, expression)"
+    if not isinstance(p.nodes, tuple) or not all(
+        isinstance(n, NewNode) and type(n.name) is str and type(n.target) is str and isinstance(n.args, tuple | list)
+        for n in p.nodes
+    ):
+        return f"nodes {p.nodes!r} are no tuple of NewNode(name, target, args)"
+    for pair in p.replace if isinstance(p.replace, tuple) else (p.replace,):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(type(n) is str for n in pair)):
+            return f"replace holds {pair!r}, not a pair of node names"
+    for what, names in (("erase", p.erase), ("prune", p.prune)):
+        if not isinstance(names, tuple) or not all(type(n) is str for n in names):
+            return f"{what} {names!r} is no tuple of node names"
+    return None
+
+
 _LEAVES = (int, float, str, NodeRef, DTypeArg, Opaque, type(None))
 
 
@@ -608,7 +637,11 @@ class _Batch:
             )
             return PlanConflict(node=p.anchor, detail=detail)
         for c in p.constants:
-            spec = infer_spec(c.expr)
+            try:
+                spec = infer_spec(c.expr)
+                hash(c.expr)
+            except (TypeError, ValueError, AttributeError) as e:  # a field of another type (a list for a shape)
+                return PlanConflict(node=p.anchor, detail=f"constant {c.name}: malformed expression ({e})")
             if not isinstance(spec, Success):
                 return PlanConflict(node=p.anchor, detail=f"constant {c.name}: {spec.failure().message}")
             specs[c.name] = spec.unwrap()
@@ -800,6 +833,10 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     """
     if not plans:
         return Success(snap)
+    for p in plans:
+        wrong = malformed(p)
+        if wrong is not None:
+            return _conflict(p.anchor, f"malformed plan: {wrong}")
     claimed: dict[str, RewritePlan] = {}
     for p in plans:
         for c in p.claims:
@@ -1075,6 +1112,13 @@ def _stages(
                         reported.add(node.name)
                     continue
                 p = result.unwrap()
+                wrong = malformed(p)
+                if wrong is not None:
+                    if report:
+                        reason = PlanConflict(node=node.name, detail=f"malformed plan: {wrong}", path="plan")
+                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
+                        reported.add(node.name)
+                    continue
                 if (p.rule, p.anchor) != (rule.name, node.name):  # checks outside the core find a plan by them
                     if report:
                         detail = f"the plan made at {node.name} names rule {p.rule!r} and anchor {p.anchor!r}"

@@ -698,3 +698,31 @@ def test_a_new_node_with_an_argument_that_is_no_arg_conflicts() -> None:
     p = RewritePlan(rule="r", anchor="relu", nodes=(made,), replace=(("relu", "n"),), erase=("relu",))
     detail = "new node n has an argument Tensorish, no node, number, string or dtype"
     assert rewrite(relu_program(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
+
+
+def _neg(**fields: object) -> RewritePlan:
+    made = NewNode(name="n", target="aten.neg.default", args=(NodeRef("x"),), spec=spec(2))
+    plan_fields: dict[str, object] = {"nodes": (made,), "replace": (("relu", "n"),), "erase": ("relu",), **fields}
+    return RewritePlan(rule="returning", anchor="relu", **plan_fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (_neg(replace=(("relu",),)), "malformed plan: replace holds ('relu',), not a pair of node names"),
+        (_neg(erase=["relu"]), "malformed plan: erase ['relu'] is no tuple of node names"),
+        (_neg(constants=(NewConstant(name="k", expr=0.0),)), "malformed plan: constants"),  # type: ignore[arg-type]
+        (_neg(nodes=(NewNode(name="n", target=None, args=()),)), "malformed plan: nodes"),  # type: ignore[arg-type]
+        (
+            _neg(constants=(NewConstant(name="k", expr=Fill(shape=[2], value=0.0, dtype="float32")),)),  # type: ignore[arg-type]
+            "constant k: malformed expression (unhashable type: 'list')",
+        ),
+    ],
+)
+def test_a_plan_of_fields_of_other_types_than_declared_conflicts(bad: RewritePlan, said: str) -> None:
+    # found by a hunt of hand-written rules: each raised a bare TypeError or ValueError out of plan()
+    report = plan(relu_program(), [Returning(Success(bad))])
+    (declined,) = report.rejections
+    assert report.plans == () and declined.reason.code == "plan-conflict" and said in declined.reason.message
+    result = rewrite(relu_program(), [bad])
+    assert isinstance(result, Failure) and said in result.failure().message
