@@ -419,8 +419,11 @@ def not_constant(node: str, role: str, value: Arg, path: str = "", *, opaque: bo
 
     >>> not_constant("bn", "running_mean", None).message
     'running_mean of bn is not a constant tensor (it is absent)'
-    >>> not_constant("lin", "weight", NodeRef("w"), opaque=True).message
-    'weight of lin is not a constant tensor (it is w, held as a sparse, nested or subclass tensor: no data to fold)'
+    >>> not_constant("lin", "weight", NodeRef("w"), "lin.weight", opaque=True)
+    NotConstant(code='not-constant', node='lin', path='lin.weight', role='weight', \
+source='w, held as a sparse, nested or subclass tensor: no data to fold', computed=False)
+    >>> not_constant("lin", "weight", NodeRef("w")).message
+    "weight of lin is not a constant (it is computed by 'w')"
     """
     if isinstance(value, NodeRef) and opaque:
         shown = f"{value.name}, held as a sparse, nested or subclass tensor: no data to fold"
@@ -488,7 +491,9 @@ def malformed(p: RewritePlan) -> str | None:
         for n in p.nodes
     ):
         return f"nodes {p.nodes!r} are no tuple of NewNode(name, target, args)"
-    for pair in p.replace if isinstance(p.replace, tuple) else (p.replace,):
+    if not isinstance(p.replace, tuple):
+        return f"replace {p.replace!r} is no tuple of pairs of node names"
+    for pair in p.replace:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(type(n) is str for n in pair)):
             return f"replace holds {pair!r}, not a pair of node names"
     for what, names in (("erase", p.erase), ("prune", p.prune)):

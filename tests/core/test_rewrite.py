@@ -711,6 +711,8 @@ def _neg(**fields: object) -> RewritePlan:
     [
         (_neg(replace=(("relu",),)), "malformed plan: replace holds ('relu',), not a pair of node names"),
         (_neg(erase=["relu"]), "malformed plan: erase ['relu'] is no tuple of node names"),
+        (_neg(prune=["x"]), "malformed plan: prune ['x'] is no tuple of node names"),
+        (_neg(replace=[("relu", "n")]), "malformed plan: replace [('relu', 'n')] is no tuple of pairs of node names"),
         (_neg(constants=(NewConstant(name="k", expr=0.0),)), "malformed plan: constants"),  # type: ignore[arg-type]
         (_neg(nodes=(NewNode(name="n", target=None, args=()),)), "malformed plan: nodes"),  # type: ignore[arg-type]
         (
