@@ -46,7 +46,7 @@ from fxpure.plan import (
 )
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
-from fxpure.weights import infer_spec, moves_data, sources
+from fxpure.weights import Source, infer_spec, moves_data, sources, subexpressions
 
 V = TypeVar("V")
 
@@ -861,12 +861,10 @@ def _tensor_of(snap: GraphSnapshot, p: RewritePlan, name: str, al: _Aliasing) ->
 
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan that writes an op the program's own verifier refuses (an edge program takes Core
-    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), or an op that writes
-    its arguments in place (``add_``: a value other nodes read, or a parameter, would change), with
-    the reason."""
-    if not report.plans:
+    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), with the reason."""
+    if not isinstance(cap.program, ExportedProgram) or not report.plans:
         return {}
-    verifiers = [v() for v in cap.program.verifiers] if isinstance(cap.program, ExportedProgram) else []
+    verifiers = [v() for v in cap.program.verifiers]
     why: dict[str, str | None] = {}
     out: dict[tuple[str, str], Reason] = {}
     for p in report.plans:
@@ -885,8 +883,6 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
         op = resolve_target(target, dialect)
     except ValueError:
         return None  # an unknown op is refused, with its name, when the plan is applied
-    if getattr(getattr(op, "_schema", None), "is_mutable", False):
-        return f"{target} writes its arguments in place: a plan adds no such op (what other nodes read would change)"
     for v in verifiers:
         try:
             v.check_valid_op(op)
@@ -1038,12 +1034,13 @@ def _fake_call(
     try:
         op = resolve_target(node.target, dialect)
         schema = getattr(op, "_schema", None)
-        # an in-place op would write the program's own fake values; ``getitem`` picks a fake value
-        if (schema is None and op is not operator.getitem) or (schema is not None and schema.is_mutable):
+        if schema is None and op is not operator.getitem:  # (``getitem`` picks a fake value)
             return None, None
-        args = _bind(tuple(_literal(a) for a in node.args), reads)
-        kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
         with mode:
+            if schema is not None and schema.is_mutable:  # on copies: not the program's own fake values
+                reads = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in reads.items()}
+            args = _bind(tuple(_literal(a) for a in node.args), reads)
+            kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
             return op(*args, **kwargs), None
     except Exception as e:
         if type(e) not in _REFUSED:
@@ -1080,23 +1077,51 @@ def _dim_order(v: torch.Tensor | None) -> tuple[int, ...] | None:
         return None
 
 
+def _writes_state(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan with a new node that writes in place, directly or through a view, a tensor the
+    program holds or is given (a parameter, a buffer, a constant, an input): the model's own
+    state, or its caller's tensor, would change on every call. With the reason."""
+    out: dict[tuple[str, str], Reason] = {}
+    for snap, stage in planned_on(report):
+        for p in stage:
+            base: dict[str, str] = {}  # a new view: the tensor it views
+            for n in p.nodes:
+                for x, write, view, copy in _effects(n, snap.dialect):
+                    x = base.get(x, x)
+                    held = x in snap.index and snap.node(x).op in ("placeholder", "get_attr")
+                    if write and held:
+                        detail = f"new node {n.name} writes {x} in place, a tensor the program holds or is given"
+                        out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
+                    elif view and not copy:
+                        base[n.name] = x
+    return out
+
+
 def _unheld(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan with a new constant that reads a tensor the program holds as no constant (a
-    buffer it writes in place, a value it computes: a hand-written ``Source`` of it), with the reason."""
+    buffer it writes in place, a value it computes: a hand-written ``Source`` of it), or reads one
+    as another shape or dtype than it has, with the reason."""
     out: dict[tuple[str, str], Reason] = {}
     for p in report.plans:
         for c in p.constants:
-            unheld = next((k for k in sources(c.expr) if k not in cap.tensors), None)
-            if unheld is not None:
-                detail = f"constant {c.name} reads {unheld}, which the program holds as no constant"
+            for e in subexpressions(c.expr):
+                if not isinstance(e, Source):
+                    continue
+                t = cap.tensors.get(e.key)
+                if t is None:
+                    detail = f"constant {c.name} reads {e.key}, which the program holds as no constant"
+                elif tensor_spec(t) != e.spec:
+                    detail = f"constant {c.name} reads {e.key} as {shown(e.spec)}, which holds {shown(tensor_spec(t))}"
+                else:
+                    continue
                 out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
-                break
     return out
 
 
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why
 _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]], ...] = (
     _unheld,
+    _writes_state,
     _crossing,
     _inside_preserved,
     _refused,
@@ -1117,22 +1142,24 @@ def _known_ops(report: RewriteReport, dialect: str) -> None:
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
-    """Plan, compute the new constants, and decline (then plan again without) every plan that
-    removes a node a preserved module call signature names, writes an op the program's verifier
-    refuses, or whose constants are not finite; raises _ApplyError if a constant cannot be computed."""
+    """Plan, compute the new constants, and decline (then plan again without) every plan a check of
+    ``_CHECKS`` finds wrong on the program (a constant it cannot read, a write to the program's
+    state, a node a preserved module call signature names, an op the verifier refuses, a write
+    between reads, a node torch computes otherwise), or whose constants are not finite; raises
+    _ApplyError if a constant cannot be computed."""
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
         _known_ops(report, cap.snap.dialect)  # a dry run says so as applying would
         # a check's reason is about the plan, not a place in the pattern: located at ``plan``
-        crossing = {
+        found = {
             k: v if v.path else replace(v, path="plan")
             for check in _CHECKS
             for k, v in check(cap, report).items()
             if k not in declined
         }
-        if crossing:
-            declined.update(crossing)
+        if found:
+            declined.update(found)
             continue
         try:
             new = _materialize_new(cap, report.after) if report.plans else {}

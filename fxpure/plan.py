@@ -474,6 +474,15 @@ def _renamed(node: NodeSnapshot, names: Mapping[str, str]) -> NodeSnapshot:
 _EXPRS = get_args(WeightExpr)
 
 
+def _is_spec(spec: object) -> bool:
+    """``spec`` is a ``Spec``: None, a TensorSpec, or a tuple of TensorSpecs and Nones."""
+    return (
+        spec is None
+        or isinstance(spec, TensorSpec)
+        or (isinstance(spec, tuple) and all(s is None or isinstance(s, TensorSpec) for s in spec))
+    )
+
+
 def malformed(p: RewritePlan) -> str | None:
     """What in ``p`` is not of the type its record declares (a hand-written plan's slip that the
     type checker would catch: a list of names, a target of None, a float for an expression), or
@@ -483,14 +492,25 @@ def malformed(p: RewritePlan) -> str | None:
     "replace holds ('a',), not a pair of node names"
     """
     if not isinstance(p.constants, tuple) or not all(
-        isinstance(c, NewConstant) and type(c.name) is str and isinstance(c.expr, _EXPRS) for c in p.constants
+        isinstance(c, NewConstant)
+        and type(c.name) is str
+        and c.name.isidentifier()
+        and isinstance(c.expr, _EXPRS)
+        and c.kind in ("parameter", "buffer", "constant")
+        for c in p.constants
     ):
-        return f"constants {p.constants!r} are no tuple of NewConstant(name, expression)"
+        return f"constants {p.constants!r} are no tuple of NewConstant(identifier, expression, kind)"
     if not isinstance(p.nodes, tuple) or not all(
-        isinstance(n, NewNode) and type(n.name) is str and type(n.target) is str and isinstance(n.args, tuple | list)
+        isinstance(n, NewNode)
+        and type(n.name) is str
+        and n.name.isidentifier()
+        and type(n.target) is str
+        and isinstance(n.args, tuple | list)
+        and isinstance(n.kwargs, Mapping)
+        and _is_spec(n.spec)
         for n in p.nodes
     ):
-        return f"nodes {p.nodes!r} are no tuple of NewNode(name, target, args)"
+        return f"nodes {p.nodes!r} are no tuple of NewNode(identifier, target, args, kwargs, spec)"
     if not isinstance(p.replace, tuple):
         return f"replace {p.replace!r} is no tuple of pairs of node names"
     for pair in p.replace:
@@ -723,6 +743,19 @@ class _Batch:
         # unread (a node the plan adds for another purpose, an assert say, stays)
         self.prune.update(local[new] for _, new in p.replace if new in local)
         return None
+
+
+def _misfits(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> dict[str, PlanConflict]:
+    """The plans of a stage ``rewrite`` refused that do not fit on their own, by anchor, with why
+    (what one plan gets wrong is its own: the others are still rewritten). Only when a rewrite fails."""
+    used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
+    batch, out = _Batch(snap=snap, used=used), {}
+    for p in plans:
+        wrong = malformed(p)
+        err = PlanConflict(node=p.anchor, detail=f"malformed plan: {wrong}") if wrong is not None else batch.add(p)
+        if err is not None:
+            out[p.anchor] = err
+    return out
 
 
 def _module(snap: GraphSnapshot, expr: WeightExpr) -> str:
@@ -1061,7 +1094,8 @@ def _anchors(rule: Rule, snap: GraphSnapshot) -> Iterator[NodeSnapshot]:
     if not isinstance(found, Iterable):
         raise TypeError(f"rule {rule.name!r} gave the anchors {found!r}, not an iterable of NodeSnapshots")
     for node in found:
-        if not isinstance(node, NodeSnapshot):
+        at = snap.index.get(node.name) if isinstance(node, NodeSnapshot) else None
+        if at is None or (snap.nodes[at] is not node and snap.nodes[at] != node):
             raise TypeError(f"rule {rule.name!r} gave the anchor {node!r}, not a NodeSnapshot of the snapshot")
         yield node
 
@@ -1093,6 +1127,23 @@ def _left(
     return out
 
 
+def _unfit(rule: Rule, node: NodeSnapshot, p: RewritePlan, claimed: Mapping[str, str]) -> PlanConflict | None:
+    """Why the stage takes no plan ``p`` made at ``node``: its fields are not of their types, it
+    names another rule or anchor (checks outside the core find a plan by them), or a node it claims
+    is taken by an earlier plan of the stage."""
+    wrong = malformed(p)
+    if wrong is not None:
+        return PlanConflict(node=node.name, detail=f"malformed plan: {wrong}", path="plan")
+    if (p.rule, p.anchor) != (rule.name, node.name):
+        detail = f"the plan made at {node.name} names rule {p.rule!r} and anchor {p.anchor!r}"
+        return PlanConflict(node=node.name, detail=detail, path="plan")
+    overlap = sorted(c for c in p.claims if c in claimed)
+    if overlap:
+        detail = f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
+        return PlanConflict(node=node.name, detail=detail, path="plan")
+    return None
+
+
 def _stages(
     snap: GraphSnapshot, rules: Sequence[Rule], declined: Mapping[tuple[str, str], Reason] | None
 ) -> RewriteReport:
@@ -1111,37 +1162,24 @@ def _stages(
                 # a later run declines no candidate an earlier one decided, nor one of the rule's new nodes
                 report = run == 0 or (node.name in first.index and node.name not in reported)
                 result = _decide(rule, current, node, declined)
-                if not isinstance(result, Success):
+                why = result.failure() if isinstance(result, Failure) else _unfit(rule, node, result.unwrap(), claimed)
+                if why is not None:
                     if report:
-                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=result.failure()))
+                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=why))
                         reported.add(node.name)
                     continue
                 p = result.unwrap()
-                wrong = malformed(p)
-                if wrong is not None:
-                    if report:
-                        reason = PlanConflict(node=node.name, detail=f"malformed plan: {wrong}", path="plan")
-                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
-                        reported.add(node.name)
-                    continue
-                if (p.rule, p.anchor) != (rule.name, node.name):  # checks outside the core find a plan by them
-                    if report:
-                        detail = f"the plan made at {node.name} names rule {p.rule!r} and anchor {p.anchor!r}"
-                        reason = PlanConflict(node=node.name, detail=detail, path="plan")
-                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
-                        reported.add(node.name)
-                    continue
-                overlap = sorted(c for c in p.claims if c in claimed)
-                if overlap:
-                    if report:
-                        detail = f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
-                        reason = PlanConflict(node=node.name, detail=detail, path="plan")
-                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=reason))
-                        reported.add(node.name)
-                    continue
                 claimed.update((c, p.anchor) for c in p.claims)
                 accepted.append(p)
             step = rewrite(current, accepted)
+            misfits = _misfits(current, accepted) if isinstance(step, Failure) else {}
+            if misfits:  # declined each at its candidate, the rest rewritten
+                for p in accepted:
+                    if p.anchor in misfits:
+                        reason = replace(misfits[p.anchor], path="plan")
+                        rejections.append(Rejection(rule=rule.name, node=p.anchor, reason=reason))
+                accepted = [p for p in accepted if p.anchor not in misfits]
+                step = rewrite(current, accepted)
             if isinstance(step, Failure):
                 why = step.failure()
                 why = why if why.path else replace(why, path="plan")

@@ -660,6 +660,7 @@ def test_a_plan_naming_another_rule_or_anchor_than_where_it_was_made_is_declined
         (RewritePlan(rule="returning", anchor="relu"), None, "not Success(RewritePlan) or Failure(Reason)"),
         (None, ["relu"], "gave the anchor 'relu', not a NodeSnapshot of the snapshot"),
         (None, 3, "gave the anchors 3, not an iterable of NodeSnapshots"),
+        (None, [NodeSnapshot(name="ghost", op="call_function", target="t")], "not a NodeSnapshot of the snapshot"),
     ],
 )
 def test_a_rule_returning_what_the_protocol_does_not_allow_is_a_type_error_naming_it(
@@ -712,6 +713,19 @@ def _neg(**fields: object) -> RewritePlan:
         (_neg(replace=(("relu",),)), "malformed plan: replace holds ('relu',), not a pair of node names"),
         (_neg(erase=["relu"]), "malformed plan: erase ['relu'] is no tuple of node names"),
         (_neg(prune=["x"]), "malformed plan: prune ['x'] is no tuple of node names"),
+        (
+            _neg(nodes=(NewNode(name="n", target="aten.neg.default", args=(), spec="float32[2]"),)),  # type: ignore[arg-type]
+            "malformed plan: nodes",
+        ),
+        (
+            _neg(nodes=(NewNode(name="n", target="aten.neg.default", args=(), kwargs=[("x", 1)], spec=spec(2)),)),  # type: ignore[arg-type]
+            "malformed plan: nodes",
+        ),
+        (
+            _neg(nodes=(NewNode(name="my-n", target="aten.neg.default", args=(), spec=spec(2)),)),
+            "malformed plan: nodes",
+        ),
+        (_neg(constants=(NewConstant(name="k", expr=ONES, kind="weird"),)), "malformed plan: constants"),  # type: ignore[arg-type]
         (_neg(replace=[("relu", "n")]), "malformed plan: replace [('relu', 'n')] is no tuple of pairs of node names"),
         (_neg(constants=(NewConstant(name="k", expr=0.0),)), "malformed plan: constants"),  # type: ignore[arg-type]
         (_neg(nodes=(NewNode(name="n", target=None, args=()),)), "malformed plan: nodes"),  # type: ignore[arg-type]
@@ -728,3 +742,25 @@ def test_a_plan_of_fields_of_other_types_than_declared_conflicts(bad: RewritePla
     assert report.plans == () and declined.reason.code == "plan-conflict" and said in declined.reason.message
     result = rewrite(relu_program(), [bad])
     assert isinstance(result, Failure) and said in result.failure().message
+
+
+def test_a_plan_that_does_not_fit_is_declined_alone_and_the_others_of_its_stage_rewritten() -> None:
+    # found by a review: one plan with two values of one name declined every plan of its stage, each
+    # with that plan's reason
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(*(g.call("aten.relu.default", name=n, self=x, out=(2,)) for n in ("relu", "relu_1")))
+
+    def make(node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        names = ("n", "n") if node.name == "relu_1" else ("n", "m")
+        made = tuple(NewNode(name=k, target="aten.neg.default", args=(NodeRef("x"),), spec=spec(2)) for k in names)
+        return Success(RewritePlan(rule="returning", anchor=node.name, nodes=made, replace=((node.name, "n"),)))
+
+    class PerNode(Returning):
+        def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+            return make(node)
+
+    report = plan(g.build(), [PerNode(None)])
+    assert [p.anchor for p in report.plans] == ["relu"]
+    reason = PlanConflict(node="relu_1", detail="plan gives two new values the name n", path="plan")
+    assert report.rejections == (Rejection(rule="returning", node="relu_1", reason=reason),)
