@@ -492,7 +492,7 @@ def malformed(p: RewritePlan) -> str | None:
     "replace holds ('a',), not a pair of node names"
     """
     if not isinstance(p.constants, tuple) or not all(
-        isinstance(c, NewConstant)
+        type(c) is NewConstant
         and type(c.name) is str
         and c.name.isidentifier()
         and isinstance(c.expr, _EXPRS)
@@ -501,13 +501,13 @@ def malformed(p: RewritePlan) -> str | None:
     ):
         return f"constants {p.constants!r} are no tuple of NewConstant(identifier, expression, kind)"
     if not isinstance(p.nodes, tuple) or not all(
-        isinstance(n, NewNode)
+        type(n) is NewNode
         and type(n.name) is str
         and n.name.isidentifier()
         and type(n.target) is str
-        and isinstance(n.args, tuple | list)
-        and isinstance(n.kwargs, Mapping)
-        and _is_spec(n.spec)
+        and type(n.args) in (tuple, list)
+        and (type(n.kwargs) is PMapType or isinstance(n.kwargs, Mapping))
+        and (type(n.spec) is TensorSpec or _is_spec(n.spec))
         for n in p.nodes
     ):
         return f"nodes {p.nodes!r} are no tuple of NewNode(identifier, target, args, kwargs, spec)"
@@ -523,13 +523,17 @@ def malformed(p: RewritePlan) -> str | None:
 
 
 _LEAVES = (int, float, str, NodeRef, DTypeArg, Opaque, type(None))
+_LEAF_TYPES = frozenset({*_LEAVES, bool})
 
 
 def _foreign(args: Iterable[object]) -> object:
     """The first value in an argument tree that is no ``Arg`` (a tensor, say), else ``_LEAVES``."""
     for a in args:
-        if isinstance(a, tuple | list):
-            found = _foreign(a)
+        kind = type(a)
+        if kind in _LEAF_TYPES:  # (exact types first: the common case, and cheap)
+            continue
+        if kind is tuple or kind is list:
+            found = _foreign(a)  # type: ignore[arg-type]
             if found is not _LEAVES:
                 return found
         elif not isinstance(a, _LEAVES):
@@ -687,7 +691,7 @@ class _Batch:
         if misfit is not None:
             return misfit
         for n in p.nodes:
-            foreign = _foreign((*n.args, *n.kwargs.values()))
+            foreign = _foreign((*n.args, *n.kwargs.values()) if n.kwargs else n.args)
             if foreign is not _LEAVES:  # an adapter would print it into the program's code
                 detail = f"new node {n.name} has an argument {type(foreign).__name__}, no node, number, string or dtype"
                 return PlanConflict(node=p.anchor, detail=detail)
@@ -875,6 +879,13 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
         wrong = malformed(p)
         if wrong is not None:
             return _conflict(p.anchor, f"malformed plan: {wrong}")
+    return _rewrite(snap, plans)
+
+
+def _rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSnapshot, PlanConflict]:
+    """``rewrite`` of plans whose fields are of their types (``malformed`` found nothing)."""
+    if not plans:
+        return Success(snap)
     claimed: dict[str, RewritePlan] = {}
     for p in plans:
         for c in p.claims:
@@ -1171,7 +1182,7 @@ def _stages(
                 p = result.unwrap()
                 claimed.update((c, p.anchor) for c in p.claims)
                 accepted.append(p)
-            step = rewrite(current, accepted)
+            step = _rewrite(current, accepted)
             misfits = _misfits(current, accepted) if isinstance(step, Failure) else {}
             if misfits:  # declined each at its candidate, the rest rewritten
                 for p in accepted:
@@ -1179,7 +1190,7 @@ def _stages(
                         reason = replace(misfits[p.anchor], path="plan")
                         rejections.append(Rejection(rule=rule.name, node=p.anchor, reason=reason))
                 accepted = [p for p in accepted if p.anchor not in misfits]
-                step = rewrite(current, accepted)
+                step = _rewrite(current, accepted)
             if isinstance(step, Failure):
                 why = step.failure()
                 why = why if why.path else replace(why, path="plan")
