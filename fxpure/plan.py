@@ -754,9 +754,8 @@ def _misfits(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> dict[str, Pla
     (what one plan gets wrong is its own: the others are still rewritten). Only when a rewrite fails."""
     used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
     batch, out = _Batch(snap=snap, used=used), {}
-    for p in plans:
-        wrong = malformed(p)
-        err = PlanConflict(node=p.anchor, detail=f"malformed plan: {wrong}") if wrong is not None else batch.add(p)
+    for p in plans:  # (of the stage: each found well-formed)
+        err = batch.add(p)
         if err is not None:
             out[p.anchor] = err
     return out
@@ -1100,7 +1099,7 @@ def _decide(
 
 
 def _anchors(rule: Rule, snap: GraphSnapshot) -> Iterator[NodeSnapshot]:
-    """``rule``'s anchors in ``snap``; TypeError, naming the rule, for one that is no node record."""
+    """``rule``'s anchors in ``snap``; TypeError, naming the rule, for one that is no node of ``snap``."""
     found = rule.anchors(snap)
     if not isinstance(found, Iterable):
         raise TypeError(f"rule {rule.name!r} gave the anchors {found!r}, not an iterable of NodeSnapshots")
