@@ -532,8 +532,8 @@ def _foreign(args: Iterable[object]) -> object:
         kind = type(a)
         if kind in _LEAF_TYPES:  # (exact types first: the common case, and cheap)
             continue
-        if kind is tuple or kind is list:
-            found = _foreign(a)  # type: ignore[arg-type]
+        if isinstance(a, tuple | list):
+            found = _foreign(a)
             if found is not _LEAVES:
                 return found
         elif not isinstance(a, _LEAVES):
