@@ -626,8 +626,12 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
         got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
         if got != (info.spec.shape, info.spec.dtype):
             raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
-        if info.kind == "parameter":  # requiring grad where a parameter it is computed from does
-            grad = any(getattr(cap.tensors.get(k), "requires_grad", False) for k in sources(source))
+        if (
+            info.kind == "parameter"
+        ):  # requiring grad where a parameter it is computed from does (an integer one cannot)
+            grad = (t.is_floating_point() or t.is_complex()) and any(
+                getattr(cap.tensors.get(k), "requires_grad", False) for k in sources(source)
+            )
             t = torch.nn.Parameter(t, requires_grad=grad)
         out[name] = t
     return out
@@ -641,7 +645,7 @@ def _non_finite(
     moves data (a slice of a weight with an inf: the new op reads the inf the old one read), it is
     computed again with those made 1, and counts only if still not finite; arithmetic on an inf
     counts (``W * inf`` in a fold: the old op scaled its finite sum, the new one sums infinities of
-    both signs, NaN)."""
+    both signs, NaN), also where the result is of an integer dtype (a quantized copy of it)."""
 
     def finite(t: torch.Tensor) -> bool:
         return not t.is_floating_point() or bool(torch.isfinite(t).all())
@@ -649,9 +653,13 @@ def _non_finite(
     out = []
     for k, t in new.items():
         source = after.constants[k].source
-        if finite(t) or source is None:
+        if source is None or (finite(t) and t.is_floating_point()):
             continue
         read = {key: tensors[key] for key in sources(source) if key in tensors}
+        if not t.is_floating_point():  # integers hold no inf: arithmetic on one saturates (a quantize: 127)
+            if not all(map(finite, read.values())) and not moves_data(source):
+                out.append(k)
+            continue
         if not all(map(finite, read.values())) and moves_data(source):
             made_finite = {
                 key: v if finite(v) else torch.nan_to_num(v, nan=1.0, posinf=1.0, neginf=1.0) for key, v in read.items()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from pyrsistent import pmap
 from torch import nn
 from torch.nn import functional as F
 
@@ -1304,3 +1305,46 @@ def test_a_constant_read_as_another_dtype_than_it_holds_is_declined_and_the_rest
         and "as float16[4, 4], which holds float32[4, 4]" in declined.reason.message
     )
     torch.testing.assert_close(run(program, x)[0], want)
+
+
+def _plus_quantized_row(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    # relu(x) + the weight's first row quantized to int8 (and back to float): an int8 copy of a row
+    # holding inf would saturate to 127
+    from fxpure.plan import NewConstant, NewNode, RewritePlan
+    from fxpure.snapshot import DTypeArg, NodeRef, TensorSpec
+    from fxpure.weights import Fill, Quantize, Slice, Source
+
+    w = next(k for k, c in snap.constants.items() if len(c.spec.shape) == 2)
+    row = Slice(x=Source(key=w, spec=snap.constants[w].spec), dim=0, start=0, stop=1)
+    scale, zero = Fill(shape=(), value=0.1, dtype="float32"), Fill(shape=(), value=0.0, dtype="int64")
+    q = Quantize(x=row, scale=scale, zero_point=zero, axis=None, quant_min=-128, quant_max=127, dtype="int8")
+    to = "aten._to_copy.default" if snap.dialect == "aten" else "dim_order_ops._to_dim_order_copy.default"
+    made = (
+        NewNode(
+            name="f",
+            target=to,
+            args=(NodeRef("k"),),
+            kwargs=pmap({"dtype": DTypeArg("float32")}),
+            spec=TensorSpec(shape=(1, 4), dtype="float32"),
+        ),
+        NewNode(name="r2", target="aten.add.Tensor", args=(NodeRef(node.name), NodeRef("f")), spec=node.spec),
+    )
+    k = NewConstant(name="k", expr=q)
+    return RewritePlan(rule="at-relu", anchor=node.name, constants=(k,), nodes=made, replace=((node.name, "r2"),))
+
+
+class HeldInfLinear(LinearRelu):
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.lin.weight[0, 1] = float("inf")
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_an_integer_constant_computed_from_a_held_inf_is_declined(form: str) -> None:
+    # found by a review: only floating results were checked (the int8 row held 127 where the inf was)
+    for model, declined in ((LinearRelu(), False), (HeldInfLinear(), True)):
+        program = build(model.eval(), (torch.randn(2, 4),), form)
+        outcome = adapters.transform(program, [_AtRelu(_plus_quantized_row)]).unwrap()
+        codes = [r.reason.code for r in outcome.report.rejections]
+        assert (codes, outcome.changed) == ((["non-finite-weight"], False) if declined else ([], True))
