@@ -653,6 +653,14 @@ class _Batch:
     # new nodes that read a node whose uses their own plan takes: they keep reading it
     keep: dict[str, frozenset[str]] = field(default_factory=dict)
 
+    @staticmethod
+    def of(snap: GraphSnapshot) -> _Batch:
+        """An empty batch on ``snap``: a new constant's name is also its key in the program, unique
+        among nodes, keys and attributes; a derived constant already there is shared."""
+        used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
+        by_expr = {info.source: name for name, info in snap.constants.items() if info.source is not None}
+        return _Batch(snap=snap, used=used, by_expr=by_expr)
+
     def add(self, p: RewritePlan) -> PlanConflict | None:
         snap, local, specs = self.snap, {}, {}
         named = [*(c.name for c in p.constants), *(n.name for n in p.nodes)]
@@ -752,8 +760,7 @@ class _Batch:
 def _misfits(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> dict[str, PlanConflict]:
     """The plans of a stage ``rewrite`` refused that do not fit on their own, by anchor, with why
     (what one plan gets wrong is its own: the others are still rewritten). Only when a rewrite fails."""
-    used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
-    batch, out = _Batch(snap=snap, used=used), {}
+    batch, out = _Batch.of(snap), {}
     for p in plans:  # (of the stage: each found well-formed)
         err = batch.add(p)
         if err is not None:
@@ -892,10 +899,7 @@ def _rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphS
                 first = claimed[c]
                 return _conflict(c, f"claimed by plans of {first.rule} at {first.anchor} and of {p.rule} at {p.anchor}")
             claimed[c] = p
-    # a new constant's name is also its key in the program: unique among nodes, keys and attributes
-    used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
-    batch = _Batch(snap=snap, used=used)
-    batch.by_expr = {info.source: name for name, info in snap.constants.items() if info.source is not None}
+    batch = _Batch.of(snap)
     for p in plans:
         err = batch.add(p)
         if err is not None:
