@@ -22,7 +22,6 @@ from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, re
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
 # dims, transpose(0, 1) in either order or with negative dims
 MATRIX_T = family("matrix_t", "a transpose", [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("numpy_T", "mT")])
-WEIGHT_T = PERMUTE | TRANSPOSE | MATRIX_T
 _SWAPS = ((0, 1), (1, 0), (-2, -1), (-1, -2), (0, -1), (-1, 0), (-2, 1), (1, -2))
 
 
@@ -35,7 +34,7 @@ def _parts(
     # the transpose may be shared (tied weights, ``wt = W.T`` read twice): a plan leaves it to its other readers
     t = OneOf(
         Op(
-            WEIGHT_T,
+            PERMUTE,
             name=f"{name}_t",
             users=ANY,
             code=code,
@@ -43,6 +42,7 @@ def _parts(
             self=w,
             dims=Lit((1, 0), (-1, -2), (1, -2), (-1, 0)),
         ),
+        Op(TRANSPOSE | MATRIX_T, name=f"{name}_t", users=ANY, code=code, shared=shared, self=w),
         *(
             Op(TRANSPOSE_DIMS, name=f"{name}_t", users=ANY, code=code, shared=shared, self=w, dim0=Lit(a), dim1=Lit(b))
             for a, b in _SWAPS

@@ -532,9 +532,22 @@ def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Rea
             return None
         if best is None or fork.depth > best[0].depth:
             best = (fork, err)
+        elif fork.depth == best[0].depth and _same_miss(best[1], err):  # not this op nor that one
+            assert isinstance(err, WrongOp) and isinstance(best[1], WrongOp)
+            nouns = dict.fromkeys((*best[1].expected.split(" or "), *err.expected.split(" or ")))
+            best = (best[0], replace(best[1], expected=" or ".join(nouns)))
     assert best is not None
     _adopt(st, best[0])
     return best[1]
+
+
+def _same_miss(a: Reason, b: Reason) -> bool:
+    """Both say one node is another op than expected (two alternatives' roots missed it)."""
+    return (
+        isinstance(a, WrongOp)
+        and isinstance(b, WrongOp)
+        and (a.code, a.node, a.role, a.producer, a.consumer) == (b.code, b.node, b.role, b.producer, b.consumer)
+    )
 
 
 def _adopt(st: _State, fork: _State) -> None:
@@ -1404,6 +1417,13 @@ def _lint(p: Pattern, *, consumer: bool = False) -> None:
     for arg, sub in p.args:
         if arg not in fam.params:
             raise PatternError(f"{fam.name} has no argument {arg!r} (it has: {', '.join(sorted(fam.params))})")
+        lacking = next((t for t, s in fam.schemas.items() if arg not in s.names), None)
+        if lacking is not None and not isinstance(sub, Var):  # (a Var there binds nothing: see _names)
+            raise PatternError(
+                f"{p.label}.{arg}: {lacking} has no {arg} and fixes no value for it, so the "
+                f"{type(sub).__name__} would go unchecked on it: give that spelling a fixed value "
+                f"(parse_schema(..., fixed={{{arg!r}: ...}})) or match it in an Op of its own (OneOf)"
+            )
         kinds = fam.kinds(arg)
         if isinstance(sub, Op | Const) and kinds and not kinds & (TENSOR_KINDS | {"any"}):
             raise PatternError(f"{p.label}.{arg} is not a tensor argument: {type(sub).__name__} cannot match it")

@@ -247,7 +247,7 @@ def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool)
         else linear("q", input=x, weight=w, bias=b, code="C", shared="S", users=ANY)
     )
     ops = _ops(p)
-    assert len(ops) == 10 + 5 * 9  # every Op of the six spellings, the weight's transpose (nine) in five
+    assert len(ops) == 10 + 5 * 10  # every Op of the six spellings, the weight's transpose (ten) in five
     assert {o.code for o in ops} == {"C"}
     assert {o.shared for o in ops if o.name != "q_in"} == {"S"}  # (the input reshape may be shared)
     swaps = {Lit(d) for d in (0, 1, -1, -2)}

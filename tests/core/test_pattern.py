@@ -51,6 +51,7 @@ from fxpure.pattern import (
 from fxpure.plan import MAX_DEPTH, NewNode, RewritePlan, Rule, computed_by, constant_expr
 from fxpure.reasons import BadExpr, Declined, NotConstant, Reason
 from fxpure.rules.fold_binary import fold_binary
+from fxpure.schema import parse_schema
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
@@ -844,6 +845,38 @@ def _plan_nothing(p: Planner) -> RewritePlan:
     return p.finish([])
 
 
+_PAD = 'aten.pad.default(Tensor self, SymInt[] pad, str mode="constant", float? value=None) -> Tensor'
+_REFLECT = "aten.reflection_pad2d.default(Tensor self, SymInt[4] pad) -> Tensor"
+_PADS = family("pad", "a pad", [_PAD, _REFLECT])
+
+
+def test_an_argument_a_spelling_lacks_is_checked_where_it_fixes_a_value_and_bound_nowhere_else() -> None:
+    g = GraphBuilder(schemas=[parse_schema(_PAD), parse_schema(_REFLECT)])
+    x = g.input("x", (1, 3, 4, 4))
+    g.output(g.call("aten.reflection_pad2d.default", name="p", self=x, pad=(1, 1, 1, 1), out=(1, 3, 6, 6)))
+    snap = g.build()
+    # the spelling says what it implies: a reflection pad is no constant pad
+    fixed = family("pad", "a pad", [parse_schema(_PAD), parse_schema(_REFLECT, fixed={"mode": "reflect"})])
+    zero_pad = rule("zero-pad", Op(fixed, name="p", self=Var("x"), mode="constant"), plan=_plan_nothing)
+    reason = only_rejection(snap, zero_pad)
+    assert (reason.code, reason.path, reason.message) == (
+        "arg-mismatch",
+        "p.mode",
+        "mode of p is 'reflect', expected 'constant'",
+    )
+    # a Var there binds nothing on that spelling (a planner reading it needs a default)
+    with pytest.raises(PatternError, match="'m', which is bound on some matches only"):
+        rule("m", Op(_PADS, name="p", mode=Var("m")), plan=lambda p, m: p.finish([]))
+    assert isinstance(match(Op(_PADS, name="p", mode=Var("m")), snap, snap.node("p")), Success)
+
+
+def test_alternatives_that_each_miss_the_same_node_name_every_op_they_expected() -> None:
+    either = rule("either", Op(RELU, name="r", self=OneOf(Op(ADD), Op(MUL), Op(ADD))), plan=_plan_nothing)
+    reason = only_rejection(_relu_graph(), either)
+    assert (reason.code, reason.path) == ("wrong-op", "r.self/add")
+    assert reason.message == "self of r comes from x (x), not an addition or a multiplication"
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [
@@ -877,6 +910,13 @@ def _plan_nothing(p: Planner) -> RewritePlan:
         (lambda: OneOf(Op(RELU), OneOf(Op(ADD), Var("v"))), "a rule's pattern is rooted at an Op"),
         # a binding named match: checks get the whole Match by that name
         (lambda: Op(RELU, name="match"), "'match' names the whole match in checks: bind another name"),
+        # a value on an argument one spelling lacks and fixes no value for: that spelling would pass
+        # unchecked (an outside author's reflection pad, folded as a zero pad: wrong numbers)
+        (
+            lambda: Op(_PADS, self=Var("x"), mode="constant"),
+            r"^pad.mode: aten.reflection_pad2d.default has no mode and fixes no value for it, so the Lit would",
+        ),
+        (lambda: Op(_PADS, value=Scalar("v")), r"^pad.value: aten.reflection_pad2d.default has no value .* the Scalar"),
     ],
 )
 def test_patterns_that_cannot_work_are_refused_when_the_rule_is_built(
