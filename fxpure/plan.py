@@ -925,7 +925,8 @@ def _rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphS
         if n.name not in erase:
             out.append(_renamed(n, names) if n.name in readers else n)
     out.extend(nodes[last:])
-    return _finish(snap, out, batch.infos, batch.erase, batch.prune)
+    made = {m.name for ms in before.values() for m in ms}
+    return _finish(snap, out, batch.infos, batch.erase, batch.prune, made)
 
 
 def planned_on(report: RewriteReport) -> Iterator[tuple[GraphSnapshot, tuple[RewritePlan, ...]]]:
@@ -949,8 +950,10 @@ def _dead(
     index: Mapping[str, int],
     held: set[str],
     prune: set[str],
+    made: set[str],
 ) -> set[str]:
-    """Unused constants, and pruned nodes nothing reads; dropping one can free what it read.
+    """Unused constants, and pruned nodes nothing reads; dropping one can free what it read: a
+    constant, a pruned node, or a node the stage added (a plan's node that only a dropped one read).
 
     Walks only from the pruned nodes, and takes the dropped readers out of ``users``.
     """
@@ -963,7 +966,7 @@ def _dead(
         for r in dict.fromkeys(ref_list(nodes[index[name]])):
             left[r] = left.get(r, len(users[r])) - 1
             users[r] = tuple(u for u in users[r] if u != name)
-            if not left[r] and (r in held or r in prune):
+            if not left[r] and (r in held or r in prune or r in made):
                 todo.append(r)
     return dead
 
@@ -974,6 +977,7 @@ def _finish(
     added: dict[str, ConstantInfo],
     erased: set[str],
     prune: set[str],
+    made: set[str],
 ) -> Result[GraphSnapshot, PlanConflict]:
     users, index, targets, bad = derive(nodes)
     for name in erased:
@@ -982,7 +986,7 @@ def _finish(
     if bad is not None:
         return _conflict(bad.node, bad.detail)
     held = {k for k in [*snap.constants, *added] if k in index}
-    dead = _dead(nodes, users, index, held, prune)
+    dead = _dead(nodes, users, index, held, prune, made)
     live = pvector([n for n in nodes if n.name not in dead] if dead else nodes)
     if dead:
         # dead nodes are constants (no call) and pruned calls: only their targets change

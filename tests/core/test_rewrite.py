@@ -764,3 +764,22 @@ def test_a_plan_that_does_not_fit_is_declined_alone_and_the_others_of_its_stage_
     assert [p.anchor for p in report.plans] == ["relu"]
     reason = PlanConflict(node="relu_1", detail="plan gives two new values the name n", path="plan")
     assert report.rejections == (Rejection(rule="returning", node="relu_1", reason=reason),)
+
+
+def test_what_a_plan_adds_goes_whole_when_another_plan_of_the_stage_leaves_it_unread() -> None:
+    # the first plan stands m2 = h(m1), m1 = h(x, k) for c; the second erases c's only reader: all of the
+    # first plan's nodes and its constant go (an outside author's overlapping merges left m1 and k behind)
+    first = RewritePlan(
+        rule="r",
+        anchor="c",
+        constants=(NewConstant(name="k", expr=ONES),),
+        nodes=(new("m1", NodeRef("x"), NodeRef("k")), new("m2", NodeRef("m1"))),
+        replace=(("c", "m2"),),
+        erase=("c",),
+    )
+    second = RewritePlan(rule="r", anchor="a", nodes=(new("n", NodeRef("x")),), replace=(("a", "n"),), erase=("a",))
+    out = after(chain(), [first, second])
+    assert names(out) == ["x", "n", "output"] and not out.constants
+    # a new node nothing reads from the start (an assert, say) stays
+    check = RewritePlan(rule="r", anchor="c", nodes=(new("m1", NodeRef("x")),), replace=(), erase=())
+    assert "m1" in names(after(chain(), [check, second]))
