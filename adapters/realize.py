@@ -1167,7 +1167,7 @@ def _finite_plan(
             if k not in declined
         }
         if found:
-            declined.update(found)
+            declined.update(_earliest(report, found))
             continue
         try:
             new = _materialize_new(cap, report.after) if report.plans else {}
@@ -1181,7 +1181,17 @@ def _finite_plan(
             return report, new
         if not more:
             raise _ApplyError("non-finite-weight", f"{bad[0]} is not finite and no plan computes it")
-        declined.update(more)
+        declined.update(_earliest(report, more))
+
+
+def _earliest(report: RewriteReport, found: dict[tuple[str, str], Reason]) -> dict[tuple[str, str], Reason]:
+    """Of the plans found wrong, those of the earliest stage with any: a later stage was planned on
+    what the earlier ones made, so it is planned again without them (and may then be right)."""
+    for stage in report.stages:
+        here = {k: found[k] for p in stage if (k := (p.rule, p.anchor)) in found}
+        if here:
+            return here
+    return found
 
 
 def _run(

@@ -1193,6 +1193,70 @@ def test_a_hand_written_plan_that_lies_about_a_getitem_or_writes_a_parameter_is_
         assert torch.equal(run(program, x)[0], want)
 
 
+class _AtLinear:
+    """Respells the linear, its weight read as ``shape`` (a lie where it is another than the
+    weight's own: the new linear cannot run)."""
+
+    def __init__(self, name: str, shape: tuple[int, ...] | None) -> None:
+        self.name, self.shape = name, shape
+
+    def anchors(self, snap: fxpure.GraphSnapshot) -> list[fxpure.NodeSnapshot]:
+        # anchored at the linear's input, a name every stage keeps (as concat-parallel-linears is)
+        return [
+            snap.node(n.args[0].name) for n in snap.calls(["aten.linear.default"]) if type(n.args[0]) is fxpure.NodeRef
+        ]
+
+    def plan_at(self, snap: fxpure.GraphSnapshot, at: fxpure.NodeSnapshot) -> Any:
+        from returns.result import Success
+
+        from fxpure.plan import NewConstant, NewNode, RewritePlan, constant_expr
+        from fxpure.weights import Reshape
+
+        node = next(n for n in snap.users_of(at.name) if n.target == "aten.linear.default")
+        x, w = node.args[:2]
+        assert isinstance(w, fxpure.NodeRef) and node.tensor_spec is not None
+        weight = constant_expr(snap, w.name)
+        assert weight is not None
+        new = () if self.shape is None else (NewConstant(name="w2", expr=Reshape(x=weight, shape=self.shape)),)
+        read = fxpure.NodeRef(new[0].name) if new else w
+        made = NewNode(name=f"{self.name}_lin", target=node.target, args=(x, read), spec=node.spec)
+        return Success(
+            RewritePlan(
+                rule=self.name,
+                anchor=at.name,
+                constants=new,
+                nodes=(made,),
+                replace=((node.name, made.name),),
+                erase=(node.name,),
+            )
+        )
+
+
+class Wide(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_later_stage_planned_on_a_declined_plan_is_planned_again_without_it(form: str) -> None:
+    # found by an outside author's hunt: the adapter's checks declined both stages at once (the
+    # later one for the weight the earlier one's lie gave it), and the later one was never planned
+    # on the program as it is
+    torch.manual_seed(0)
+    model, x = Wide().eval(), (torch.randn(3, 4),)
+    program = build(model, x, form)
+    want = run(program, x)[0]
+    outcome = adapters.transform(program, [_AtLinear("lie", (4, 2)), _AtLinear("respell", None)]).unwrap()
+    (declined,) = outcome.report.rejections
+    assert (declined.rule, declined.reason.code) == ("lie", "plan-conflict")
+    assert [p.rule for p in outcome.report.plans] == ["respell"] and outcome.changed
+    assert torch.equal(run(program, x)[0], want)
+
+
 def _named_self(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
     # relu(x) + 0 as a new node "self" reading a new constant "_guards_fn" (names the code takes)
     from fxpure.plan import NewConstant, NewNode, RewritePlan
