@@ -1238,7 +1238,8 @@ class Wide(nn.Module):
         self.lin = nn.Linear(4, 2, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x)
+        y: torch.Tensor = self.lin(x)
+        return y
 
 
 @pytest.mark.parametrize("form", ["gm", "aten"])
