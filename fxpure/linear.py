@@ -271,6 +271,24 @@ def _features(spec: TensorSpec | None, n: int | None) -> TensorSpec | None:
     return TensorSpec(shape=(*spec.shape[:-1], n), dtype=spec.dtype)
 
 
+def _check_width(p: Planner, lin: Linear, input: NodeRef | None, in_features: int | None) -> None:
+    """ValueError for an ``input`` of ``emit_linear`` whose last size is not the one it declares."""
+    if input is None or input.name not in p.match.snap.index:
+        return
+    given = p.match.snap.node(input.name).tensor_spec
+    w = lin.op.args.get("weight") if lin.t is None else None
+    w_spec = (
+        lin.t.spec if lin.t is not None else p.match.snap.node(w.name).tensor_spec if isinstance(w, NodeRef) else None
+    )
+    width = w_spec.shape[0 if lin.t is not None else 1] if w_spec is not None and len(w_spec.shape) == 2 else None
+    want = in_features if in_features is not None else width
+    if given is not None and given.shape and want is not None and given.shape[-1] != want:
+        raise ValueError(
+            f"emit_linear of {lin.op.name}: input {input.name} has {given.shape[-1]} features, and the new "
+            f"linear is declared with {want} (pass in_features={given.shape[-1]})"
+        )
+
+
 def emit_linear(
     p: Planner,
     lin: Linear,
@@ -279,15 +297,18 @@ def emit_linear(
     *,
     out_features: int | None = None,
     input: NodeRef | None = None,
+    in_features: int | None = None,
     suffix: str = "new",
 ) -> NodeRef:
     """The same linear re-spelled with a new weight (out, in) and bias (a bias may appear: ``mm``
     becomes ``addmm``; a ``matmul`` becomes ``linear``); ``out_features`` when the weight has
-    another number of rows; ``input`` when it reads another value of the input's shape (the
-    flattening reshape, where the spelling has one, re-spelled on it). Returns the node that
-    carries the result (the new ``outer``)."""
+    another number of rows; ``input`` when it reads another value (the flattening reshape, where
+    the spelling has one, re-spelled on it), ``in_features`` when that value's last size is another
+    than the linear's input's (ValueError if an existing node's is and ``in_features`` does not say
+    so). Returns the node that carries the result (the new ``outer``)."""
     op, t = lin.op, lin.t
     name = f"{op.name}_{suffix}"
+    _check_width(p, lin, input, in_features)
     if t is None:  # aten.linear
         x = op.args["input"] if input is None else input
         result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
@@ -302,12 +323,21 @@ def emit_linear(
         t_spec = (
             TensorSpec(shape=(w_spec.shape[0], out_features), dtype=w_spec.dtype) if w_spec and out_features else None
         )
+        if w_spec and in_features:
+            t_spec = TensorSpec(shape=(in_features, *(t_spec or w_spec).shape[1:]), dtype=w_spec.dtype)
         new_t = p.respell(t, name=f"{t.name}_{suffix}", spec=t_spec or w_spec, self=weight)
         spec = _features(op.spec, out_features)
         x = op.args["mat1"] if op.node.target.startswith("aten.addmm") else op.args["self"]
         if input is not None:
             flat = lin.view_in
-            x = input if flat is None else p.respell(flat, name=f"{flat.name}_{suffix}", self=input)
+            if flat is None:
+                x = input
+            else:
+                size = flat.args["size"]
+                if in_features is not None and isinstance(size, tuple):
+                    size = (*size[:-1], in_features)
+                spec = _features(flat.spec, in_features)
+                x = p.respell(flat, name=f"{flat.name}_{suffix}", spec=spec, self=input, size=size)
         if bias is None:
             result = p.call("aten.mm.default", name=name, spec=spec, self=x, mat2=new_t, provenance=op.name)
         elif op.node.target.startswith("aten.addmm"):

@@ -403,6 +403,34 @@ def test_emit_linear_reads_another_input_where_asked(spelling: str, rank: int, b
     assert linear_input(m, lin) == (NodeRef("x"), True)
 
 
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_emit_linear_reads_an_input_of_another_width_where_told(dialect: str) -> None:
+    # an outside author merging two linears: the new one reads the first's input, of another width;
+    # emit_linear declared the transpose and the flattening reshape with the old width (on edge the
+    # plan was then declined, on a real program only) and had no way to say otherwise
+    g = GraphBuilder(dialect=dialect)
+    x, z, w, b = g.input("x", (2, 5, 8)), g.input("z", (2, 5, 3)), g.parameter("w", (6, 8)), g.parameter("b", (6,))
+    if dialect == "aten":
+        y = g.call("aten.linear.default", name="lin", out=(2, 5, 6), input=x, weight=w, bias=b)
+    else:
+        flat = g.call("aten.view_copy.default", name="lin_in", self=x, size=(10, 8), out=(10, 8))
+        t = g.call("aten.permute_copy.default", name="lin_t", self=w, dims=(1, 0), out=(8, 6))
+        mm = g.call("aten.addmm.default", name="lin", self=b, mat1=flat, mat2=t, out=(10, 6))
+        y = g.call("aten.view_copy.default", name="lin_out", self=mm, size=(2, 5, 6), out=(2, 5, 6))
+    g.output(g.call("aten.add.Tensor", name="sum", self=y, other=z))
+    snap = g.build()
+    m = _match(snap, linear_root())
+    with pytest.raises(ValueError, match=r"^emit_linear of lin: input z has 3 features, and the new linear is"):
+        emit_linear(Planner("t", m), linear_of(m), NodeRef("w2"), NodeRef("b"), input=NodeRef("z"))
+    p = Planner("t", m)
+    emit_linear(p, linear_of(m), NodeRef("w2"), NodeRef("b"), input=NodeRef("z"), in_features=3)
+    made = {n.name: n for n in p.finish([]).nodes}
+    if dialect == "edge":
+        assert (made["lin_in_new"].args, made["lin_in_new"].spec) == ((NodeRef("z"), (10, 3)), spec(10, 3))
+        assert made["lin_t_new"].spec == spec(3, 6)
+    assert made["lin_out_new" if dialect == "edge" else "lin_new"].spec == spec(2, 5, 6)
+
+
 def test_a_models_own_flatten_around_a_product_is_no_linear_input() -> None:
     # the pattern binds the model's reshapes as the linear's (x is not what the product reads)
     g = GraphBuilder(dialect="edge")
