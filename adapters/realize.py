@@ -458,9 +458,17 @@ def _commit_ep(
     ]
     live = {s.target for s in specs}
     gone = {t: None for t in (s.target for s in cap.specs.values()) if t is not None and t not in live}
-    # a strict export keeps a tied weight's second key, which no spec names: it goes with the first
-    freed = {storage(d[t]) for t in gone for d in (ep.state_dict, ep.constants) if t in d}
-    gone |= {k: None for k, t in ep.state_dict.items() if k not in live and k not in gone and storage(t) in freed}
+    # a strict export keeps state no spec names (a tied weight's second key, a module forward never
+    # calls, num_batches_tracked): it goes, unless it is a tensor a spec still names (a tied key)
+    held = {
+        storage(d[t]) for t in live for d in (ep.state_dict, ep.constants) if t in d and isinstance(d[t], torch.Tensor)
+    }
+    gone |= {
+        k: None
+        for d in (ep.state_dict, ep.constants)
+        for k, t in d.items()
+        if k not in live and k not in gone and not (isinstance(t, torch.Tensor) and storage(t) in held)
+    }
     for target in gone:
         c.del_item(ep.state_dict, target)
         c.del_item(ep.constants, target)

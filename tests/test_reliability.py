@@ -157,6 +157,42 @@ def test_a_tied_weights_second_key_goes_with_it_in_a_strict_export() -> None:
     assert "a.weight" not in program.state_dict and "b.weight" not in program.state_dict
 
 
+class WithSpare(TiedLinears):
+    """TiedLinears, and a module forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = nn.Linear(3, 3)
+
+
+def test_state_a_strict_export_keeps_unnamed_goes_unless_a_named_key_ties_it() -> None:
+    # found by a hunt: a strict export's state dict also holds what no input spec names (a module
+    # forward never calls, num_batches_tracked); a transform left it behind
+    model, x = randomize_bn(WithSpare()), (torch.randn(4, 8),)
+    with torch.no_grad():
+        want = [model(*x)]
+    program = torch.export.export(model, x, strict=True)
+    assert {"spare.weight", "bna.num_batches_tracked"} <= set(program.state_dict)
+    adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert sorted(program.state_dict) == sorted(s.target for s in program.graph_signature.input_specs if s.target)
+    assert_close(run(program, x), want)
+    # a tied key a spec still names keeps its twin: only the batch norms go here, the weight stays
+    program = torch.export.export(model, x, strict=True)
+    assert adapters.transform(program, [_AtRelu(_respelled)]).unwrap().changed
+    assert "a.weight" in program.state_dict and "b.weight" in program.state_dict
+    assert "spare.weight" not in program.state_dict and "bna.num_batches_tracked" not in program.state_dict
+    assert_close(run(program, x), want)
+
+
+def _respelled(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    from fxpure.plan import NewNode, RewritePlan
+
+    made = NewNode(name="r2", target=node.target, args=node.args, spec=node.spec)
+    return RewritePlan(
+        rule="at-relu", anchor=node.name, nodes=(made,), replace=((node.name, "r2"),), erase=(node.name,)
+    )
+
+
 class Overflow(nn.Module):
     """Two conv+BN pairs; the first BN's scale (gamma / sqrt(var + eps) = 6e6) fits in the activations
     but not, multiplied into the weight, in float16."""
