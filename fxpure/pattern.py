@@ -91,7 +91,7 @@ from fxpure.snapshot import (
     ref_list,
     refs,
 )
-from fxpure.weights import EXPR_NODE, Source, WeightExpr, infer_spec, int_values, out_channels
+from fxpure.weights import EXPR_NODE, Source, WeightExpr, infer_spec, int_values, out_channels, sources
 
 ONE: Literal["one"] = "one"
 ANY: Literal["any"] = "any"
@@ -1134,13 +1134,20 @@ class Planner:
         """``"aten"`` or ``"edge"``: which spelling new nodes should use."""
         return self.match.snap.dialect
 
-    def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind = "parameter") -> NodeRef:
+    def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind | None = None) -> NodeRef:
         """A derived constant (computed by the adapter, once, if it survives), keyed under the
         module of the constants it reads (``NewConstant``). A name the plan gave a new value
-        already is counted up (``w_padded_1``): the reference returned names this one."""
+        already is counted up (``w_padded_1``): the reference returned names this one. Its
+        ``kind`` is by default that of what it reads: a parameter if it reads one, else a buffer if
+        it reads one, else a constant (``1 / scale`` of a buffer is a buffer)."""
         name = self._unique(name)
-        self._constants.append(NewConstant(name=name, expr=expr, kind=kind))
+        self._constants.append(NewConstant(name=name, expr=expr, kind=kind or self._kind(expr)))
         return NodeRef(name)
+
+    def _kind(self, expr: WeightExpr) -> ConstantKind:
+        read = self.match.snap.constants
+        kinds = {read[k].kind for k in sources(expr) if k in read}
+        return "parameter" if "parameter" in kinds else "buffer" if "buffer" in kinds else "constant"
 
     def _unique(self, name: str) -> str:
         fresh, i = name, 0

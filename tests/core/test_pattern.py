@@ -1908,3 +1908,28 @@ def test_a_planner_counts_up_a_name_it_gave_a_new_value_already() -> None:
     assert (a.name, b.name, n.name) == ("k", "k_1", "k_2")
     r = m.bindings["r"]
     assert isinstance(r, Bound) and p.replace(r, n).nodes[0].args == (NodeRef("k"), NodeRef("k_1"))
+
+
+def test_a_derived_constant_is_by_default_of_the_kind_of_what_it_reads() -> None:
+    # an outside author's 1 / scale of a buffer (or of a lifted constant) became a parameter
+    g = GraphBuilder()
+    g.parameter("w", (2, 3)), g.buffer("s", (2, 3)), g.constant("c", (2, 3))
+    x = g.input("x", (2, 3))
+    g.output(g.call("aten.relu.default", name="r", self=x, out=(2, 3)))
+    snap = g.build()
+    p = Planner("t", match(RELU_X, snap, snap.node("r")).unwrap())
+    src = {k: Source(key=k, spec=snap.constants[k].spec) for k in ("w", "s", "c")}
+    fill = Fill(shape=(2, 3), value=1.0, dtype="float32")
+    p.const(Binary(op="div", a=fill, b=src["s"]), "inv_s")
+    p.const(Binary(op="mul", a=src["w"], b=src["s"]), "ws")
+    p.const(Binary(op="div", a=fill, b=src["c"]), "inv_c")
+    p.const(fill, "ones")
+    p.const(src["s"], "as_parameter", kind="parameter")
+    kinds = {c.name: c.kind for c in p.finish([]).constants}
+    assert kinds == {
+        "inv_s": "buffer",
+        "ws": "parameter",
+        "inv_c": "constant",
+        "ones": "constant",
+        "as_parameter": "parameter",
+    }
