@@ -19,6 +19,7 @@ from fxpure.families import (
     CAST,
     CAT,
     CONV,
+    DIV,
     GETITEM,
     MUL,
     RELU,
@@ -55,7 +56,19 @@ from fxpure.schema import parse_schema
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Cast, Fill, Permute, Reshape, Source, SumOver, Unary, WeightExpr, infer_spec
+from fxpure.weights import (
+    FLOAT_DTYPES,
+    Binary,
+    Cast,
+    Fill,
+    Permute,
+    Reshape,
+    Source,
+    SumOver,
+    Unary,
+    WeightExpr,
+    infer_spec,
+)
 
 GUIDE = Path(__file__).parent.parent.parent / "docs" / "writing-rules.md"
 
@@ -1933,3 +1946,23 @@ def test_a_derived_constant_is_by_default_of_the_kind_of_what_it_reads() -> None
         "ones": "constant",
         "as_parameter": "parameter",
     }
+
+
+@pytest.mark.parametrize(("number", "passes"), [(2.5, True), (2, False)])
+def test_a_dtype_check_on_a_number_reads_the_dtype_torch_gives_it(number: float, passes: bool) -> None:
+    # an outside author's need.dtype on x / c, c a constant or a number: a number had "no known dtype"
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    g.output(g.call("aten.div.Tensor", name="d", self=x, other=number, out=(2, 3)))
+    snap = g.build()
+    r = rule(
+        "d",
+        Op(DIV, name="d", self=Var("x"), other=OneOf(Const("c"), Scalar("c"))),
+        need.dtype("c", FLOAT_DTYPES),
+        plan=_plan_nothing,
+    )
+    reason = only_rejection(snap, r)
+    if passes:  # (the plan that changes nothing is refused after the check)
+        assert reason.code == "plan-conflict"
+    else:
+        assert (reason.code, reason.message) == ("unsupported-dtype", "other of d has dtype int64")
