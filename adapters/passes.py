@@ -9,6 +9,7 @@ torch.fx pass (returns a ``PassResult``), as in a ``PassManager``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import overload
 
@@ -51,8 +52,14 @@ class RulesPass(ExportedProgramPassBase):
         return self.call_graph_module(program)
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        """Transform the program in place (graph, state dict, constants, signature)."""
-        return ExportedProgramPassResult(exported_program, self._run(exported_program))
+        """Transform a copy of the program (its own graph, signature, state dict and constants; the
+        tensors shared, none written) and return it, the program given left as it was: ExecuTorch's
+        pass managers hand a pass a shallow copy of the caller's program, whose graph module and
+        dictionaries an edit in place would change under the caller (``edge`` of
+        ``edge.transform([...])``, half of it: its graph, not its constants)."""
+        program = _copied(exported_program)
+        changed = self._run(program)
+        return ExportedProgramPassResult(program if changed else exported_program, changed)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
         """As a torch.fx pass; the constructor's program, if this is its graph module, follows."""
@@ -67,6 +74,21 @@ class RulesPass(ExportedProgramPassBase):
             raise FxpureError(str(result.failure()))
         self.last = result.unwrap()
         return self.last.changed
+
+
+def _copied(ep: ExportedProgram) -> ExportedProgram:
+    gm = copy.deepcopy(ep.graph_module)  # (the nodes' metadata is copied shallowly: fake values shared)
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=copy.deepcopy(ep.graph_signature),
+        state_dict=dict(ep.state_dict),
+        range_constraints=ep.range_constraints,
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=dict(ep.constants),
+        verifiers=ep.verifiers,
+    )
 
 
 class FuseConvBatchNormPass(RulesPass):

@@ -19,7 +19,7 @@ from adapters.torchnames import target_name
 from fxpure.rules import RULES, fuse_conv_bn, split_group_conv
 from fxpure.rules.quantized_conv import DEQUANTIZE_WEIGHT
 from tests.models import QGrouped, QMobile, QOddDepthwise, QResNet, QTransposed, QTwin, ResNeXtish, randomize_bn
-from tests.programs import assert_close, run, run_pte
+from tests.programs import assert_close, count, run, run_pte
 from tests.quantized import pt2e
 
 
@@ -63,6 +63,24 @@ def test_pass_in_edge_manager_and_pass_manager_without_a_program() -> None:
     old_style = to_edge(torch.export.export(model, x))
     old_style = old_style.transform([FuseConvBatchNormPass(old_style.exported_program())])  # still works
     assert_close(run(old_style.exported_program(), x), want)
+
+
+def test_an_edge_managers_transform_leaves_the_managers_own_program_as_it_was() -> None:
+    # found by a pipeline hunt: ExecuTorch hands a pass a shallow copy of the caller's program; the
+    # pass edited the graph module the caller's program shares, and not its constants: the edge
+    # program one meant to lower to a second backend was half rewritten (lowering it failed)
+    model, x = resnext()
+    with torch.no_grad():
+        want = [model(*x)]
+    edge = to_edge(torch.export.export(model, x))
+    before = [(n.name, n.target) for n in edge.exported_program().graph.nodes]
+    keys = sorted(edge.exported_program().state_dict)
+    fused = edge.transform([RulesPass([fuse_conv_bn(), split_group_conv()])])
+    assert count(fused.exported_program(), "batch_norm") == 0 and count(fused.exported_program(), "convolution") > 6
+    assert [(n.name, n.target) for n in edge.exported_program().graph.nodes] == before
+    assert sorted(edge.exported_program().state_dict) == keys
+    assert_close(run_pte(edge.to_backend(XnnpackPartitioner()).to_executorch().buffer, x), want)
+    assert_close(run_pte(fused.to_executorch().buffer, x), want)
 
 
 def rewire_zero_point(ep: torch.export.ExportedProgram) -> None:
