@@ -336,8 +336,8 @@ def emit_linear(
                 size = flat.args["size"]
                 if in_features is not None and isinstance(size, tuple):
                     size = (*size[:-1], in_features)
-                spec = _features(flat.spec, in_features)
-                x = p.respell(flat, name=f"{flat.name}_{suffix}", spec=spec, self=input, size=size)
+                flat_spec = _features(flat.spec, in_features)
+                x = p.respell(flat, name=f"{flat.name}_{suffix}", spec=flat_spec, self=input, size=size)
         if bias is None:
             result = p.call("aten.mm.default", name=name, spec=spec, self=x, mat2=new_t, provenance=op.name)
         elif op.node.target.startswith("aten.addmm"):

@@ -395,6 +395,7 @@ def test_emit_linear_reads_another_input_where_asked(spelling: str, rank: int, b
     made = {n.name: n for n in p.finish([]).nodes}
     product = made["lin_new"]
     read = product.kwargs.get("input") or product.args[1 if product.target.startswith("aten.addmm") else 0]
+    assert product.spec == snap.node("lin").spec
     if rank > 2 and spelling != "linear":  # the flattening reshape, re-spelled on the new input
         assert read == NodeRef("lin_in_new") and made["lin_in_new"].args[0] == NodeRef("y")
         assert made["lin_in_new"].args[1:] == snap.node("lin_in").args[1:]
@@ -427,7 +428,7 @@ def test_emit_linear_reads_an_input_of_another_width_where_told(dialect: str) ->
     made = {n.name: n for n in p.finish([]).nodes}
     if dialect == "edge":
         assert (made["lin_in_new"].args, made["lin_in_new"].spec) == ((NodeRef("z"), (10, 3)), spec(10, 3))
-        assert made["lin_t_new"].spec == spec(3, 6)
+        assert made["lin_t_new"].spec == spec(3, 6) and made["lin_new"].spec == spec(10, 6)
     assert made["lin_out_new" if dialect == "edge" else "lin_new"].spec == spec(2, 5, 6)
 
 
