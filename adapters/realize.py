@@ -51,7 +51,15 @@ from fxpure.weights import Source, infer_spec, moves_data, sources, subexpressio
 V = TypeVar("V")
 
 # meta a new node inherits from the node it was planned from
-INHERITED_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "torch_fn", "from_node", "seq_nr")
+INHERITED_META = (
+    "nn_module_stack",
+    "stack_trace",
+    "source_fn_stack",
+    "torch_fn",
+    "from_node",
+    "seq_nr",
+    "debug_handle",
+)
 
 
 @final

@@ -83,6 +83,18 @@ def test_an_edge_managers_transform_leaves_the_managers_own_program_as_it_was() 
     assert_close(run_pte(fused.to_executorch().buffer, x), want)
 
 
+def test_new_nodes_of_an_edge_program_carry_the_debug_handle_of_the_node_they_stand_for() -> None:
+    # found by a pipeline hunt: ETRecord and the Inspector link runtime events to nodes by it
+    model, x = resnext()
+    ep = to_edge(torch.export.export(model, x)).exported_program()
+    handles = {n.name: n.meta["debug_handle"] for n in ep.graph.nodes if n.op == "call_function"}
+    outcome = adapters.transform(ep, [fuse_conv_bn(), split_group_conv()]).unwrap()
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert outcome.changed and all(n.meta.get("debug_handle") is not None for n in calls)
+    fused = [n for n in calls if n.name not in handles and "convolution" in n.name]
+    assert fused and {n.meta["debug_handle"] for n in fused} <= set(handles.values())
+
+
 def rewire_zero_point(ep: torch.export.ExportedProgram) -> None:
     """Give the first int8 weight a non-zero zero point (asymmetric weights)."""
     key = sorted(k for k in ep.state_dict if "zero_point" in k)[0]
