@@ -727,7 +727,14 @@ def apply_cmd(args: argparse.Namespace) -> int:
     if "verify" in doc:
         v = doc["verify"]
         if "skipped" in v:
-            checked = "; the plans above were checked one by one" if plans else ""
+            ran = sum(1 for c in doc.get("plan_checks", []) if c["ok"] is not None)
+            checked = (
+                ""
+                if not plans
+                else f"; {_count(ran, 'plan')} above checked one by one"
+                if ran
+                else "; no plan could be checked on its own either"
+            )
             print(f"verify: whole program not compared ({v['skipped']}){checked}")
         elif "error" in v:
             print(f"verify: FAILED, the programs could not be compared ({v['error']})")
