@@ -358,7 +358,24 @@ def _load(path: str, extra_files: dict[str, Any] | None = None) -> Any:
         importlib.import_module(OP_LIBRARIES["et_vk"])
         return torch.export.load(path, extra_files=extra_files)
     except Exception as e:  # any failure inside the loader means the archive is unusable
+        if _edge_archive(path):
+            raise BadInput(
+                f"{path}: an edge-dialect program, which torch.export.load cannot read: save the aten "
+                "program (before to_edge) and give that"
+            ) from e
         raise BadInput(f"{path}: cannot load the program (corrupt, or not saved by torch.export.save)") from e
+
+
+def _edge_archive(path: str) -> bool:
+    """Whether the archive's graph calls edge-dialect ops (saved from ``to_edge``'s program)."""
+    import zipfile
+
+    with contextlib.suppress(Exception), zipfile.ZipFile(path) as z:
+        return any(
+            n.endswith("models/model.json") and b'"target": "executorch.exir.dialects.edge.' in z.read(n)
+            for n in z.namelist()
+        )
+    return False
 
 
 def _random_inputs(program: Any, symbols: Mapping[str, int], seed: int = 0) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from executorch.exir import to_edge
 
 from adapters import cli, realize
 from tests.models import Declines, QOddDepthwise, ResNeXtish, randomize_bn
@@ -45,6 +46,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with zipfile.ZipFile(d / "other.pt2", "w") as z:
         z.writestr("readme.txt", "a zip, but not a program")
     (d / "model.onnx").write_bytes(b"\x08\x01")
+    plain = programs["plain"]
+    torch.export.save(to_edge(torch.export.export(plain[0].eval(), plain[1])).exported_program(), d / "edge.pt2")
     return out
 
 
@@ -247,6 +250,7 @@ def test_a_failed_pte_lowering_is_exit_3_and_writes_no_pt2(
         (("explain", "{dir}/garbage.pt2"), "not a valid .pt2 archive"),
         (("explain", "{dir}/truncated.pt2"), "not a valid .pt2 archive"),
         (("explain", "{dir}/other.pt2"), "cannot load the program"),
+        (("explain", "{dir}/edge.pt2"), "an edge-dialect program, which torch.export.load cannot read"),
         (("explain", "{dir}/resnext.pt2", "--rules", "fuse-conv-bn,bogus"), "unknown rule 'bogus'"),
         (("apply", "{dir}/garbage.pt2", "-o", "{dir}/x.pt2"), "not a valid .pt2 archive"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/no/such/dir/x.pt2"), "cannot write"),
