@@ -30,12 +30,15 @@ class FxpureError(RuntimeError):
 
 class RulesPass(ExportedProgramPassBase):
     """``rules`` applied as one pass, all or nothing; ``last`` holds the latest outcome (report
-    included). ``exported_program`` is only needed to call it on that program's graph module."""
+    included), ``outcomes`` every call's in order (a pass manager's second step, or a second
+    method, finds nothing left: its empty report is then ``last``). ``exported_program`` is only
+    needed to call it on that program's graph module."""
 
     def __init__(self, rules: Sequence[Rule], exported_program: ExportedProgram | None = None) -> None:
         self.rules = tuple(check_rules(rules))
         self.exported_program = exported_program
         self.last: TransformOutcome | None = None
+        self.outcomes: list[TransformOutcome] = []
 
     @overload
     def __call__(self, program: ExportedProgram) -> ExportedProgramPassResult: ...
@@ -73,6 +76,7 @@ class RulesPass(ExportedProgramPassBase):
         if isinstance(result, Failure):
             raise FxpureError(str(result.failure()))
         self.last = result.unwrap()
+        self.outcomes.append(self.last)
         return self.last.changed
 
 

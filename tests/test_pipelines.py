@@ -57,9 +57,12 @@ def test_pass_in_edge_manager_and_pass_manager_without_a_program() -> None:
     assert fuse.last is not None and len(fuse.last.report.plans) == 6
     assert_close(run(edge.exported_program(), x), want)
     ep = to_edge(torch.export.export(model, x)).exported_program()
-    result = ExportedProgramPassManager([RulesPass([fuse_conv_bn(), split_group_conv()])])(ep)
+    both = RulesPass([fuse_conv_bn(), split_group_conv()])
+    result = ExportedProgramPassManager([both], steps=2)(ep)
     assert result.modified
     assert_close(run(result.exported_program, x), want)
+    # the second step found nothing left: every call's outcome is kept (a pipeline hunt read last's)
+    assert both.last is both.outcomes[-1] and [o.changed for o in both.outcomes] == [True, False]
     old_style = to_edge(torch.export.export(model, x))
     old_style = old_style.transform([FuseConvBatchNormPass(old_style.exported_program())])  # still works
     assert_close(run(old_style.exported_program(), x), want)
