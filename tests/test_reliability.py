@@ -176,7 +176,7 @@ def test_state_a_strict_export_keeps_unnamed_goes_unless_a_named_key_ties_it() -
     adapters.transform(program, [fuse_linear_bn()]).unwrap()
     assert sorted(program.state_dict) == sorted(s.target for s in program.graph_signature.input_specs if s.target)
     assert_close(run(program, x), want)
-    # a tied key a spec still names keeps its twin: only the batch norms go here, the weight stays
+    # a transform that leaves the tied weight read (a relu spelt again) keeps its unnamed twin key
     program = torch.export.export(model, x, strict=True)
     assert adapters.transform(program, [_AtRelu(_respelled)]).unwrap().changed
     assert "a.weight" in program.state_dict and "b.weight" in program.state_dict
