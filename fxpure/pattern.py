@@ -524,6 +524,7 @@ def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Rea
     if len(options) == 1:  # no alternative: no fork (the state a fork would leave is the same)
         return options[0](st)
     best: tuple[_State, Reason] | None = None
+    also: list[str] = []  # what alternatives that missed the same node as best expected instead
     for attempt in options:
         fork = st.fork()
         err = attempt(fork)
@@ -531,13 +532,14 @@ def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Rea
             _adopt(st, fork)
             return None
         if best is None or fork.depth > best[0].depth:
-            best = (fork, err)
-        elif fork.depth == best[0].depth and _same_miss(best[1], err):  # not this op nor that one
-            assert isinstance(err, WrongOp) and isinstance(best[1], WrongOp)
-            nouns = dict.fromkeys((*best[1].expected.split(" or "), *err.expected.split(" or ")))
-            best = (best[0], replace(best[1], expected=" or ".join(nouns)))
+            best, also = (fork, err), []
+        elif fork.depth == best[0].depth and isinstance(err, WrongOp) and _same_miss(best[1], err):
+            also.append(err.expected)  # not this op nor that one
     assert best is not None
     _adopt(st, best[0])
+    if also and isinstance(best[1], WrongOp):
+        nouns = dict.fromkeys(n for e in (best[1].expected, *also) for n in e.split(" or "))
+        return replace(best[1], expected=" or ".join(nouns))
     return best[1]
 
 
