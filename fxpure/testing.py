@@ -23,7 +23,7 @@ from typing import TypeAlias
 from pyrsistent import pmap
 from returns.result import Failure
 
-from fxpure.families import SCHEMAS
+from fxpure.families import SCHEMAS, Family
 from fxpure.schema import Schema, arguments
 from fxpure.snapshot import (
     Arg,
@@ -70,9 +70,12 @@ def _spec(out: Out) -> Spec:
 class GraphBuilder:
     """Builds a ``GraphSnapshot`` node by node; each method returns a reference to the new node."""
 
-    def __init__(self, *, dialect: str = "aten", lifted: bool = True, schemas: Sequence[Schema] = ()) -> None:
+    def __init__(self, *, dialect: str = "aten", lifted: bool = True, schemas: Sequence[Schema | Family] = ()) -> None:
+        """``schemas``: the schemas of other ops than ``fxpure.families``', or families of them (an
+        author's own: every spelling)."""
         self.dialect, self.lifted = dialect, lifted
-        self.schemas: dict[str, Schema] = {**SCHEMAS, **{s.target: s for s in schemas}}
+        own = [t for s in schemas for t in (s.schemas.values() if isinstance(s, Family) else (s,))]
+        self.schemas: dict[str, Schema] = {**SCHEMAS, **{s.target: s for s in own}}
         self._consts: list[NodeSnapshot] = []
         self._inputs: list[NodeSnapshot] = []
         self._calls: list[NodeSnapshot] = []
