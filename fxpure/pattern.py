@@ -969,15 +969,15 @@ class _Need:
     @staticmethod
     def dtype(name: str, allowed: Iterable[str]) -> Check:
         """The bound value's dtype is one of ``allowed``. A Python number (bound by ``Scalar``) has
-        the dtype torch gives it: ``bool``, ``int64`` or ``float64`` (a wrapped number, which does not
-        change the dtype of a tensor of its kind it meets)."""
+        the dtype torch gives it: ``int64`` or ``float64`` (a wrapped number, which does not change
+        the dtype of a tensor of its kind it meets)."""
         ok = frozenset(allowed)
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
             number = m.bindings.get(name)
-            if spec is None and isinstance(number, (int, float)):
-                dtype = "bool" if isinstance(number, bool) else "int64" if isinstance(number, int) else "float64"
+            if spec is None and isinstance(number, (int, float)) and not isinstance(number, bool):
+                dtype = "int64" if isinstance(number, int) else "float64"
                 return None if dtype in ok else UnsupportedDtype(node=site.node, role=site.role, dtype=dtype)
             if spec is None:
                 return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known dtype")

@@ -958,15 +958,13 @@ def _dead(
     Walks only from the pruned nodes, and takes the dropped readers out of ``users``.
     """
     dead = {k for k in held if not users[k]}
-    left: dict[str, int] = {}
     todo = [p for p in prune if p in index and not users[p]]
     while todo:
         name = todo.pop()
         dead.add(name)
         for r in dict.fromkeys(ref_list(nodes[index[name]])):
-            left[r] = left.get(r, len(users[r])) - 1
             users[r] = tuple(u for u in users[r] if u != name)
-            if not left[r] and (r in held or r in prune or r in made):
+            if not users[r] and (r in held or r in prune or r in made):
                 todo.append(r)
     return dead
 

@@ -4,6 +4,7 @@ where, what a match erases and prunes, and the names and codes a caller passes i
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -421,8 +422,11 @@ def test_emit_linear_reads_an_input_of_another_width_where_told(dialect: str) ->
     g.output(g.call("aten.add.Tensor", name="sum", self=y, other=z))
     snap = g.build()
     m = _match(snap, linear_root())
-    with pytest.raises(ValueError, match=r"^emit_linear of lin: input z has 3 features, and the new linear is"):
+    said = "emit_linear of lin: input z has 3 features, and the new linear is declared with 8 (pass in_features=3)"
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
         emit_linear(Planner("t", m), linear_of(m), NodeRef("w2"), NodeRef("b"), input=NodeRef("z"))
+    # an input of the linear's own width needs no in_features
+    emit_linear(Planner("t", m), linear_of(m), NodeRef("w2"), NodeRef("b"), input=NodeRef("x"))
     p = Planner("t", m)
     emit_linear(p, linear_of(m), NodeRef("w2"), NodeRef("b"), input=NodeRef("z"), in_features=3)
     made = {n.name: n for n in p.finish([]).nodes}

@@ -884,10 +884,13 @@ def test_an_argument_a_spelling_lacks_is_checked_where_it_fixes_a_value_and_boun
 
 
 def test_alternatives_that_each_miss_the_same_node_name_every_op_they_expected() -> None:
-    either = rule("either", Op(RELU, name="r", self=OneOf(Op(ADD), Op(MUL), Op(ADD))), plan=_plan_nothing)
+    either = rule("either", Op(RELU, name="r", self=OneOf(Op(ADD), Op(MUL), Op(ADD | MUL))), plan=_plan_nothing)
     reason = only_rejection(_relu_graph(), either)
     assert (reason.code, reason.path) == ("wrong-op", "r.self/add")
     assert reason.message == "self of r comes from x (x), not an addition or a multiplication"
+    # a miss of another kind is left as it is: the first alternative's
+    number = rule("number", Op(RELU, name="r", self=OneOf(Scalar("k"), Op(ADD))), plan=_plan_nothing)
+    assert only_rejection(_relu_graph(), number).code == "not-scalar"
 
 
 @pytest.mark.parametrize(
