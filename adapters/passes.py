@@ -15,11 +15,11 @@ from typing import overload
 
 import torch
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
-from returns.result import Failure
+from returns.result import Failure, Result
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 
-from adapters.realize import TransformOutcome, check_rules, transform
+from adapters.realize import TransformError, TransformOutcome, apply, check_rules, transform
 from fxpure.plan import Rule
 from fxpure.rules import fuse_conv_bn, quantized_conv, split_group_conv
 
@@ -55,14 +55,18 @@ class RulesPass(ExportedProgramPassBase):
         return self.call_graph_module(program)
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        """Transform a copy of the program (its own graph, signature, state dict and constants; the
-        tensors shared, none written) and return it, the program given left as it was: ExecuTorch's
-        pass managers hand a pass a shallow copy of the caller's program, whose graph module and
-        dictionaries an edit in place would change under the caller (``edge`` of
-        ``edge.transform([...])``, half of it: its graph, not its constants)."""
+        """Plan on the program and, if there is something to rewrite, apply it to a copy (its own
+        graph, signature, state dict and constants; the tensors shared, none written), returned; the
+        program given is left as it was: ExecuTorch's pass managers hand a pass a shallow copy of the
+        caller's program, whose graph module and dictionaries an edit in place would change under
+        the caller (``edge`` of ``edge.transform([...])``, half of it: its graph, not its constants)."""
+        planned = transform(exported_program, self.rules, dry_run=True)
+        if isinstance(planned, Failure) or not planned.unwrap().report.plans:
+            self._keep(planned)
+            return ExportedProgramPassResult(exported_program, False)
         program = _copied(exported_program)
-        changed = self._run(program)
-        return ExportedProgramPassResult(program if changed else exported_program, changed)
+        self._keep(apply(program, planned.unwrap().report))
+        return ExportedProgramPassResult(program, True)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
         """As a torch.fx pass; the constructor's program, if this is its graph module, follows."""
@@ -72,7 +76,9 @@ class RulesPass(ExportedProgramPassBase):
         )
 
     def _run(self, program: ExportedProgram | torch.fx.GraphModule) -> bool:
-        result = transform(program, self.rules)
+        return self._keep(transform(program, self.rules))
+
+    def _keep(self, result: Result[TransformOutcome, TransformError]) -> bool:
         if isinstance(result, Failure):
             raise FxpureError(str(result.failure()))
         self.last = result.unwrap()
@@ -82,6 +88,14 @@ class RulesPass(ExportedProgramPassBase):
 
 def _copied(ep: ExportedProgram) -> ExportedProgram:
     gm = copy.deepcopy(ep.graph_module)  # (the nodes' metadata is copied shallowly: fake values shared)
+    # a copied graph names its nodes anew, and a name torch.fx keeps for builtins (an input named
+    # ``input``, as nn.Sequential's) comes back as ``input_1``: the signature names the original's
+    renamed = False
+    for old, new in zip(ep.graph.nodes, gm.graph.nodes, strict=True):
+        if new.name != old.name:
+            new.name, renamed = old.name, True
+    if renamed:
+        gm.recompile()
     return ExportedProgram(
         root=gm,
         graph=gm.graph,

@@ -86,6 +86,23 @@ def test_an_edge_managers_transform_leaves_the_managers_own_program_as_it_was() 
     assert_close(run_pte(fused.to_executorch().buffer, x), want)
 
 
+def test_a_pass_on_an_aten_program_copies_it_with_its_names() -> None:
+    # found by a review: the copy a pass rewrites renamed nn.Sequential's input ``input`` (a name
+    # torch.fx keeps for the builtin) to ``input_1``, and the signature refused it
+    model, x = (
+        randomize_bn(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))),
+        (torch.randn(1, 3, 8, 8),),
+    )
+    with torch.no_grad():
+        want = [model(*x)]
+    ep = torch.export.export(model, x)
+    nodes = len(ep.graph.nodes)
+    result = FuseConvBatchNormPass()(ep)
+    assert result.modified and len(ep.graph.nodes) == nodes
+    assert "input" in [n.name for n in result.exported_program.graph.nodes if n.op == "placeholder"]
+    assert_close(run(result.exported_program, x), want)
+
+
 def test_new_nodes_of_an_edge_program_carry_the_debug_handle_of_the_node_they_stand_for() -> None:
     # found by a pipeline hunt: ETRecord and the Inspector link runtime events to nodes by it
     model, x = resnext()
