@@ -272,21 +272,33 @@ def _features(spec: TensorSpec | None, n: int | None) -> TensorSpec | None:
 
 
 def _check_width(p: Planner, lin: Linear, input: NodeRef | None, in_features: int | None) -> None:
-    """ValueError for an ``input`` of ``emit_linear`` whose last size is not the one it declares."""
+    """ValueError for an ``input`` of ``emit_linear`` whose last size is not the one the new nodes
+    are declared with: that of the value it stands for (the flattening reshape's input, else the
+    product's), or ``in_features``; and for ``in_features`` with a reshape that merges dims (a
+    model's own flatten, which it cannot re-size)."""
     if input is None or input.name not in p.match.snap.index:
         return
-    given = p.match.snap.node(input.name).tensor_spec
-    w = lin.op.args.get("weight") if lin.t is None else None
-    w_spec = (
-        lin.t.spec if lin.t is not None else p.match.snap.node(w.name).tensor_spec if isinstance(w, NodeRef) else None
-    )
-    width = w_spec.shape[0 if lin.t is not None else 1] if w_spec is not None and len(w_spec.shape) == 2 else None
-    want = in_features if in_features is not None else width
-    if given is not None and given.shape and want is not None and given.shape[-1] != want:
+    snap, op = p.match.snap, lin.op
+    read = lin.view_in.args["self"] if lin.view_in is not None else op.args[_INPUT.get(op.node.target, "self")]
+    old = snap.node(read.name).tensor_spec if isinstance(read, NodeRef) and read.name in snap.index else None
+    given = snap.node(input.name).tensor_spec
+    if old is None or given is None or not old.shape or not given.shape:
+        return
+    view = lin.view_in
+    if in_features is not None and view is not None and view.spec and view.spec.shape[-1:] != old.shape[-1:]:
         raise ValueError(
-            f"emit_linear of {lin.op.name}: input {input.name} has {given.shape[-1]} features, and the new "
+            f"emit_linear of {op.name}: in_features with {view.name}, a reshape that merges dims (the "
+            "model's own): re-spell it in the rule"
+        )
+    want = old.shape[-1] if in_features is None else in_features
+    if given.shape[-1] != want:
+        raise ValueError(
+            f"emit_linear of {op.name}: input {input.name} has {given.shape[-1]} features, and the new "
             f"linear is declared with {want} (pass in_features={given.shape[-1]})"
         )
+
+
+_INPUT = {"aten.linear.default": "input", "aten.addmm.default": "mat1"}
 
 
 def emit_linear(

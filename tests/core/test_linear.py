@@ -436,6 +436,25 @@ def test_emit_linear_reads_an_input_of_another_width_where_told(dialect: str) ->
     assert made["lin_out_new" if dialect == "edge" else "lin_new"].spec == spec(2, 5, 6)
 
 
+def test_emit_linear_reads_another_input_through_a_models_own_flatten() -> None:
+    # found by a review: the width check compared the new input with the weight, not with the value
+    # it stands for, and refused an input of x's own shape behind a flatten that merges dims
+    g = GraphBuilder(dialect="edge")
+    x, y, w = g.input("x", (4, 2, 4)), g.input("y", (4, 2, 4)), g.parameter("w", (5, 8))
+    flat = g.call("aten.view_copy.default", name="lin_in", self=x, size=(4, 8), out=(4, 8))
+    t = g.call("aten.permute_copy.default", name="lin_t", self=w, dims=(1, 0), out=(8, 5))
+    mm = g.call("aten.mm.default", name="lin", self=flat, mat2=t, out=(4, 5))
+    g.output(g.call("aten.view_copy.default", name="lin_out", self=mm, size=(2, 2, 5), out=(2, 2, 5)))
+    snap = g.build()
+    m = _match(snap, linear_root())
+    p = Planner("t", m)
+    emit_linear(p, linear_of(m), NodeRef("w"), None, input=y)
+    made = {n.name: n for n in p.finish([]).nodes}
+    assert (made["lin_in_new"].args, made["lin_new"].spec) == ((y, (4, 8)), spec(4, 5))
+    with pytest.raises(ValueError, match="in_features with lin_in, a reshape that merges dims"):
+        emit_linear(Planner("t", m), linear_of(m), NodeRef("w"), None, input=y, in_features=4)
+
+
 def test_a_models_own_flatten_around_a_product_is_no_linear_input() -> None:
     # the pattern binds the model's reshapes as the linear's (x is not what the product reads)
     g = GraphBuilder(dialect="edge")
