@@ -308,11 +308,15 @@ DROPOUT = family(
     "a dropout",
     [parse_schema("aten.dropout.default(Tensor input, float p, bool train) -> Tensor", rename={"input": "self"})],
 )
+# what a spelling implies of an argument another spelling of its family has (a pattern may require a
+# value of it: see fxpure.pattern's lint); a memory format or dim order it does not have is unknown
+_BLOCKS: Mapping[str, Arg] = {"non_blocking": False}
+_COPIES: Mapping[str, Arg] = {"copy": True}
 CLONE = family(
     "clone",
     "a clone",
     [
-        "aten.clone.default(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor",
+        parse_schema("aten.clone.default(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", fixed=_BLOCKS),
         "dim_order_ops._clone_dim_order.default(Tensor self, *, bool non_blocking=False, int[]? dim_order=None)"
         " -> Tensor",
     ],
@@ -322,12 +326,21 @@ CAST = family(
     "cast",
     "a cast",
     [
-        "aten.to.dtype(Tensor self, ScalarType dtype, bool non_blocking=False, bool copy=False,"
-        " MemoryFormat? memory_format=None) -> Tensor",
-        f"aten._to_copy.default(Tensor self, *, {_COPY}, bool non_blocking=False, MemoryFormat? memory_format=None)"
-        " -> Tensor",
-        f"dim_order_ops._to_dim_order_copy.default(Tensor self, *, {_COPY}, bool non_blocking=False,"
-        " int[]? dim_order=None) -> Tensor",
+        parse_schema(
+            "aten.to.dtype(Tensor self, ScalarType dtype, bool non_blocking=False, bool copy=False,"
+            " MemoryFormat? memory_format=None) -> Tensor",
+            fixed={"layout": None, "device": None, "pin_memory": None},  # (kept as they are)
+        ),
+        parse_schema(
+            f"aten._to_copy.default(Tensor self, *, {_COPY}, bool non_blocking=False,"
+            " MemoryFormat? memory_format=None) -> Tensor",
+            fixed=_COPIES,
+        ),
+        parse_schema(
+            f"dim_order_ops._to_dim_order_copy.default(Tensor self, *, {_COPY}, bool non_blocking=False,"
+            " int[]? dim_order=None) -> Tensor",
+            fixed=_COPIES,
+        ),
     ],
 )
 """A copy to another dtype (or layout, device, memory format, dim order): ``dtype`` None keeps it."""

@@ -1969,3 +1969,20 @@ def test_a_dtype_check_on_a_number_reads_the_dtype_torch_gives_it(number: float,
         assert reason.code == "plan-conflict"
     else:
         assert (reason.code, reason.message) == ("unsupported-dtype", "other of d has dtype int64")
+
+
+def test_the_kits_casts_and_clones_say_what_each_spelling_implies() -> None:
+    # found by a review: once a value required of an argument a spelling lacks was refused, a cast
+    # that moves no tensor (device=None on aten.to.dtype, which keeps it) could not be written
+    g = GraphBuilder()
+    x = g.input("x", (2, 3))
+    y = g.call("aten.to.dtype", name="c", self=x, dtype=DTypeArg("float16"), out=spec(2, 3, dtype="float16"))
+    g.output(g.call("aten._to_copy.default", name="k", self=y, dtype=DTypeArg("float32"), out=(2, 3)))
+    snap = g.build()
+    stays = Op(CAST, name="c", self=Var("x"), device=None, layout=None, pin_memory=None)
+    assert isinstance(match(stays, snap, snap.node("c")), Success)
+    assert isinstance(match(Op(CAST, copy=True), snap, snap.node("k")), Success)
+    assert match(Op(CAST, copy=False), snap, snap.node("k")).failure().code == "arg-mismatch"
+    # a memory format the edge spelling holds as a dim order is not known there: still refused
+    with pytest.raises(PatternError, match=r"_to_dim_order_copy\.default has no memory_format"):
+        rule("mf", Op(CAST, memory_format=None), plan=_plan_nothing)
