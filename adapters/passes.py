@@ -31,8 +31,9 @@ class FxpureError(RuntimeError):
 class RulesPass(ExportedProgramPassBase):
     """``rules`` applied as one pass, all or nothing; ``last`` holds the latest outcome (report
     included), ``outcomes`` every call's in order (a pass manager's second step, or a second
-    method, finds nothing left: its empty report is then ``last``). ``exported_program`` is only
-    needed to call it on that program's graph module."""
+    method, finds nothing left: its empty report is then ``last``; each holds its snapshots: clear
+    the list to reuse the object on many programs). ``exported_program`` is only needed to call it
+    on that program's graph module."""
 
     def __init__(self, rules: Sequence[Rule], exported_program: ExportedProgram | None = None) -> None:
         self.rules = tuple(check_rules(rules))
