@@ -1146,15 +1146,16 @@ class Planner:
         """A derived constant (computed by the adapter, once, if it survives), keyed under the
         module of the constants it reads (``NewConstant``). A name the plan gave a new value
         already is counted up (``w_padded_1``): the reference returned names this one. Its
-        ``kind`` is by default that of what it reads: a parameter if it reads one, else a buffer if
-        it reads one, else a constant (``1 / scale`` of a buffer is a buffer)."""
+        ``kind`` is by default that of what it reads: a parameter if it reads one (or a constant an
+        earlier stage dropped, whose kind the snapshot no longer holds), else a buffer if it reads
+        one, else a constant (``1 / scale`` of a buffer is a buffer)."""
         name = self._unique(name)
         self._constants.append(NewConstant(name=name, expr=expr, kind=kind or self._kind(expr)))
         return NodeRef(name)
 
     def _kind(self, expr: WeightExpr) -> ConstantKind:
         read = self.match.snap.constants
-        kinds = {read[k].kind for k in sources(expr) if k in read}
+        kinds = {read[k].kind if k in read else "parameter" for k in sources(expr)}
         return "parameter" if "parameter" in kinds else "buffer" if "buffer" in kinds else "constant"
 
     def _unique(self, name: str) -> str:

@@ -1941,6 +1941,8 @@ def test_a_derived_constant_is_by_default_of_the_kind_of_what_it_reads() -> None
     p.const(Binary(op="div", a=fill, b=src["c"]), "inv_c")
     p.const(fill, "ones")
     p.const(src["s"], "as_parameter", kind="parameter")
+    # an earlier stage's constant folded in reads what that stage dropped: a parameter, as before
+    p.const(Binary(op="mul", a=Source(key="dropped", spec=spec(2, 3)), b=src["s"]), "folded")
     kinds = {c.name: c.kind for c in p.finish([]).constants}
     assert kinds == {
         "inv_s": "buffer",
@@ -1948,6 +1950,7 @@ def test_a_derived_constant_is_by_default_of_the_kind_of_what_it_reads() -> None
         "inv_c": "constant",
         "ones": "constant",
         "as_parameter": "parameter",
+        "folded": "parameter",
     }
 
 
