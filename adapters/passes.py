@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import overload
 
 import torch
@@ -65,8 +66,9 @@ class RulesPass(ExportedProgramPassBase):
         if isinstance(planned, Failure) or not planned.unwrap().report.plans:
             self._keep(planned)
             return ExportedProgramPassResult(exported_program, False)
-        program = _copied(exported_program)
-        self._keep(apply(program, planned.unwrap().report))
+        program, report = _copied(exported_program), planned.unwrap().report
+        # (the report planned on the program: its rejections too, which applying does not repeat)
+        self._keep(apply(program, report).map(lambda done: replace(done, report=report)))
         return ExportedProgramPassResult(program, True)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
