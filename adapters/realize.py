@@ -642,9 +642,8 @@ def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Ten
         got = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
         if got != (info.spec.shape, info.spec.dtype):
             raise _ApplyError("materialize-failed", f"{name}: computed {got}, planned {info.spec}")
-        if (
-            info.kind == "parameter"
-        ):  # requiring grad where a parameter it is computed from does (an integer one cannot)
+        if info.kind == "parameter":  # requiring grad where a parameter it is computed from does
+            # (an integer one cannot)
             grad = (t.is_floating_point() or t.is_complex()) and any(
                 getattr(cap.tensors.get(k), "requires_grad", False) for k in sources(source)
             )
