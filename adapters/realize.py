@@ -44,9 +44,9 @@ from fxpure.plan import (
     shown,
     specs_differ,
 )
-from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
+from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason, Underflow
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
-from fxpure.weights import Source, infer_spec, moves_data, sources, subexpressions
+from fxpure.weights import Cast, Source, infer_spec, moves_data, sources, subexpressions
 
 V = TypeVar("V")
 
@@ -685,17 +685,52 @@ def _non_finite(
     return out
 
 
-def _culprits(report: RewriteReport, bad: Sequence[str]) -> dict[tuple[str, str], Reason]:
-    """Every plan that adds a non-finite constant, with the reason. An earlier rule's constant it is
-    computed from is not to blame: it is checked on its own once the plan is declined."""
+_NARROW = (torch.float16, torch.bfloat16)
+
+
+def _underflows(
+    new: Mapping[str, torch.Tensor], after: GraphSnapshot, tensors: Mapping[str, torch.Tensor]
+) -> list[str]:
+    """Derived float16 or bfloat16 constants computed wider from a constant of their own dtype and
+    cast back (a fold), where the cast loses a channel: along dim 0 or dim 1 (the whole of a vector),
+    an error above the dtype's epsilon times the largest value there. Rounding a normal value errs by
+    at most half that: only values below the smallest normal (a weight times a small scale) do, and
+    the op they replace scaled a sum of ordinary values (float16 ``W * 1e-4`` flushed to 0)."""
+    out = []
+    for k, t in new.items():
+        source = after.constants[k].source
+        if not isinstance(source, Cast) or t.dtype not in _NARROW:
+            continue
+        read = [tensors[key] for key in sources(source) if key in tensors]
+        if t.numel() == 0 or all(r.dtype != t.dtype for r in read):  # (a cast of another dtype's weight is meant)
+            continue
+        exact = materialize(source.x, tensors)
+        if exact.element_size() <= t.element_size() or not exact.is_floating_point():
+            continue
+        err, size, eps = (t.to(exact.dtype) - exact).abs(), exact.abs(), torch.finfo(t.dtype).eps
+        if exact.dim() < 2:
+            lost = bool((err > eps * size.max()).any())
+        else:  # each slice along dim 0, then dim 1 (a conv's, a linear's, a transposed conv's channels)
+            over = [tuple(i for i in range(exact.dim()) if i != d) for d in (0, 1)]
+            lost = any(bool((err.amax(dim=a) > eps * size.amax(dim=a)).any()) for a in over)
+        if lost:
+            out.append(k)
+    return out
+
+
+def _culprits(report: RewriteReport, bad: Sequence[str], flushed: Sequence[str] = ()) -> dict[tuple[str, str], Reason]:
+    """Every plan that adds a non-finite constant (``bad``) or one that underflows (``flushed``), with
+    the reason. An earlier rule's constant it is computed from is not to blame: it is checked on its
+    own once the plan is declined."""
     out: dict[tuple[str, str], Reason] = {}
-    for name in bad:
+    for name in (*bad, *flushed):
         info = report.after.constants[name]
+        record = NonFinite if name in bad else Underflow
         for p in report.plans:
             local = next((c.name for c in p.constants if c.expr == info.source), None)
             if local is not None:  # located as the core locates a plan's constant: by its name in the plan
                 where = f"plan.{local}"
-                out[(p.rule, p.anchor)] = NonFinite(node=p.anchor, constant=name, dtype=info.spec.dtype, path=where)
+                out[(p.rule, p.anchor)] = record(node=p.anchor, constant=name, dtype=info.spec.dtype, path=where)
     return out
 
 
@@ -1191,11 +1226,13 @@ def _finite_plan(
                 return report, {}
             raise
         bad = _non_finite(new, report.after, cap.tensors)
-        more = {k: v for k, v in _culprits(report, bad).items() if k not in declined}
-        if not bad:
+        flushed = [] if bad else _underflows(new, report.after, cap.tensors)
+        more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
+        if not bad and not flushed:
             return report, new
         if not more:
-            raise _ApplyError("non-finite-weight", f"{bad[0]} is not finite and no plan computes it")
+            code = "non-finite-weight" if bad else "weight-underflow"
+            raise _ApplyError(code, f"{(bad or flushed)[0]} is not finite or underflows, and no plan computes it")
         declined.update(_earliest(report, more))
 
 
@@ -1340,6 +1377,10 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
         bad = _non_finite(new, report.after, cap.tensors)
         if bad:
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
+        flushed = _underflows(new, report.after, cap.tensors)
+        if flushed:
+            message = f"{flushed[0]} loses a channel to {report.after.constants[flushed[0]].spec.dtype} underflow"
+            return Failure(TransformError(code="weight-underflow", message=message))
         return _run(cap, report, new)
 
     with no_cyclic_gc():

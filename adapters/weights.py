@@ -72,6 +72,15 @@ def _dequantize(e: Dequantize, ev: Eval) -> torch.Tensor:
     return ((x - zero) * scale).to(dtype_of(e.dtype))
 
 
+def _fill(e: Fill) -> torch.Tensor:
+    dtype = dtype_of(e.dtype)
+    if not dtype.is_floating_point:
+        return torch.full(e.shape, e.value, dtype=dtype)
+    # a number beyond the dtype's range is inf, as torch makes a Python number an operand of that
+    # dtype (``x * 1e300`` of float32); ``full`` refuses it
+    return torch.full(e.shape, e.value, dtype=torch.float64).to(dtype)
+
+
 _BINARY: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "add": torch.add,
     "sub": torch.sub,
@@ -97,7 +106,7 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
     MaxOver: lambda e, ev: ev(e.x).amax(dim=e.dims),
     Cast: lambda e, ev: ev(e.x).to(dtype_of(e.dtype)),
     Concat: lambda e, ev: torch.cat([ev(x) for x in e.xs], dim=e.dim),
-    Fill: lambda e, _: torch.full(e.shape, e.value, dtype=dtype_of(e.dtype)),
+    Fill: lambda e, _: _fill(e),
     Binary: lambda e, ev: _BINARY[e.op](ev(e.a), ev(e.b)),
     Unary: lambda e, ev: _UNARY[e.op](ev(e.x)),
     Quantize: _quantize,

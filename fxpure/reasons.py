@@ -310,12 +310,29 @@ class NonFinite(Reason):
         return f"{self.node}: folding gives inf or NaN in {self.constant} ({self.dtype})"
 
 
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Underflow(Reason):
+    """A derived constant, computed wider and cast back, loses a channel to underflow: its values
+    fall below the dtype's smallest normal (a float16 fold by a small scale), where rounding is
+    coarse or flushes to zero, though the op it replaces scaled a sum of ordinary values."""
+
+    code: str = "weight-underflow"
+    constant: str
+    dtype: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: folding flushes a channel of {self.constant} toward zero ({self.dtype} underflows)"
+
+
 GENERIC_CODES = frozenset(
     {
         "malformed-node",
         "plan-conflict",
         "bad-weight-expr",
         "non-finite-weight",
+        "weight-underflow",
         "module-call",
         "in-subgraph",
         "preserved-signature",
@@ -324,14 +341,15 @@ GENERIC_CODES = frozenset(
         "dim-order-changes",
     }
 )
-"""Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that
-overlaps another, a derived weight that is ill-typed; and, found by the adapter, a weight that
-computes to inf or NaN, a candidate that is an ``nn.Module`` call (``symbolic_trace``), one in
-a control-flow branch, one whose plan would remove a node a preserved module call signature
-names (``torch.export``'s ``preserve_module_call_signature``), one whose plan writes an op the
-program's own verifier refuses (``op-not-allowed``: an edge program takes Core ATen ops and the
-exceptions it was made with), or one whose new nodes would read a tensor on the other side of an
-in-place write to it than the nodes they replace did, or whose moved uses would read, or write, a
-tensor written in place while they use it (``written-between``), or one with a new node
-an edge program's portable ExecuTorch kernels would refuse, its input channels last and its output
-laid out otherwise (``dim-order-changes``: a slice of a channels-last tensor)."""
+"""Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that overlaps
+another, a derived weight that is ill-typed; and, found by the adapter, a weight that computes to
+inf or NaN or, cast back to float16, loses a channel to underflow, a candidate that is an
+``nn.Module`` call (``symbolic_trace``), one in a control-flow branch, one whose plan would remove a
+node a preserved module call signature names (``torch.export``'s
+``preserve_module_call_signature``), one whose plan writes an op the program's own verifier refuses
+(``op-not-allowed``: an edge program takes Core ATen ops and the exceptions it was made with), or
+one whose new nodes would read a tensor on the other side of an in-place write to it than the nodes
+they replace did, or whose moved uses would read, or write, a tensor written in place while they use
+it (``written-between``), or one with a new node an edge program's portable ExecuTorch kernels would
+refuse, its input channels last and its output laid out otherwise (``dim-order-changes``: a slice of
+a channels-last tensor)."""

@@ -23,6 +23,7 @@ COMMON = {
     "plan-conflict",
     "bad-weight-expr",
     "non-finite-weight",
+    "weight-underflow",
     "in-subgraph",
     "module-call",
     "preserved-signature",

@@ -293,6 +293,98 @@ def test_arithmetic_on_an_inf_the_program_holds_is_not_folded(form: str) -> None
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
+class SmallScales(nn.Module):
+    """float16: a wide linear times a LayerScale of 1e-4, another through a batch norm of gamma 1e-4
+    (folded, each weight 1/4096 * 1e-4 is below float16's smallest subnormal: 0), and a conv and
+    batch norm of ordinary values."""
+
+    gamma: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.conv = nn.Linear(4096, 4), nn.Linear(4096, 4), nn.Conv2d(3, 4, 3)
+        self.bn, self.bn2 = nn.BatchNorm1d(4), nn.BatchNorm2d(4)
+        self.register_buffer("gamma", torch.full((4,), 1e-4))
+        with torch.no_grad():
+            for lin in (self.a, self.b):
+                lin.weight.fill_(1 / 4096)
+                lin.bias.zero_()
+            self.bn.weight.fill_(1e-4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.a(x) * self.gamma, self.bn(self.b(x)), self.bn2(self.conv(y))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_float16_fold_that_underflows_is_declined_and_the_rest_applies(form: str) -> None:
+    # found by a hunt: both folds were applied, and their outputs were 0 where eager's are 3
+    torch.manual_seed(0)
+    model = SmallScales()
+    randomize_bn(model.bn2)
+    model = model.eval().half()
+    x = (torch.full((2, 4096), 30000.0).half(), torch.randn(1, 3, 6, 6).half())
+    program = build(model, x, form)
+    want = run(program, x)
+    assert (want[0] - 3).abs().max() < 1e-2 and (want[1] - 3).abs().max() < 1e-2
+    outcome = adapters.transform(program, [fold_binary(), fuse_linear_bn(), fuse_conv_bn()]).unwrap()
+    codes = sorted((r.rule, r.reason.code) for r in outcome.report.rejections)
+    others = [("fuse-conv-bn", "producer-not-conv"), ("fuse-linear-bn", "producer-not-linear")]  # each rule's BN
+    assert codes == sorted([("fold-binary", "weight-underflow"), ("fuse-linear-bn", "weight-underflow"), *others])
+    assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
+    got = run(program, x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert (got[2].float() - want[2].float()).abs().max() <= 1e-2 * want[2].abs().max()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_underflow_in_one_output_channel_of_a_transposed_conv_is_found(form: str) -> None:
+    # its output channels are the weight's dim 1: along dim 0 each slice holds ordinary values too
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 1.0, 1e-6, 1.0]))
+    model = nn.Sequential(nn.ConvTranspose2d(8, 4, 3), bn).eval().half()
+    x = (torch.randn(1, 8, 5, 5).half(),)
+    program = build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["weight-underflow"]
+    assert outcome.report.plans == () and torch.equal(run(program, x)[0], want[0])
+
+
+class OutOfRange(nn.Module):
+    """float16 linears: one times an int64 buffer holding 100000 per channel (torch casts it to
+    float16 first: inf), one times 1e300 (inf in float16), one times 2.0."""
+
+    k: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 4), nn.Linear(8, 4), nn.Linear(8, 4)
+        self.register_buffer("k", torch.tensor([100000, 1, 2, 3]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.a(x) * self.k, self.b(x) * 1e300, self.c(x) * 2.0
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_constant_beyond_the_dtype_is_inf_as_torch_makes_it(form: str) -> None:
+    # found by a hunt: the int64 100000 was cast to float32, not float16, and folded (finite
+    # outputs where eager's are inf); 1e300 failed the whole transform (materialize-failed)
+    torch.manual_seed(0)
+    model, x = OutOfRange().eval(), (torch.randn(2, 8).half(),)
+    for lin in (model.a, model.b, model.c):
+        lin.half()
+    program = build(model, x, form)
+    want = run(program, x)
+    assert torch.isinf(want[0][:, 0]).all() and torch.isinf(want[1]).all()
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [r.reason.code for r in outcome.report.rejections] == ["non-finite-weight"] * 2
+    assert len(outcome.report.plans) == 1
+    got = run(program, x)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
 class InfAndOverflow(nn.Module):
     """float16 conv and batch norm: the conv weight holds an inf in channel 0 (the program's own),
     and channel 1's scale (6e6) overflows float16 once folded into the weight."""

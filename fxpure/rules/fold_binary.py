@@ -241,11 +241,15 @@ def _per_channel(bin: Bound, c: WeightExpr | float, match: Match, conv: Bound | 
     return Declined(code=PER_CHANNEL, node=bin.name, detail=detail, path=site.path)
 
 
-def _vector(c: WeightExpr | float, work: str) -> WeightExpr:
-    """The constant as a vector of 1 or C entries in the work dtype."""
+def _vector(c: WeightExpr | float, work: str, dtype: str) -> WeightExpr:
+    """The constant as a vector of 1 or C entries in the work dtype. A tensor of another dtype is
+    first cast to the op's ``dtype``, as torch computes the op (an int64 100000 times a float16
+    output is inf, not 100000); a Python number is not (a float16 op scales by it in float32)."""
     if not isinstance(c, WeightExpr):
         return _fill(float(c), work)
-    return Reshape(x=Cast(x=c, dtype=work), shape=(infer_spec(c).unwrap().numel,))
+    spec = infer_spec(c).unwrap()
+    as_op = c if spec.dtype == dtype else Cast(x=c, dtype=dtype)
+    return Reshape(x=Cast(x=as_op, dtype=work), shape=(spec.numel,))
 
 
 def _scaled(w: WeightExpr, scale: tuple[Literal["mul", "div"], WeightExpr], conv: Bound | None) -> WeightExpr:
@@ -305,8 +309,9 @@ def _plan(
     kind, first = _key(bin, p.match)
     if copy is not None and isinstance(c, WeightExpr) and copy.spec is not None:  # the value the op reads
         c = Cast(x=c, dtype=copy.spec.dtype)
-    work = work_dtype(infer_spec(w).unwrap().dtype)
-    affine = AFFINE[(kind, first)](_vector(c, work), float(alpha), work)
+    dtype = infer_spec(w).unwrap().dtype
+    work = work_dtype(dtype)
+    affine = AFFINE[(kind, first)](_vector(c, work, dtype), float(alpha), work)
     if conv is not None:
         weight, bias = _folded(p, w, b, affine, conv, conv.ref("weight"), f"{conv.name}_{kind}")
         return p.replace(bin, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias))

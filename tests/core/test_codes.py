@@ -519,6 +519,7 @@ ADAPTER = {
     "module-call": "found by the adapter: an nn.Module call in a symbolic_trace graph",
     "in-subgraph": "found by the adapter: a candidate in a control-flow branch",
     "non-finite-weight": "found by the adapter: a folded weight computed with torch is inf or NaN",
+    "weight-underflow": "found by the adapter: a folded float16 weight loses a channel to underflow",
     "preserved-signature": "found by the adapter: a node a preserved module call signature names",
     "op-not-allowed": "found by the adapter: a new node's op the program's verifier refuses",
     "written-between": "found by the adapter: an in-place write between a tensor's old reads and the new one",
