@@ -1261,7 +1261,8 @@ class Planner:
         """Raise TypeError for what is wrong whatever the graph (an argument the schema has not,
         a required one left out of a new call, an op or expression given for a tensor); note in
         ``refused`` a value a tensor argument cannot take (a number, None), which depends on the
-        match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so)."""
+        match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so), except on an
+        edge program, whose verifier refuses it (``to_edge`` lifts it as a constant)."""
         for arg, value in values.items():
             q = schema.family_params.get(arg)  # by the family's name only
             if q is None:
@@ -1271,9 +1272,12 @@ class Planner:
             if isinstance(value, Bound | WeightExpr):
                 kind = type(value).__name__
                 raise TypeError(f"{what}: {arg} is a {kind}, not a node: pass NodeRef(op.name), or p.const(expr, name)")
-            if q.name == "other" and isinstance(value, int | float) and not isinstance(value, bool):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if q.name == "other" and number and self.dialect != "edge":
                 continue
-            self._refuse(f"the plan passes {value!r} as {arg} of {name} ({schema.target}), a tensor")
+            # an edge program's verifier wants every tensor argument a tensor (to_edge lifts numbers)
+            lift = " (an edge program takes a constant there: p.const(Fill(...)))" if number else ""
+            self._refuse(f"the plan passes {value!r} as {arg} of {name} ({schema.target}), a tensor{lift}")
         if complete:
             missing = [n for n in schema.required if n not in values]
             if missing:

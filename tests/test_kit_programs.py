@@ -11,18 +11,19 @@ import pytest
 import torch
 from executorch.exir import EdgeCompileConfig, to_edge
 from returns.result import Success
+from torch.export import ExportedProgram
 
 import adapters
 from adapters.passes import RulesPass
 from adapters.validate import check_plans
-from fxpure.families import CONV, MUL, RELU
+from fxpure.families import ADD, CONV, MUL, RELU
 from fxpure.linear import linear_of, linear_root
 from fxpure.pattern import Bound, Op, Planner, Var, rule
 from fxpure.plan import RewritePlan, plan
 from fxpure.snapshot import NodeRef
 from fxpure.weights import Fill
 from tests.models import ScaledConv
-from tests.programs import FORMS, assert_sound, build, count, run, validate
+from tests.programs import FORMS, assert_close, assert_sound, build, count, run, validate
 
 
 class Relu(torch.nn.Module):
@@ -132,6 +133,37 @@ def test_an_edge_program_made_to_allow_the_op_takes_it() -> None:
     assert adapters.transform(program, [TO_LINEAR]).unwrap().changed
     assert count(program, "linear") == 1 and count(program, "addmm") == 0
     assert_sound(program, x, want)
+
+
+class Doubled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)
+        return y + y
+
+
+# x + x -> x * 2.0: a number as ``other`` (export writes ``x * 2.0`` so; to_edge lifts it)
+NUMBER_OTHER = rule(
+    "number-other",
+    Op(ADD, name="add", self=Var("x"), other=Var("x"), alpha=1),
+    plan=lambda p, add, x: p.replace(add, p.call("aten.mul.Tensor", name="twice", spec=add.spec, self=x, other=2.0)),
+)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_number_as_other_is_taken_but_on_edge_whose_verifier_wants_a_tensor(form: str) -> None:
+    # found by an outside author: applied on edge, the program's verifier then refused the mul
+    # (a tensor argument not a tensor), and so did executorch's pass manager after the pass
+    program, x = build(Doubled(), (torch.randn(3, 8),), form), (torch.randn(3, 8),)
+    want = run(program, x)
+    outcome = adapters.transform(program, [NUMBER_OTHER]).unwrap()
+    if form != "edge":
+        assert outcome.changed and count(program, "mul") == 1
+        assert_sound(program, x, want) if form == "aten" else assert_close(run(program, x), want)
+        return
+    (why,) = [j.reason for j in outcome.report.rejections]
+    assert (why.code, why.path) == ("malformed-node", "plan") and "2.0 as other" in why.message
+    assert not outcome.changed and isinstance(program, ExportedProgram)
+    validate(program)
 
 
 class Scaled(torch.nn.Module):

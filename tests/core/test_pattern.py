@@ -91,8 +91,8 @@ SCALED = Op(
 )
 
 
-def _relu_graph() -> GraphSnapshot:
-    g = GraphBuilder()
+def _relu_graph(dialect: str = "aten") -> GraphSnapshot:
+    g = GraphBuilder(dialect=dialect)
     x = g.input("x", (2, 3))
     g.output(g.call("aten.relu.default", name="r", self=x, out=(2, 3)))
     return g.build()
@@ -199,6 +199,16 @@ def test_a_new_node_may_read_the_op_whose_uses_it_takes_and_that_op_stays() -> N
     after = verify(report.after).unwrap()
     assert [n.name for n in after.nodes] == ["x", "r", "twice", "output"]
     assert after.node("twice").args == (NodeRef("r"), 2.0) and after.outputs == ("twice",)
+
+
+def test_a_number_as_other_declines_on_edge_whose_verifier_wants_a_tensor() -> None:
+    def insert(p: Planner, r: Bound) -> RewritePlan:
+        return p.replace(r, p.call("aten.mul.Tensor", name="twice", spec=r.node.spec, self=NodeRef(r.name), other=2.0))
+
+    report = plan(_relu_graph("edge"), [rule("twice", RELU_X, plan=insert)])
+    (reason,) = [j.reason for j in report.rejections]
+    assert (reason.code, reason.node, reason.path) == ("malformed-node", "r", "plan") and report.plans == ()
+    assert "passes 2.0 as other of twice (aten.mul.Tensor), a tensor (an edge program" in reason.message
 
 
 def test_a_new_node_reading_the_op_through_a_keyword_keeps_it_too() -> None:
