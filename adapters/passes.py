@@ -12,11 +12,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import overload
 
 import torch
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
-from returns.result import Failure, Result
+from returns.result import Failure, Result, Success
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 
@@ -41,6 +42,7 @@ class RulesPass(ExportedProgramPassBase):
         self.exported_program = exported_program
         self.last: TransformOutcome | None = None
         self.outcomes: list[TransformOutcome] = []
+        self._keys: dict[str, torch.Tensor] = {}  # the keys of the constants it added, with their values
 
     @overload
     def __call__(self, program: ExportedProgram) -> ExportedProgramPassResult: ...
@@ -61,14 +63,28 @@ class RulesPass(ExportedProgramPassBase):
         graph, signature, state dict and constants; the tensors shared, none written), returned; the
         program given is left as it was: ExecuTorch's pass managers hand a pass a shallow copy of the
         caller's program, whose graph module and dictionaries an edit in place would change under
-        the caller (``edge`` of ``edge.transform([...])``, half of it: its graph, not its constants)."""
-        planned = transform(exported_program, self.rules, dry_run=True)
-        if isinstance(planned, Failure) or not planned.unwrap().report.plans:
-            self._keep(planned)
-            return ExportedProgramPassResult(exported_program, False)
-        program, report = _copied(exported_program), planned.unwrap().report
-        # (the report planned on the program: its rejections too, which applying does not repeat)
-        self._keep(apply(program, report).map(lambda done: replace(done, report=report)))
+        the caller (``edge`` of ``edge.transform([...])``, half of it: its graph, not its constants).
+
+        A new constant takes no key the pass gave another program a constant of other values under
+        (``edge.transform`` calls it on each method, and ExecuTorch's external constant file keeps
+        one tensor per key: a method would run with another's weights); one of the same values
+        shares its key, so it is stored once."""
+        reserved: set[str] = set()
+        while True:
+            planned = transform(exported_program, self.rules, dry_run=True, reserved=reserved)
+            if isinstance(planned, Failure) or not planned.unwrap().report.plans:
+                self._keep(planned)
+                return ExportedProgramPassResult(exported_program, False)
+            program, report = _copied(exported_program), planned.unwrap().report
+            # (the report planned on the program: its rejections too, which applying does not repeat)
+            done = apply(program, report).map(partial(replace, report=report))
+            added = _added(exported_program, program) if isinstance(done, Success) else {}
+            clashes = {k for k, t in added.items() if k in self._keys and not _same_values(self._keys[k], t)}
+            if not clashes:
+                break
+            reserved |= clashes
+        self._keep(done)
+        self._keys.update(added)
         return ExportedProgramPassResult(program, True)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -87,6 +103,17 @@ class RulesPass(ExportedProgramPassBase):
         self.last = result.unwrap()
         self.outcomes.append(self.last)
         return self.last.changed
+
+
+def _added(before: ExportedProgram, after: ExportedProgram) -> dict[str, torch.Tensor]:
+    """The tensors ``after`` holds under keys ``before`` has not."""
+    old = before.state_dict.keys() | before.constants.keys()
+    held = [*after.state_dict.items(), *after.constants.items()]
+    return {k: t for k, t in held if k not in old and isinstance(t, torch.Tensor)}
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
 
 
 def _copied(ep: ExportedProgram) -> ExportedProgram:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import operator
 from collections import ChainMap
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar, final
@@ -1297,13 +1297,23 @@ def _with_unreachable(cap: Captured, report: RewriteReport, rules: Sequence[Rule
     return replace(report, rejections=(*report.rejections, *extra)) if extra else report
 
 
+def _reserving(cap: Captured, names: Iterable[str]) -> Captured:
+    """``cap`` whose new constants and nodes take none of ``names`` either."""
+    more = frozenset(names) - cap.snap.reserved
+    return replace(cap, snap=replace(cap.snap, reserved=cap.snap.reserved | more)) if more else cap
+
+
 def transform(
-    program: Program, rules: Sequence[Rule], *, dry_run: bool = False
+    program: Program, rules: Sequence[Rule], *, dry_run: bool = False, reserved: Iterable[str] = ()
 ) -> Result[TransformOutcome, TransformError]:
-    """Plan ``rules`` on ``program`` and apply them in place, all or nothing."""
+    """Plan ``rules`` on ``program`` and apply them in place, all or nothing. ``reserved``: keys a new
+    constant must not take besides the program's own (those other methods of one ``.pte`` hold for
+    other values: ExecuTorch's external constant file keeps one tensor per key)."""
     check_rules(rules)
+    names = frozenset(reserved)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
+        cap = _reserving(cap, names)
         try:
             report, new = _finite_plan(cap, rules, dry_run=dry_run)
         except _ApplyError as e:
@@ -1358,6 +1368,8 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
             return Failure(
                 TransformError(code="plan-conflict", message=f"the report was planned on another program: {changed}")
             )
+        if isinstance(plans, RewriteReport):  # the names it was planned to leave (``transform(reserved=)``)
+            cap = _reserving(cap, plans.before.reserved)
         after = cap.snap
         for stage in stages:
             step = fxpure.rewrite(after, stage)

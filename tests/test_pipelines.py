@@ -5,13 +5,15 @@ quantized program, declined convs included, lowers through the Vulkan partitione
 from __future__ import annotations
 
 import copy
+import pathlib
 
 import pytest
 import torch
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge, to_edge_transform_and_lower
+from executorch.exir import ExecutorchBackendConfig, to_edge, to_edge_transform_and_lower
 from executorch.exir.pass_manager import ExportedProgramPassManager
+from executorch.runtime import Runtime
 
 import adapters
 from adapters.passes import FuseConvBatchNormPass, QuantizedConvolutionPass, RulesPass, SplitGroupConvolutionPass
@@ -242,3 +244,64 @@ def test_a_quantized_op_moved_by_views_stays_quantized_and_delegated(name: str) 
     assert outside <= {"mean", "unsqueeze_copy", "squeeze_copy", "permute_copy"}, outside
     _, want = lower([])
     assert_close(got, want, rel=1e-6)
+
+
+class SharedConv(torch.nn.Module):
+    """A conv and two batch norms: each method of a program reads the conv and one of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.bn_a, self.bn_b = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8)
+
+
+class Method(torch.nn.Module):
+    def __init__(self, t: SharedConv, bn: str) -> None:
+        super().__init__()
+        self.t, self.bn = t, bn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = getattr(self.t, self.bn)(self.t.c(x))
+        return out
+
+
+@pytest.mark.parametrize("same", [False, True])
+def test_methods_fused_to_other_weights_keep_them_apart_in_an_external_constant_file(
+    same: bool, tmp_path: pathlib.Path
+) -> None:
+    # found by a hunt: each method's fused weight took the key t.aten_convolution_default_bn_weight;
+    # the .ptd keeps one tensor per key, and method a ran with method b's weights (max error 2.8)
+    torch.manual_seed(0)
+    t = SharedConv()
+    randomize_bn(t.bn_a)
+    if same:
+        t.bn_b.load_state_dict(t.bn_a.state_dict())
+    else:
+        randomize_bn(t.bn_b, seed=1)
+    methods, x = {"a": Method(t, "bn_a").eval(), "b": Method(t, "bn_b").eval()}, (torch.randn(1, 3, 8, 8),)
+    want = {name: m(*x) for name, m in methods.items()}
+    edge = to_edge({name: torch.export.export(m, x) for name, m in methods.items()})
+    edge = edge.transform([RulesPass([fuse_conv_bn()])])
+    keys = {name: sorted(edge.exported_program(name).state_dict) for name in methods}
+    assert (keys["a"] == keys["b"]) is same  # the same values share a key: stored once
+    et = edge.to_executorch(ExecutorchBackendConfig(external_constants=True))
+    et.save(str(tmp_path / "m.pte"))
+    et.write_tensor_data_to_file(str(tmp_path))
+    (data,) = tmp_path.glob("*.ptd")
+    program = Runtime.get().load_program(str(tmp_path / "m.pte"), data_path=str(data))
+    for name in methods:
+        method = program.load_method(name)
+        assert method is not None
+        assert_close([method.execute(list(x))[0]], [want[name]])
+
+
+def test_transform_leaves_the_keys_it_is_told_to() -> None:
+    model, x = (
+        randomize_bn(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))),
+        (torch.randn(1, 3, 6, 6),),
+    )
+    keys = []
+    for reserved in ((), ("conv2d_bn_weight",)):
+        ep = torch.export.export(model, x)
+        assert adapters.transform(ep, [fuse_conv_bn()], reserved=reserved).unwrap().changed
+        keys.append(sorted(ep.state_dict))
+    assert keys == [["conv2d_bn_bias", "conv2d_bn_weight"], ["conv2d_bn_bias", "conv2d_bn_weight_1"]]
