@@ -285,14 +285,48 @@ SLICE = family(
     ],
 )
 CAT = family("cat", "a concatenation", ["aten.cat.default(Tensor[] tensors, int dim=0) -> Tensor"])
+
+
+def _normalize_split(
+    snap: GraphSnapshot, node: NodeSnapshot, a: Mapping[str, Arg]
+) -> Result[Mapping[str, Arg], Malformed]:
+    """``split_sizes`` the sizes of the parts, read off the outputs where a spelling gives a part's
+    size (``split.Tensor``) or their number (``chunk``)."""
+    if node.target.startswith("aten.split_with_sizes"):
+        return Success(a)
+    parts, dim = node.spec if isinstance(node.spec, tuple) else (), a["dim"]
+    rank = len(parts[0].shape) if parts and parts[0] is not None else 0
+    if not isinstance(dim, int) or not -rank <= dim < rank:
+        return Failure(Malformed(node=node.name, detail="no output shapes tell the sizes of the parts"))
+    sizes = tuple(p.shape[dim] if p is not None else None for p in parts)
+    ints = tuple(n for n in sizes if isinstance(n, int))
+    if len(ints) != len(sizes):
+        return Failure(Malformed(node=node.name, detail=f"the parts have sizes {sizes} along dim {dim}: not all known"))
+    return Success(MappingProxyType({**a, "split_sizes": ints}))
+
+
 SPLIT = family(
     "split",
     "a split",
     [
-        f"aten.{op}.default(Tensor self, SymInt[] split_sizes, int dim=0) -> Tensor[]"
-        for op in ("split_with_sizes", "split_with_sizes_copy")
+        *(
+            f"aten.{op}.default(Tensor self, SymInt[] split_sizes, int dim=0) -> Tensor[]"
+            for op in ("split_with_sizes", "split_with_sizes_copy")
+        ),
+        # an aten program's x.split(2) and x.chunk(2): normalised to the sizes of the parts
+        parse_schema(
+            "aten.split.Tensor(Tensor self, SymInt split_size, int dim=0) -> Tensor[]",
+            rename={"split_size": "split_sizes"},
+        ),
+        parse_schema(
+            "aten.chunk.default(Tensor self, int chunks, int dim=0) -> Tensor[]", rename={"chunks": "split_sizes"}
+        ),
     ],
+    normalize=_normalize_split,
 )
+"""Every split: ``split_with_sizes`` (and edge's ``_copy``), ``split.Tensor``, ``chunk``. Normal
+form: ``split_sizes``, the sizes of the parts (of an aten program's ``split.Tensor`` and ``chunk``,
+from their outputs' shapes)."""
 RELU = family("relu", "a relu", ["aten.relu.default(Tensor self) -> Tensor"])
 UNARY = family(
     "unary",

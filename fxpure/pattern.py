@@ -1276,7 +1276,9 @@ class Planner:
             if q.name == "other" and number and self.dialect != "edge":
                 continue
             # an edge program's verifier wants every tensor argument a tensor (to_edge lifts numbers)
-            lift = " (an edge program takes a constant there: p.const(Fill(...)))" if number else ""
+            lift = (
+                " (an edge program takes a constant there: p.const(Fill(...)))" if q.name == "other" and number else ""
+            )
             self._refuse(f"the plan passes {value!r} as {arg} of {name} ({schema.target}), a tensor{lift}")
         if complete:
             missing = [n for n in schema.required if n not in values]

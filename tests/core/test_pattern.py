@@ -804,13 +804,19 @@ def test_a_candidate_pattern_keeps_the_roots_it_matches_and_must_be_rooted_at_an
         rule("fold", pattern, plan=respell, candidate=OneOf(Op(ADD), Var("v")))
 
 
-def test_a_getitem_matches_the_multi_output_op_it_reads() -> None:
+@pytest.mark.parametrize(
+    ("target", "parts"),
+    [("aten.split_with_sizes.default", (4, 3)), ("aten.split.Tensor", 4), ("aten.chunk.default", 2)],
+)
+def test_a_getitem_matches_the_multi_output_op_it_reads(target: str, parts: int | tuple[int, ...]) -> None:
     # split's getitems to slices: getitem's self is Any (a tuple), and an Op under it was refused at
-    # construction ("not a tensor argument"), leaving an author no spelling for it
+    # construction ("not a tensor argument"), leaving an author no spelling for it; an aten
+    # program's x.split(4) and x.chunk(2) are splits too (an outside author found them declined
+    # wrong-op), their sizes read off the parts
     g = GraphBuilder()
-    x = g.input("x", (4, 6))
-    sp = g.call("aten.split_with_sizes.default", name="sp", self=x, split_sizes=(3, 3), dim=1, out=(spec(4, 3),) * 2)
-    g.output(g.node("getitem", (sp, 0), name="a", out=(4, 3)), g.node("getitem", (sp, 1), name="b", out=(4, 3)))
+    x = g.input("x", (4, 7))
+    sp = g.call(target, name="sp", self=x, split_sizes=parts, dim=-1, out=(spec(4, 4), spec(4, 3)))
+    g.output(g.node("getitem", (sp, 0), name="a", out=(4, 4)), g.node("getitem", (sp, 1), name="b", out=(4, 3)))
 
     def to_slice(p: Planner, item: Bound, split: Bound, x: NodeRef) -> RewritePlan:
         i, sizes, dim = item.int("index"), split.ints("split_sizes"), split.int("dim")
@@ -823,7 +829,18 @@ def test_a_getitem_matches_the_multi_output_op_it_reads() -> None:
     report = plan(g.build(), [rule("slices", pattern, plan=to_slice)])
     assert [p.anchor for p in report.plans] == ["a", "b"] and report.rejections == ()
     slices = [n.args[1:] for n in report.after.nodes if n.target == "aten.slice.Tensor"]
-    assert slices == [(1, 0, 3), (1, 3, 6)] and "sp" not in report.after.index  # the split, unread, goes
+    assert slices == [(-1, 0, 4), (-1, 4, 7)] and "sp" not in report.after.index  # the split, unread, goes
+
+
+def test_a_split_whose_parts_have_sizes_no_shape_tells_is_declined() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (4, "T"))
+    sp = g.call("aten.chunk.default", name="sp", self=x, split_sizes=2, dim=1, out=(spec(4, "A"), spec(4, "B")))
+    g.output(g.node("getitem", (sp, 0), name="a", out=(4, "A")))
+    pattern = Op(GETITEM, name="item", self=Op(SPLIT, name="split", users=ANY))
+    reason = match(pattern, g.build(), g.build().node("a")).failure()
+    assert (reason.code, reason.node) == ("malformed-node", "sp")
+    assert reason.message == "sp: the parts have sizes ('A', 'B') along dim 1: not all known"
 
 
 def test_add_operands_swap_only_where_alpha_is_one() -> None:
