@@ -1216,16 +1216,17 @@ class Planner:
         spec: Spec,
         provenance: str | None = None,
         source_fn: str | None = None,
-        **values: Arg,
+        **values: Arg | WeightExpr,
     ) -> NodeRef:
         """A new call with arguments by schema name. ``target``: a canonical target of a family
         fxpure ships (``fxpure.families.SCHEMAS``) or of a family the match bound, or the
-        ``Schema`` of any op (``MY_FAMILY.schemas[target]``, ``parse_schema(...)``)."""
+        ``Schema`` of any op (``MY_FAMILY.schemas[target]``, ``parse_schema(...)``). A constant
+        bound as the program holds it (``Const("w")`` of a weight, no view of it) is read as it
+        is, under its own key; one computed from it is ``p.const(expr, name)``."""
         schema = target if isinstance(target, Schema) else SCHEMAS.get(target) or self._bound_schema(target)
         if schema is None:
             raise PatternError(f"no schema for {target}: pass its Schema, or use Planner.node (positional arguments)")
-        self._fit(f"call {name}", name, schema, values, complete=True)
-        args, kwargs = arguments(schema, values)
+        args, kwargs = arguments(schema, self._fit(f"call {name}", name, schema, values, complete=True))
         return self.node(schema.target, args, kwargs, name=name, spec=spec, provenance=provenance, source_fn=source_fn)
 
     def _bound_schema(self, target: str) -> Schema | None:
@@ -1241,12 +1242,12 @@ class Planner:
         name: str | None = None,
         spec: Spec | None = None,
         source_fn: str | None = None,
-        **updates: Arg,
+        **updates: Arg | WeightExpr,
     ) -> NodeRef:
-        """A copy of a matched node with some arguments replaced by name, in the node's own spelling."""
+        """A copy of a matched node with some arguments replaced by name, in the node's own spelling
+        (a constant bound as the program holds it is read as it is, as in :meth:`call`)."""
         schema = op.family.schemas[op.node.target]
-        self._fit(f"respell of {op.name}", name or op.name, schema, updates, complete=False)
-        args, kwargs = respell(op.node, schema, updates)
+        args, kwargs = respell(op.node, schema, self._fit(f"respell of {op.name}", name or op.name, schema, updates))
         return self.node(
             op.node.target,
             args,
@@ -1257,21 +1258,28 @@ class Planner:
             source_fn=source_fn,
         )
 
-    def _fit(self, what: str, name: str, schema: Schema, values: Mapping[str, Arg], *, complete: bool) -> None:
+    def _fit(
+        self, what: str, name: str, schema: Schema, values: Mapping[str, Arg | WeightExpr], *, complete: bool = False
+    ) -> dict[str, Arg]:
         """Raise TypeError for what is wrong whatever the graph (an argument the schema has not,
-        a required one left out of a new call, an op or expression given for a tensor); note in
+        a required one left out of a new call, an op or expression given for a value); note in
         ``refused`` a value a tensor argument cannot take (a number, None), which depends on the
         match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so), except on an
-        edge program, whose verifier refuses it (``to_edge`` lifts it as a constant)."""
+        edge program, whose verifier refuses it (``to_edge`` lifts it as a constant). The values, a
+        constant bound as the program holds it (a ``Source``) as its node."""
+        out: dict[str, Arg] = {}
         for arg, value in values.items():
             q = schema.family_params.get(arg)  # by the family's name only
             if q is None:
                 raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({_has(schema)})")
-            if q.kind != "tensor" or type(value) is NodeRef or (value is None and q.optional):
-                continue
+            if isinstance(value, Source) and value.key in self.match.snap.index:
+                value = NodeRef(value.key)  # a constant as the program holds it: its node
             if isinstance(value, Bound | WeightExpr):
                 kind = type(value).__name__
                 raise TypeError(f"{what}: {arg} is a {kind}, not a node: pass NodeRef(op.name), or p.const(expr, name)")
+            out[arg] = value
+            if q.kind != "tensor" or type(value) is NodeRef or (value is None and q.optional):
+                continue
             number = isinstance(value, int | float) and not isinstance(value, bool)
             if q.name == "other" and number and self.dialect != "edge":
                 continue
@@ -1284,6 +1292,7 @@ class Planner:
             missing = [n for n in schema.required if n not in values]
             if missing:
                 raise TypeError(f"{what}: {schema.target} needs {', '.join(map(repr, missing))} ({_has(schema)})")
+        return out
 
     def _refuse(self, detail: str) -> None:
         if self.refused is None:

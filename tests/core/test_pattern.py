@@ -1185,6 +1185,30 @@ def test_respell_and_call_refuse_arguments_the_schema_does_not_have() -> None:
             plan(_conv_graph(), [rule("t", CONV_XW, plan=planner)])
 
 
+def test_a_constant_bound_as_the_program_holds_it_is_read_as_it_is() -> None:
+    # an outside author: p.call(..., other=w) raised "a Source, not a node", and p.const(w, "w")
+    # copied the weight under a new key; a view of it is still an expression to compute
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 3)), g.parameter("w", (3,), key="ln.weight")
+    v = g.call("aten.view.default", name="v", self=w, size=(1, 3), out=(1, 3))
+    m = g.call("aten.mul.Tensor", name="m", self=x, other=w, out=(2, 3))
+    g.output(m, g.call("aten.mul.Tensor", name="m2", self=x, other=v, out=(2, 3)))
+    snap = g.build()
+
+    def to_div(p: Planner, m: Bound, x: NodeRef, w: WeightExpr) -> RewritePlan:
+        return p.replace(m, p.call("aten.div.Tensor", name="d", spec=m.spec, self=x, other=w))
+
+    r = rule("to-div", Op(MUL, name="m", self=Var("x"), other=Const("w")), plan=to_div)
+    with pytest.raises(TypeError, match=r"call d: other is a Reshape, not a node"):
+        plan(snap, [r])
+    only_m = rule("to-div", r.pattern, plan=to_div, candidate=lambda op, _: op.name == "m")
+    report = plan(snap, [only_m])
+    assert [p.anchor for p in report.plans] == ["m"] and report.plans[0].constants == ()
+    assert (
+        report.after.node("d").args == (NodeRef("x"), NodeRef("w")) and report.after.constants["w"].key == "ln.weight"
+    )
+
+
 def test_replace_with_a_number_declines_and_with_a_bound_op_raises() -> None:
     # add(z, 2.0), z a constant: commute binds x = 2.0, and add's uses cannot move to a number
     g = GraphBuilder()
