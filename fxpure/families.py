@@ -39,6 +39,10 @@ class Family:
     def __post_init__(self) -> None:
         object.__setattr__(self, "schemas", MappingProxyType(dict(self.schemas)))
 
+    def __repr__(self) -> str:
+        """Its name and spellings: every schema whole would fill a near miss's bindings (``explain``)."""
+        return f"Family({self.name!r}: {', '.join(sorted(self.schemas))})"
+
     @property
     def targets(self) -> frozenset[str]:
         """The canonical targets of every spelling."""

@@ -158,8 +158,9 @@ class GraphBuilder:
         **values: Value,
     ) -> NodeRef:
         """A ``call_function`` node of a known target (or of the ``Schema`` given, such as
-        ``MY_FAMILY.schemas[target]``); arguments by schema name (ValueError for one the schema has
-        not, or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
+        ``MY_FAMILY.schemas[target]``); arguments by name as patterns and ``Planner.call`` give them:
+        the schema's, or the family's where the schema renames one (ValueError for one it has not,
+        or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
         of specs for a tuple-output op. A dtype argument given by name (``dtype="int8"``) is a
         ``DTypeArg``, as a captured program holds it."""
         known = target if isinstance(target, Schema) else self.schemas.get(target)

@@ -881,6 +881,12 @@ def test_explain_takes_a_node_or_its_name() -> None:
         explain(snap, bare, "nope")
 
 
+def test_a_near_miss_shows_a_family_by_its_name_and_spellings() -> None:
+    # an outside author: an Attempt's repr printed every schema of every family it bound, whole
+    attempt = explain(_relu_graph(), rule("bare", Op(RELU, name="r", self=Op(ADD)), plan=_plan_nothing), "r")
+    assert "Family('relu': aten.relu.default)" in repr(attempt) and "Tensor self" not in repr(attempt)
+
+
 def _plan_nothing(p: Planner) -> RewritePlan:
     return p.finish([])
 
