@@ -548,6 +548,7 @@ def _capture(program: Program) -> Captured:
     edge = False
     for n in gm.graph.nodes:
         name, op = n.name, n.op
+        spec: Spec = None
         if op == "call_function":
             edge = edge or is_edge(n.target)
             target = target_name(n.target)
@@ -563,7 +564,7 @@ def _capture(program: Program) -> Captured:
                 held_opaque.append(name)
             elif found is not None:
                 t, kind, key = found
-                spec = tensor_spec(t)
+                spec = tensor_spec(t)  # also the node's where torch gave it none (``convert_pt2e``'s)
                 assert spec is not None
                 constants[name] = ConstantInfo(kind=kind, key=key, spec=spec, storage=storage(t), values=_values(t))
                 tensors[name] = t
@@ -575,7 +576,9 @@ def _capture(program: Program) -> Captured:
                 target=target,
                 args=tuple([_arg(a, refs) for a in n.args]),
                 kwargs=pmap({k: _arg(v, refs) for k, v in kwargs.items()}) if kwargs else _EMPTY,
-                spec=_spec(v if (v := n.meta.get("val")) is not None else _value_of(n, fakes), symbolic),
+                spec=_spec(v, symbolic)
+                if (v := n.meta.get("val")) is not None
+                else spec or _spec(_value_of(n, fakes), symbolic),
             )
         )
     writes = _writes(ep, gm)

@@ -217,17 +217,20 @@ class GraphBuilder:
         nodes after them, then the calls and the output; ValueError if it is no valid graph (two
         nodes of one name, a node read before it is defined or never). ``written``: the nodes whose
         tensor the program writes in place (an adapter finds them from the ops' schemas; here you
-        say which: ``y.mul_(2)`` writes ``y``, ``y.view(-1).mul_(2)`` writes ``y`` through a view)."""
+        say which: ``y.mul_(2)`` writes ``y``, ``y.view(-1).mul_(2)`` writes ``y`` through a view).
+        A written constant, and any of its storage, is no constant, as capture makes it."""
         head = [*self._consts, *self._inputs] if self.lifted else [*self._inputs, *self._consts]
         nodes = [*head, *self._calls, *([self._output] if self._output else [])]
+        names = {w.name if isinstance(w, NodeRef) else w for w in written}
+        shared = {i.storage for k, i in self._infos.items() if k in names and i.storage is not None}
         snap = snapshot(
             nodes,
-            self._infos,
+            {k: i for k, i in self._infos.items() if k not in names and (i.storage is None or i.storage not in shared)},
             dialect=self.dialect,
             lifted=self.lifted,
             reserved=reserved,
             least_sizes=self._least,
-            written=[w.name if isinstance(w, NodeRef) else w for w in written],
+            written=names,
         )
         bad = verify(snap)
         if isinstance(bad, Failure):

@@ -39,12 +39,26 @@ def pt2e(
 ) -> ExportedProgram:
     """PT2E with ``XNNPACKQuantizer`` (symmetric int8; ``dynamic_quant``: activations quantized at
     run time, ``choose_qparams``), exported again: an aten program."""
+    converted = pt2e_module(model, x, per_channel=per_channel, dynamic=dynamic, dynamic_quant=dynamic_quant)
+    return torch.export.export(converted, x, dynamic_shapes=dynamic)
+
+
+def pt2e_module(
+    model: nn.Module,
+    x: tuple[torch.Tensor, ...],
+    *,
+    per_channel: bool = True,
+    dynamic: Any = None,
+    dynamic_quant: bool = False,
+) -> torch.fx.GraphModule:
+    """The GraphModule ``convert_pt2e`` returns (its constants ``get_attr`` nodes)."""
     gm = torch.export.export(copy.deepcopy(model).eval(), x, dynamic_shapes=dynamic).module()
     config = get_symmetric_quantization_config(is_per_channel=per_channel, is_dynamic=dynamic_quant)
     quantizer = XNNPACKQuantizer().set_global(config)
     prepared = prepare_pt2e(gm, quantizer)
     prepared(*x)
-    return torch.export.export(convert_pt2e(prepared), x, dynamic_shapes=dynamic)
+    converted: torch.fx.GraphModule = convert_pt2e(prepared)
+    return converted
 
 
 def register_int8_weight(module: nn.Module, w: torch.Tensor) -> None:

@@ -24,6 +24,7 @@ from fxpure.snapshot import NodeRef
 from fxpure.weights import Fill
 from tests.models import ScaledConv
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, validate
+from tests.quantized import pt2e_module
 
 
 class Relu(torch.nn.Module):
@@ -371,3 +372,13 @@ def test_every_spelling_of_a_split_is_one(form: str, how: str) -> None:
     outcome = adapters.transform(program, [SLICES]).unwrap()
     assert len(outcome.report.plans) == 2 and outcome.report.rejections == ()
     assert_close(run(program, x), want)
+
+
+def test_a_convert_pt2e_module_s_constants_have_their_tensors_specs() -> None:
+    # found by a hunt: convert_pt2e's get_attr nodes carry no meta["val"], so their nodes had no
+    # spec, and a kit rule reading the int8 weight through Var declined malformed-node ("input has no
+    # known dtype") where GraphBuilder(lifted=False), and the same module exported, plan
+    gm = pt2e_module(torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3)), (torch.randn(1, 4, 8, 8),))
+    snap = adapters.capture(gm)
+    held = [n for n in snap.nodes if n.op == "get_attr" and n.name in snap.constants]
+    assert len(held) >= 4 and all(n.spec == snap.constants[n.name].spec for n in held)

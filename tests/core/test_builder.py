@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from returns.result import Failure, Success
 
-from fxpure.families import PERMUTE
-from fxpure.pattern import Const, Lit, Op, match
+from fxpure.families import MUL, PERMUTE
+from fxpure.pattern import Const, Lit, Op, Var, match
 from fxpure.reasons import InvalidSnapshot
 from fxpure.schema import parse_schema
 from fxpure.snapshot import DTypeArg, NodeRef, NodeSnapshot, snapshot, verify
@@ -148,3 +148,20 @@ def test_a_list_argument_is_held_as_a_tuple_as_capture_holds_it() -> None:
     assert snap.node("n").args == ((t, (w,)),) and snap.node("n").kwargs["k"] == (1, (2,))
     found = match(Op(PERMUTE, name="t", self=Const("w"), dims=Lit((1, 0))), snap, snap.node("permute"))
     assert isinstance(found, Success)
+
+
+def test_a_written_constant_and_its_aliases_are_no_constants_as_capture_makes_them() -> None:
+    # found by a hunt: build(written=[...]) kept a buffer the program scales in place (s.mul_(2)
+    # after y = conv(x) * s) among the constants, and fold-binary planned where the captured
+    # program declines not-constant
+    g = GraphBuilder()
+    x = g.input("x", (1, 2, 4, 4))
+    w, s = g.parameter("w", (2, 2, 1, 1)), g.buffer("s", (1, 2, 1, 1), storage="S")
+    alias = g.buffer("s_view", (2,), storage="S")
+    y = g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 2, 4, 4))
+    m = g.call("aten.mul.Tensor", name="m", self=y, other=s, out=(1, 2, 4, 4))
+    g.output(m, g.call("aten.mul_.Tensor", name="double", self=s, other=2.0, out=(1, 2, 1, 1)), alias)
+    snap = g.build(written=[s])
+    assert "s" not in snap.constants and "s_view" not in snap.constants and "w" in snap.constants
+    reason = match(Op(MUL, name="m", self=Var("y"), other=Const("c")), snap, snap.node("m")).failure()
+    assert (reason.code, reason.node) == ("not-constant", "m")
