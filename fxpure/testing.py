@@ -13,6 +13,12 @@
 Calls name their target canonically and their arguments by schema name (the schemas of
 ``fxpure.families``, or ``GraphBuilder(schemas=...)`` for others); constants are lifted placeholders or,
 with ``lifted=False``, ``get_attr`` nodes, as in the program forms the adapters capture.
+
+What the builder does not do for you, as capture finds it in a real program: an edge program
+(``dialect="edge"``) holds no number where an op takes a tensor (``to_edge`` lifts ``y * 2.0`` as a
+0-d float32 buffer, and an int through a ``_to_dim_order_copy``), so build ``g.buffer("c", ())``
+there; a small integer vector (zero points) has known values only if given ``values=``, as capture
+records them (without, a rule finds them unknown and may take another path).
 """
 
 from __future__ import annotations
