@@ -58,6 +58,7 @@ from fxpure.plan import (
     Rule,
     computed_by,
     constant_expr,
+    held,
     ill_fitting,
     not_constant,
     rewrite,
@@ -569,9 +570,8 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
                 return st.bind(p.name, None, parent, role, path)
             expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
             if expr is None:
-                return not_constant(
-                    parent, role, value, path, opaque=isinstance(value, NodeRef) and value.name in st.snap.opaque
-                )
+                opaque, written = held(st.snap, value)
+                return not_constant(parent, role, value, path, opaque=opaque, written=written)
             if isinstance(value, NodeRef) and value.name not in st.snap.constant_names:  # computed: dropped once unused
                 st.prune.extend(computed_by(st.snap, value.name))
             return st.bind(p.name, expr, parent, role, path)

@@ -409,13 +409,26 @@ def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Res
     """
     expr = constant_expr(snap, arg.name) if isinstance(arg, NodeRef) else None
     if expr is None:
-        return Failure(not_constant(node, role, arg, opaque=isinstance(arg, NodeRef) and arg.name in snap.opaque))
+        opaque, written = held(snap, arg)
+        return Failure(not_constant(node, role, arg, opaque=opaque, written=written))
     return Success(expr)
 
 
-def not_constant(node: str, role: str, value: Arg, path: str = "", *, opaque: bool = False) -> NotConstant:
+def held(snap: GraphSnapshot, value: Arg) -> tuple[bool, bool]:
+    """How the program holds ``value`` where it is no constant, as :func:`not_constant` takes it:
+    ``opaque`` (no plain data), ``written`` (a state tensor the program writes in place)."""
+    if not isinstance(value, NodeRef) or value.name not in snap.index:
+        return False, False
+    state = snap.node(value.name).op in ("placeholder", "get_attr")
+    return value.name in snap.opaque, state and value.name in snap.written
+
+
+def not_constant(
+    node: str, role: str, value: Arg, path: str = "", *, opaque: bool = False, written: bool = False
+) -> NotConstant:
     """Why operand ``role`` of ``node``, given as ``value``, is not a constant: a node computes it,
-    it is a number or absent, or (``opaque``) it is held as no plain data (:attr:`GraphSnapshot.opaque`).
+    it is a number or absent, or (``opaque``) it is held as no plain data (:attr:`GraphSnapshot.opaque`),
+    or (``written``) it is a state tensor the program writes in place.
 
     >>> not_constant("bn", "running_mean", None).message
     'running_mean of bn is not a constant tensor (it is absent)'
@@ -425,9 +438,9 @@ source='w, held as a sparse, nested or subclass tensor: no data to fold', comput
     >>> not_constant("lin", "weight", NodeRef("w")).message
     "weight of lin is not a constant (it is computed by 'w')"
     """
-    if isinstance(value, NodeRef) and opaque:
-        shown = f"{value.name}, held as a sparse, nested or subclass tensor: no data to fold"
-        return NotConstant(node=node, role=role, source=shown, computed=False, path=path)
+    if isinstance(value, NodeRef) and (opaque or written):
+        how = "held as a sparse, nested or subclass tensor: no data to fold" if opaque else "which the program writes"
+        return NotConstant(node=node, role=role, source=f"{value.name}, {how}", computed=False, path=path)
     if isinstance(value, NodeRef):
         return NotConstant(node=node, role=role, source=value.name, path=path)
     shown = "absent" if value is None else f"the literal {value!r}"

@@ -165,3 +165,4 @@ def test_a_written_constant_and_its_aliases_are_no_constants_as_capture_makes_th
     assert "s" not in snap.constants and "s_view" not in snap.constants and "w" in snap.constants
     reason = match(Op(MUL, name="m", self=Var("y"), other=Const("c")), snap, snap.node("m")).failure()
     assert (reason.code, reason.node) == ("not-constant", "m")
+    assert reason.message == "other of m is not a constant tensor (it is s, which the program writes)"
