@@ -10,6 +10,7 @@ torch.fx pass (returns a ``PassResult``), as in a ``PassManager``.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -42,7 +43,8 @@ class RulesPass(ExportedProgramPassBase):
         self.exported_program = exported_program
         self.last: TransformOutcome | None = None
         self.outcomes: list[TransformOutcome] = []
-        self._keys: dict[str, torch.Tensor] = {}  # the keys of the constants it added, with their values
+        # the keys of the constants it added, with their values while a program holds them
+        self._keys: dict[str, weakref.ref[torch.Tensor]] = {}
 
     @overload
     def __call__(self, program: ExportedProgram) -> ExportedProgramPassResult: ...
@@ -79,12 +81,12 @@ class RulesPass(ExportedProgramPassBase):
             # (the report planned on the program: its rejections too, which applying does not repeat)
             done = apply(program, report).map(partial(replace, report=report))
             added = _added(exported_program, program) if isinstance(done, Success) else {}
-            clashes = {k for k, t in added.items() if k in self._keys and not _same_values(self._keys[k], t)}
+            clashes = {k for k, t in added.items() if not _same_values(self._keys.get(k), t)}
             if not clashes:
                 break
             reserved |= clashes
         self._keep(done)
-        self._keys.update(added)
+        self._keys.update({k: weakref.ref(t) for k, t in added.items()})
         return ExportedProgramPassResult(program, True)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -112,8 +114,10 @@ def _added(before: ExportedProgram, after: ExportedProgram) -> dict[str, torch.T
     return {k: t for k, t in held if k not in old and isinstance(t, torch.Tensor)}
 
 
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+def _same_values(held: weakref.ref[torch.Tensor] | None, b: torch.Tensor) -> bool:
+    """``b`` may take the key of ``held``: no program holds that any more, or it has ``b``'s values."""
+    a = held() if held is not None else None
+    return a is None or (a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b)))
 
 
 def _copied(ep: ExportedProgram) -> ExportedProgram:

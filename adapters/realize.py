@@ -618,8 +618,7 @@ def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def _materialize_new(cap: Captured, after: GraphSnapshot) -> dict[str, torch.Tensor]:
-    memo: dict[object, torch.Tensor] = {}
+def _materialize_new(cap: Captured, after: GraphSnapshot, memo: dict[object, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     on_meta = {k for k, t in cap.tensors.items() if t.is_meta}
     # in graph order: the constants map's own order follows string hashes, which change per process
@@ -689,31 +688,41 @@ _NARROW = (torch.float16, torch.bfloat16)
 
 
 def _underflows(
-    new: Mapping[str, torch.Tensor], after: GraphSnapshot, tensors: Mapping[str, torch.Tensor]
+    new: Mapping[str, torch.Tensor],
+    after: GraphSnapshot,
+    tensors: Mapping[str, torch.Tensor],
+    memo: dict[object, torch.Tensor],
 ) -> list[str]:
     """Derived float16 or bfloat16 constants computed wider from a constant of their own dtype and
-    cast back (a fold), where the cast loses a channel: along dim 0 or dim 1 (the whole of a vector),
-    an error above the dtype's epsilon times the largest value there. Rounding a normal value errs by
-    at most half that: only values below the smallest normal (a weight times a small scale) do, and
-    the op they replace scaled a sum of ordinary values (float16 ``W * 1e-4`` flushed to 0)."""
+    cast back (a fold), where the cast loses what an output holds: in some slice along dim 0 (a
+    conv's or a linear's output channel), the values below the dtype's smallest normal (a weight
+    times 1e-4 in float16, flushed to 0) err, summed, by more than half the dtype's epsilon times the
+    largest slice's sum of magnitudes (each value of a vector alone, against the largest), where
+    eager scaled an ordinary sum. One near-dead channel among ordinary ones is no loss
+    at the output's scale (a batch norm's gamma of 1e-5: its bias carries the channel). ``memo``:
+    the one the constants were computed with (their wide values are in it)."""
     out = []
     for k, t in new.items():
         source = after.constants[k].source
-        if not isinstance(source, Cast) or t.dtype not in _NARROW:
+        if not isinstance(source, Cast) or t.dtype not in _NARROW or t.numel() == 0:
             continue
-        read = [tensors[key] for key in sources(source) if key in tensors]
-        if t.numel() == 0 or all(r.dtype != t.dtype for r in read):  # (a cast of another dtype's weight is meant)
+        if all(tensors[key].dtype != t.dtype for key in sources(source) if key in tensors):
+            continue  # a cast of another dtype's weight is meant
+        rows = t.reshape(t.shape[0] if t.dim() > 1 else t.numel(), -1)  # a slice per row
+        low = rows.abs() < torch.finfo(t.dtype).tiny
+        if not bool(low.any()):  # no zero nor subnormal: nothing underflowed
             continue
-        exact = materialize(source.x, tensors)
+        exact = materialize(source.x, tensors, memo)
         if exact.element_size() <= t.element_size() or not exact.is_floating_point():
             continue
-        err, size, eps = (t.to(exact.dtype) - exact).abs(), exact.abs(), torch.finfo(t.dtype).eps
-        if exact.dim() < 2:
-            lost = bool((err > eps * size.max()).any())
-        else:  # each slice along dim 0, then dim 1 (a conv's, a linear's, a transposed conv's channels)
-            over = [tuple(i for i in range(exact.dim()) if i != d) for d in (0, 1)]
-            lost = any(bool((err.amax(dim=a) > eps * size.amax(dim=a)).any()) for a in over)
-        if lost:
+        wide, (row, col) = exact.reshape(rows.shape), low.nonzero().unbind(1)
+        lost = (wide[row, col] - rows[row, col].to(exact.dtype)).abs()
+        if not bool(lost.any()):  # zeros computed as zeros (a pruned channel)
+            continue
+        # (the error of the other values, rounded as normal ones, is at most half the bound)
+        err = torch.zeros(rows.shape[0], dtype=exact.dtype).index_add_(0, row, lost)
+        size = torch.linalg.vector_norm(wide, 1, dim=1)
+        if bool((err > torch.finfo(t.dtype).eps / 2 * size.max()).any()):
             out.append(k)
     return out
 
@@ -1219,14 +1228,15 @@ def _finite_plan(
         if found:
             declined.update(_earliest(report, found))
             continue
+        memo: dict[object, torch.Tensor] = {}
         try:
-            new = _materialize_new(cap, report.after) if report.plans else {}
+            new = _materialize_new(cap, report.after, memo) if report.plans else {}
         except _ApplyError as e:
             if dry_run and e.code == "meta-tensor":  # a dry run reports the plans, without numbers
                 return report, {}
             raise
         bad = _non_finite(new, report.after, cap.tensors)
-        flushed = [] if bad else _underflows(new, report.after, cap.tensors)
+        flushed = [] if bad else _underflows(new, report.after, cap.tensors, memo)
         more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
         if not bad and not flushed:
             return report, new
@@ -1383,13 +1393,14 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
                 if found:
                     reason = next(iter(found.values()))
                     raise _ApplyError(reason.code, reason.message)
-            new = _materialize_new(cap, report.after)
+            memo: dict[object, torch.Tensor] = {}
+            new = _materialize_new(cap, report.after, memo)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))
         bad = _non_finite(new, report.after, cap.tensors)
         if bad:
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
-        flushed = _underflows(new, report.after, cap.tensors)
+        flushed = _underflows(new, report.after, cap.tensors, memo)
         if flushed:
             message = f"{flushed[0]} loses a channel to {report.after.constants[flushed[0]].spec.dtype} underflow"
             return Failure(TransformError(code="weight-underflow", message=message))

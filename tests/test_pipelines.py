@@ -5,6 +5,7 @@ quantized program, declined convs included, lowers through the Vulkan partitione
 from __future__ import annotations
 
 import copy
+import gc
 import pathlib
 
 import pytest
@@ -305,3 +306,15 @@ def test_transform_leaves_the_keys_it_is_told_to() -> None:
         assert adapters.transform(ep, [fuse_conv_bn()], reserved=reserved).unwrap().changed
         keys.append(sorted(ep.state_dict))
     assert keys == [["conv2d_bn_bias", "conv2d_bn_weight"], ["conv2d_bn_bias", "conv2d_bn_weight_1"]]
+
+
+def test_a_pass_reused_on_a_program_no_longer_held_gives_the_same_keys() -> None:
+    # a review: the pass kept every tensor it added alive, and a later program's were renamed _1
+    rules_pass, keys = RulesPass([fuse_conv_bn()]), []
+    for seed in range(2):
+        model = randomize_bn(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)), seed=seed)
+        edge = to_edge(torch.export.export(model, (torch.randn(1, 3, 6, 6),))).transform([rules_pass])
+        keys.append(sorted(edge.exported_program().state_dict))
+        del edge
+        gc.collect()
+    assert keys[0] == keys[1] and len(keys[0]) == 2

@@ -337,19 +337,30 @@ def test_a_float16_fold_that_underflows_is_declined_and_the_rest_applies(form: s
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_an_underflow_in_one_output_channel_of_a_transposed_conv_is_found(form: str) -> None:
-    # its output channels are the weight's dim 1: along dim 0 each slice holds ordinary values too
+@pytest.mark.parametrize("dead", ["one", "all"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_near_dead_channel_folds_and_a_weight_flushed_whole_does_not(form: str, dead: str, transposed: bool) -> None:
+    # a review of the first check (each channel against its own largest value): it declined 65 of 65
+    # folds of float16 models with one near-dead channel (a gamma of 1e-5), each as accurate as eager;
+    # also a transposed conv, whose output channels are the weight's dim 1
     torch.manual_seed(0)
     bn = nn.BatchNorm2d(4)
+    randomize_bn(bn)
     with torch.no_grad():
-        bn.weight.copy_(torch.tensor([1.0, 1.0, 1e-6, 1.0]))
-    model = nn.Sequential(nn.ConvTranspose2d(8, 4, 3), bn).eval().half()
+        bn.weight.copy_(torch.tensor([1.0, 1.0, 1e-6, 1.0]) if dead == "one" else torch.full((4,), 1e-6))
+    conv = nn.ConvTranspose2d(8, 4, 3) if transposed else nn.Conv2d(8, 4, 3)
+    model = nn.Sequential(conv, bn).eval().half()
     x = (torch.randn(1, 8, 5, 5).half(),)
     program = build(model, x, form)
     want = run(program, x)
     outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
-    assert [r.reason.code for r in outcome.report.rejections] == ["weight-underflow"]
-    assert outcome.report.plans == () and torch.equal(run(program, x)[0], want[0])
+    got = run(program, x)
+    if dead == "all":
+        assert [r.reason.code for r in outcome.report.rejections] == ["weight-underflow"]
+        assert outcome.report.plans == () and torch.equal(got[0], want[0])
+        return
+    assert outcome.report.rejections == () and len(outcome.report.plans) == 1
+    assert (got[0].float() - want[0].float()).abs().max() <= 2e-3 * want[0].abs().max()
 
 
 class OutOfRange(nn.Module):
