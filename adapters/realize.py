@@ -44,7 +44,7 @@ from fxpure.plan import (
     shown,
     specs_differ,
 )
-from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason, Underflow
+from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
 from fxpure.weights import Cast, Source, infer_spec, moves_data, sources, subexpressions
 
@@ -734,12 +734,14 @@ def _culprits(report: RewriteReport, bad: Sequence[str], flushed: Sequence[str] 
     out: dict[tuple[str, str], Reason] = {}
     for name in (*bad, *flushed):
         info = report.after.constants[name]
-        record = NonFinite if name in bad else Underflow
+        code = "non-finite-weight" if name in bad else "weight-underflow"
         for p in report.plans:
             local = next((c.name for c in p.constants if c.expr == info.source), None)
             if local is not None:  # located as the core locates a plan's constant: by its name in the plan
                 where = f"plan.{local}"
-                out[(p.rule, p.anchor)] = record(node=p.anchor, constant=name, dtype=info.spec.dtype, path=where)
+                out[(p.rule, p.anchor)] = NonFinite(
+                    code=code, node=p.anchor, constant=name, dtype=info.spec.dtype, path=where
+                )
     return out
 
 

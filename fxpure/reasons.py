@@ -299,7 +299,10 @@ class InvalidSnapshot(_Detailed):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NonFinite(Reason):
-    """A derived constant computes to inf or NaN (e.g. a fold that overflows float16)."""
+    """A derived constant does not hold its values in its dtype: it computes to inf or NaN (a fold
+    that overflows float16), or, with code ``weight-underflow``, computed wider and cast back, it
+    loses a channel below the dtype's smallest normal (a float16 fold by a small scale, flushed
+    toward zero), where the op it replaces scaled a sum of ordinary values."""
 
     code: str = "non-finite-weight"
     constant: str
@@ -307,23 +310,9 @@ class NonFinite(Reason):
 
     @property
     def message(self) -> str:
+        if self.code == "weight-underflow":
+            return f"{self.node}: folding flushes a channel of {self.constant} toward zero ({self.dtype} underflows)"
         return f"{self.node}: folding gives inf or NaN in {self.constant} ({self.dtype})"
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Underflow(Reason):
-    """A derived constant, computed wider and cast back, loses a channel to underflow: its values
-    fall below the dtype's smallest normal (a float16 fold by a small scale), where rounding is
-    coarse or flushes to zero, though the op it replaces scaled a sum of ordinary values."""
-
-    code: str = "weight-underflow"
-    constant: str
-    dtype: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: folding flushes a channel of {self.constant} toward zero ({self.dtype} underflows)"
 
 
 GENERIC_CODES = frozenset(

@@ -331,6 +331,8 @@ def test_a_float16_fold_that_underflows_is_declined_and_the_rest_applies(form: s
     others = [("fuse-conv-bn", "producer-not-conv"), ("fuse-linear-bn", "producer-not-linear")]  # each rule's BN
     assert codes == sorted([("fold-binary", "weight-underflow"), ("fuse-linear-bn", "weight-underflow"), *others])
     assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
+    flushed = next(r.reason for r in outcome.report.rejections if r.rule == "fold-binary")
+    assert flushed.message.endswith("toward zero (float16 underflows)") and flushed.path.startswith("plan.")
     got = run(program, x)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert (got[2].float() - want[2].float()).abs().max() <= 1e-2 * want[2].abs().max()
