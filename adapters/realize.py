@@ -46,7 +46,7 @@ from fxpure.plan import (
 )
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
-from fxpure.weights import Cast, Source, infer_spec, moves_data, sources, subexpressions
+from fxpure.weights import Cast, Source, WeightExpr, infer_spec, moves_data, sources, subexpressions
 
 V = TypeVar("V")
 
@@ -684,64 +684,89 @@ def _non_finite(
     return out
 
 
-_NARROW = (torch.float16, torch.bfloat16)
-
-
 def _underflows(
     new: Mapping[str, torch.Tensor],
     after: GraphSnapshot,
     tensors: Mapping[str, torch.Tensor],
     memo: dict[object, torch.Tensor],
-) -> list[str]:
-    """Derived float16 or bfloat16 constants computed wider from a constant of their own dtype and
-    cast back (a fold), where the cast loses what an output holds: in some slice along dim 0 (a
-    conv's or a linear's output channel), the values below the dtype's smallest normal (a weight
-    times 1e-4 in float16, flushed to 0) err, summed, by more than half the dtype's epsilon times the
-    largest slice's sum of magnitudes (each value of a vector alone, against the largest), where
-    eager scaled an ordinary sum. One near-dead channel among ordinary ones is no loss
-    at the output's scale (a batch norm's gamma of 1e-5: its bias carries the channel). ``memo``:
-    the one the constants were computed with (their wide values are in it)."""
-    out = []
-    for k, t in new.items():
+) -> dict[str, tuple[WeightExpr, ...]]:
+    """Derived constants computed with a cast back to float16 or bfloat16 of a value computed wider
+    from a constant of that dtype (a fold; the constant itself, or what a later rule made of it: a
+    slice, a reshape, a concatenation, another fold), where the cast loses what an output holds,
+    with those casts. In some slice along dim 0 (a conv's or a linear's output channel), the values
+    below the dtype's smallest normal (a weight times 1e-4 in float16, flushed to 0) err, summed, by
+    more than half the dtype's epsilon times the largest slice's sum of magnitudes (each value of a
+    vector alone, against the largest), where eager scaled an ordinary sum. One near-dead channel
+    among ordinary ones is no loss at the output's scale (a batch norm's gamma of 1e-5: its bias
+    carries the channel). ``memo``: the one the constants were computed with (their parts are in it)."""
+
+    def value(e: WeightExpr) -> torch.Tensor:
+        if isinstance(e, Source):
+            return tensors[e.key]
+        known = memo.get(e)
+        return known if known is not None else materialize(e, tensors, memo)
+
+    out: dict[str, tuple[WeightExpr, ...]] = {}
+    verdict: dict[WeightExpr, bool] = {}
+    for k in new:
         source = after.constants[k].source
-        if not isinstance(source, Cast) or t.dtype not in _NARROW or t.numel() == 0:
+        if source is None:
             continue
-        if all(tensors[key].dtype != t.dtype for key in sources(source) if key in tensors):
-            continue  # a cast of another dtype's weight is meant
-        rows = t.reshape(t.shape[0] if t.dim() > 1 else t.numel(), -1)  # a slice per row
-        low = rows.abs() < torch.finfo(t.dtype).tiny
-        if not bool(low.any()):  # no zero nor subnormal: nothing underflowed
-            continue
-        exact = materialize(source.x, tensors, memo)
-        if exact.element_size() <= t.element_size() or not exact.is_floating_point():
-            continue
-        wide, (row, col) = exact.reshape(rows.shape), low.nonzero().unbind(1)
-        lost = (wide[row, col] - rows[row, col].to(exact.dtype)).abs()
-        if not bool(lost.any()):  # zeros computed as zeros (a pruned channel)
-            continue
-        # (the error of the other values, rounded as normal ones, is at most half the bound)
-        err = torch.zeros(rows.shape[0], dtype=exact.dtype).index_add_(0, row, lost)
-        size = torch.linalg.vector_norm(wide, 1, dim=1)
-        if bool((err > torch.finfo(t.dtype).eps / 2 * size.max()).any()):
-            out.append(k)
+        casts = [c for c in subexpressions(source) if isinstance(c, Cast) and c.dtype in ("float16", "bfloat16")]
+        for c in casts:  # (a cast several constants read, such as a folded weight's slices: judged once)
+            if c not in verdict:
+                verdict[c] = _flushes(c, value(c), value(c.x), tensors)
+        lossy = tuple(c for c in casts if verdict[c])
+        if lossy:
+            out[k] = tuple(sorted(lossy, key=repr))
     return out
 
 
-def _culprits(report: RewriteReport, bad: Sequence[str], flushed: Sequence[str] = ()) -> dict[tuple[str, str], Reason]:
-    """Every plan that adds a non-finite constant (``bad``) or one that underflows (``flushed``), with
-    the reason. An earlier rule's constant it is computed from is not to blame: it is checked on its
-    own once the plan is declined."""
+def _flushes(cast: Cast, t: torch.Tensor, exact: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """``t``, ``cast`` of ``exact``, loses what an output holds (:func:`_underflows`)."""
+    if t.numel() == 0 or exact.element_size() <= t.element_size() or not exact.is_floating_point():
+        return False
+    if all(tensors[key].dtype != t.dtype for key in sources(cast) if key in tensors):
+        return False  # a cast of another dtype's weight is meant
+    rows = t.reshape(t.shape[0] if t.dim() > 1 else t.numel(), -1)  # a slice per row
+    low = rows.abs() < torch.finfo(t.dtype).tiny
+    if not bool(low.any()):  # no zero nor subnormal: nothing underflowed
+        return False
+    wide, (row, col) = exact.reshape(rows.shape), low.nonzero().unbind(1)
+    lost = (wide[row, col] - rows[row, col].to(exact.dtype)).abs()
+    if not bool(lost.any()):  # zeros computed as zeros (a pruned channel)
+        return False
+    # (the error of the other values, rounded as normal ones, is at most half the bound)
+    err = torch.zeros(rows.shape[0], dtype=exact.dtype).index_add_(0, row, lost)
+    size = torch.linalg.vector_norm(wide, 1, dim=1)
+    return bool((err > torch.finfo(t.dtype).eps / 2 * size.max()).any())
+
+
+def _culprits(
+    report: RewriteReport, bad: Sequence[str], flushed: Mapping[str, tuple[WeightExpr, ...]] | None = None
+) -> dict[tuple[str, str], Reason]:
+    """Every plan that adds a non-finite constant (``bad``) or one that underflows (``flushed``, with
+    the casts that do), with the reason. An earlier rule's constant it is computed from is not to
+    blame for one not finite: it is checked on its own once the plan is declined. For an underflow,
+    the plan whose own constant is a flushing cast is (a fold a later rule sliced or folded again),
+    else the one that computes the constant."""
     out: dict[tuple[str, str], Reason] = {}
+    flushed = flushed or {}
     for name in (*bad, *flushed):
         info = report.after.constants[name]
         code = "non-finite-weight" if name in bad else "weight-underflow"
-        for p in report.plans:
-            local = next((c.name for c in p.constants if c.expr == info.source), None)
-            if local is not None:  # located as the core locates a plan's constant: by its name in the plan
-                where = f"plan.{local}"
-                out[(p.rule, p.anchor)] = NonFinite(
-                    code=code, node=p.anchor, constant=name, dtype=info.spec.dtype, path=where
-                )
+        culprits = [*flushed.get(name, ()), info.source] if name not in bad else [info.source]
+        for expr in culprits:
+            found = False
+            for p in report.plans:
+                local = next((c.name for c in p.constants if c.expr == expr), None)
+                if local is not None:  # located as the core locates a plan's constant: by its name in the plan
+                    out[(p.rule, p.anchor)] = NonFinite(
+                        code=code, node=p.anchor, constant=name, dtype=info.spec.dtype, path=f"plan.{local}"
+                    )
+                    found = True
+            if found:
+                break
     return out
 
 
@@ -1238,13 +1263,14 @@ def _finite_plan(
                 return report, {}
             raise
         bad = _non_finite(new, report.after, cap.tensors)
-        flushed = [] if bad else _underflows(new, report.after, cap.tensors, memo)
+        flushed = {} if bad else _underflows(new, report.after, cap.tensors, memo)
         more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
         if not bad and not flushed:
             return report, new
         if not more:
             code = "non-finite-weight" if bad else "weight-underflow"
-            raise _ApplyError(code, f"{(bad or flushed)[0]} is not finite or underflows, and no plan computes it")
+            first = bad[0] if bad else next(iter(flushed))
+            raise _ApplyError(code, f"{first} is not finite or underflows, and no plan computes it")
         declined.update(_earliest(report, more))
 
 
@@ -1404,7 +1430,8 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
         flushed = _underflows(new, report.after, cap.tensors, memo)
         if flushed:
-            message = f"{flushed[0]} loses a channel to {report.after.constants[flushed[0]].spec.dtype} underflow"
+            first = next(iter(flushed))
+            message = f"{first} loses a channel to {report.after.constants[first].spec.dtype} underflow"
             return Failure(TransformError(code="weight-underflow", message=message))
         return _run(cap, report, new)
 

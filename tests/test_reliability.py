@@ -18,7 +18,16 @@ from torch.nn import functional as F
 import adapters
 import adapters.snap
 import fxpure
-from fxpure.rules import RULES, fold_binary, fuse_conv_bn, fuse_linear_bn, linear_to_conv2d, split_group_conv
+from fxpure.plan import Rule
+from fxpure.rules import (
+    RULES,
+    concat_parallel_linears,
+    fold_binary,
+    fuse_conv_bn,
+    fuse_linear_bn,
+    linear_to_conv2d,
+    split_group_conv,
+)
 from fxpure.serial import to_data
 from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run
@@ -363,6 +372,48 @@ def test_a_near_dead_channel_folds_and_a_weight_flushed_whole_does_not(form: str
         return
     assert outcome.report.rejections == () and len(outcome.report.plans) == 1
     assert (got[0].float() - want[0].float()).abs().max() <= 2e-3 * want[0].abs().max()
+
+
+class ScaledBeside(nn.Module):
+    """float16: a wide linear times a LayerScale of 1e-4 (folded, its weight flushes to 0), beside
+    a linear of the same input; then the first output scaled back by 1e4."""
+
+    gamma: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4096, 4), nn.Linear(4096, 4)
+        self.register_buffer("gamma", torch.full((4,), 1e-4))
+        with torch.no_grad():
+            self.a.weight.fill_(1 / 4096)
+            self.a.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x) * self.gamma * 1e4, self.b(x)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("then", ["linear-to-conv2d", "concat-parallel-linears", "nothing"])
+def test_a_flushed_fold_a_later_rule_reshapes_or_a_second_fold_rescales_is_declined(form: str, then: str) -> None:
+    # a review: the check judged a derived constant's own cast only; a later rule's reshape or
+    # concatenation of the folded weight, or a second fold (* 1e4) of it, hid the flush (outputs 0
+    # or 37 times eager's error, nothing declined); the fold is to blame, and the later rule applies
+    torch.manual_seed(0)
+    model = ScaledBeside().eval().half()
+    x = (torch.full((2, 4096), 3.0).half(),)
+    program = build(model, x, form)
+    want = run(program, x)
+    later: dict[str, list[Rule]] = {
+        "linear-to-conv2d": [linear_to_conv2d()],
+        "concat-parallel-linears": [concat_parallel_linears()],
+    }
+    outcome = adapters.transform(program, [fold_binary(), *later.get(then, [])]).unwrap()
+    assert ("fold-binary", "weight-underflow") in {(r.rule, r.reason.code) for r in outcome.report.rejections}
+    assert {p.rule for p in outcome.report.plans} == ({then} if then in later else set())
+    got = run(program, x)
+    assert all(
+        (g.float() - w.float()).abs().max() <= 1e-2 * w.float().abs().max() for g, w in zip(got, want, strict=True)
+    )
 
 
 class OutOfRange(nn.Module):
