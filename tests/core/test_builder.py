@@ -4,6 +4,8 @@ graph order, and the reason a malformed snapshot gives. Torch-free."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from returns.result import Failure, Success
 
@@ -150,11 +152,12 @@ def test_a_list_argument_is_held_as_a_tuple_as_capture_holds_it() -> None:
     assert isinstance(found, Success)
 
 
-def test_a_written_constant_and_its_aliases_are_no_constants_as_capture_makes_them() -> None:
+@pytest.mark.parametrize("lifted", [True, False])
+def test_a_written_constant_and_its_aliases_are_no_constants_as_capture_makes_them(lifted: bool) -> None:
     # found by a hunt: build(written=[...]) kept a buffer the program scales in place (s.mul_(2)
     # after y = conv(x) * s) among the constants, and fold-binary planned where the captured
-    # program declines not-constant
-    g = GraphBuilder()
+    # program declines not-constant (a placeholder, or a get_attr node of a GraphModule)
+    g = GraphBuilder(lifted=lifted)
     x = g.input("x", (1, 2, 4, 4))
     w, s = g.parameter("w", (2, 2, 1, 1)), g.buffer("s", (1, 2, 1, 1), storage="S")
     alias = g.buffer("s_view", (2,), storage="S")
@@ -163,6 +166,11 @@ def test_a_written_constant_and_its_aliases_are_no_constants_as_capture_makes_th
     g.output(m, g.call("aten.mul_.Tensor", name="double", self=s, other=2.0, out=(1, 2, 1, 1)), alias)
     snap = g.build(written=[s])
     assert "s" not in snap.constants and "s_view" not in snap.constants and "w" in snap.constants
-    reason = match(Op(MUL, name="m", self=Var("y"), other=Const("c")), snap, snap.node("m")).failure()
+    pattern = Op(MUL, name="m", self=Var("y"), other=Const("c"))
+    reason = match(pattern, snap, snap.node("m")).failure()
     assert (reason.code, reason.node) == ("not-constant", "m")
     assert reason.message == "other of m is not a constant tensor (it is s, which the program writes)"
+    # a computed tensor written in place is computed: so it says
+    computed = replace(snap, written=frozenset({"s", "conv"}))
+    reason = match(Op(MUL, name="m", self=Const("c"), other=Var("s")), computed, computed.node("m")).failure()
+    assert reason.message == "self of m is not a constant (it is computed by 'conv')"

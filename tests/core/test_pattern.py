@@ -55,7 +55,7 @@ from fxpure.rules.fold_binary import fold_binary
 from fxpure.schema import parse_schema
 from fxpure.serial import to_data
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
-from fxpure.testing import GraphBuilder, spec
+from fxpure.testing import GraphBuilder, Out, spec
 from fxpure.weights import (
     FLOAT_DTYPES,
     Binary,
@@ -832,15 +832,32 @@ def test_a_getitem_matches_the_multi_output_op_it_reads(target: str, parts: int 
     assert slices == [(-1, 0, 4), (-1, 4, 7)] and "sp" not in report.after.index  # the split, unread, goes
 
 
-def test_a_split_whose_parts_have_sizes_no_shape_tells_is_declined() -> None:
+@pytest.mark.parametrize(
+    ("target", "out", "why"),
+    [
+        (
+            "aten.chunk.default",
+            (spec(4, "A"), spec(4, "B")),
+            "the parts have sizes ('A', 'B') along dim 1: not all known",
+        ),
+        ("aten.chunk.default", (spec(4, 3), None), "the parts have sizes (3, None) along dim 1: not all known"),
+        ("aten.split.Tensor", None, "no output shapes tell the sizes of the parts"),
+        ("aten.split_with_sizes.default", None, ""),  # its sizes are its argument
+    ],
+)
+def test_a_split_whose_parts_have_sizes_no_shape_tells_is_declined(target: str, out: Out, why: str) -> None:
     g = GraphBuilder()
     x = g.input("x", (4, "T"))
-    sp = g.call("aten.chunk.default", name="sp", self=x, split_sizes=2, dim=1, out=(spec(4, "A"), spec(4, "B")))
+    sp = g.call(target, name="sp", self=x, split_sizes=(3, 3) if "sizes" in target else 2, dim=1, out=out)
     g.output(g.node("getitem", (sp, 0), name="a", out=(4, "A")))
     pattern = Op(GETITEM, name="item", self=Op(SPLIT, name="split", users=ANY))
-    reason = match(pattern, g.build(), g.build().node("a")).failure()
-    assert (reason.code, reason.node) == ("malformed-node", "sp")
-    assert reason.message == "sp: the parts have sizes ('A', 'B') along dim 1: not all known"
+    snap = g.build()
+    found = match(pattern, snap, snap.node("a"))
+    if not why:
+        assert found.unwrap().bindings["split"].args["split_sizes"] == (3, 3)  # type: ignore[union-attr]
+        return
+    reason = found.failure()
+    assert (reason.code, reason.node, reason.message) == ("malformed-node", "sp", f"sp: {why}")
 
 
 def test_add_operands_swap_only_where_alpha_is_one() -> None:
