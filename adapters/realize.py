@@ -755,8 +755,7 @@ def _culprits(
     for name in (*bad, *flushed):
         info = report.after.constants[name]
         code = "non-finite-weight" if name in bad else "weight-underflow"
-        culprits = [*flushed.get(name, ()), info.source] if name not in bad else [info.source]
-        for expr in culprits:
+        for expr in (*flushed.get(name, ()), info.source):
             found = False
             for p in report.plans:
                 local = next((c.name for c in p.constants if c.expr == expr), None)
