@@ -708,6 +708,8 @@ def _underflows(
 
     out: dict[str, tuple[WeightExpr, ...]] = {}
     verdict: dict[WeightExpr, bool] = {}
+    if not any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors.values()):
+        return out  # a cast back reads a constant of its dtype: none here (no walk of every weight's expression)
     for k in new:
         source = after.constants[k].source
         if source is None:
