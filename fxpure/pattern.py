@@ -296,6 +296,18 @@ def dequantized(
 # --- what a match binds ----------------------------------------------------------------------------
 
 
+class NotLiteral(TypeError):
+    """A :class:`Bound` accessor read an argument that the node gives by another node (a value
+    computed at run time, such as a symbolic ``eps``) where the rule needs a literal. A
+    :class:`PatternRule` declines with ``reason`` (``malformed-node``, located at ``plan``); any
+    other accessor misuse (an argument of another kind, or one the family does not have) stays a
+    ``TypeError``: a bug in the rule."""
+
+    def __init__(self, reason: Malformed) -> None:
+        super().__init__(reason.message)
+        self.reason = reason
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Bound:
@@ -321,32 +333,48 @@ class Bound:
             return spec[self.out]
         return self.node.tensor_spec
 
+    def _wrong(self, arg: str, v: Arg, what: str) -> TypeError:
+        """:class:`NotLiteral` when the node gives ``arg`` (or an element of it) by a node, else a
+        ``TypeError`` (a bug in the rule)."""
+        by = (
+            v
+            if isinstance(v, NodeRef)
+            else next((x for x in v if isinstance(x, NodeRef)), None)
+            if isinstance(v, tuple)
+            else None
+        )
+        if by is None:
+            return TypeError(f"{self.name}.{arg} is {v!r}, not {what}")
+        detail = f"{self.name}.{arg} is computed by {by.name!r} at run time; the rule needs it as {what}"
+        return NotLiteral(Malformed(node=self.name, detail=detail))
+
     def int(self, arg: str) -> int:
-        """An int argument (TypeError if it is not one: a bug in the rule)."""
+        """An int argument (:class:`NotLiteral` if the node gives it by a node; TypeError if it is
+        no int: a bug in the rule). The accessors below do the same."""
         v = self.args.get(arg)
         if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{self.name}.{arg} is {v!r}, not an int")
+            raise self._wrong(arg, v, "an int")
         return v
 
     def ints(self, arg: str) -> tuple[builtins.int, ...]:
         """An int-list argument."""
         v = self.args.get(arg)
         if not isinstance(v, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-            raise TypeError(f"{self.name}.{arg} is {v!r}, not a tuple of ints")
+            raise self._wrong(arg, v, "a tuple of ints")
         return tuple(i for i in v if isinstance(i, int))
 
     def float(self, arg: str) -> builtins.float:
         """A float argument (an int is accepted)."""
         v = self.args.get(arg)
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise TypeError(f"{self.name}.{arg} is {v!r}, not a number")
+            raise self._wrong(arg, v, "a number")
         return float(v)
 
     def bool(self, arg: str) -> builtins.bool:
         """A bool argument."""
         v = self.args.get(arg)
         if not isinstance(v, bool):
-            raise TypeError(f"{self.name}.{arg} is {v!r}, not a bool")
+            raise self._wrong(arg, v, "a bool")
         return v
 
     def ref(self, arg: str) -> NodeRef:
@@ -1628,6 +1656,12 @@ class PatternRule:
         )
 
     def _finish(self, m: Match) -> Result[RewritePlan, Reason]:
+        try:
+            return self._decide(m)
+        except NotLiteral as e:  # an argument the checks or the planner read as a literal is not one
+            return Failure(_located(m, e.reason))
+
+    def _decide(self, m: Match) -> Result[RewritePlan, Reason]:
         values: dict[str, object] = {}  # what the need.compute steps computed, by name
         for check in self.checks:
             if isinstance(check, Compute):

@@ -1173,6 +1173,15 @@ def _unfit(rule: Rule, node: NodeSnapshot, p: RewritePlan, claimed: Mapping[str,
     return None
 
 
+def _decline(rejections: list[Rejection], reported: set[str], first: GraphSnapshot, r: Rejection) -> None:
+    """Report ``r`` once: a later run of a rule declines no candidate an earlier run decided (planned,
+    or declined at any step), nor one of the rule's new nodes (not in ``first``, its first run's
+    snapshot)."""
+    if r.node in first.index and r.node not in reported:
+        rejections.append(r)
+        reported.add(r.node)
+
+
 def _stages(
     snap: GraphSnapshot, rules: Sequence[Rule], declined: Mapping[tuple[str, str], Reason] | None
 ) -> RewriteReport:
@@ -1182,20 +1191,16 @@ def _stages(
         first = current  # the nodes a rule's later runs report: those of its first run's snapshot
         reported: set[str] = set()  # planned or declined by an earlier run
         planned: set[str] = set()  # planned by an earlier run: a rule rewrites a candidate once
-        for run in range(runs(rule)):
+        for _ in range(runs(rule)):
             accepted: list[RewritePlan] = []
             claimed: dict[str, str] = {}
             for node in _anchors(rule, current):
                 if node.name in planned:  # (an insertion that keeps its anchor would repeat every run)
                     continue
-                # a later run declines no candidate an earlier one decided, nor one of the rule's new nodes
-                report = run == 0 or (node.name in first.index and node.name not in reported)
                 result = _decide(rule, current, node, declined)
                 why = result.failure() if isinstance(result, Failure) else _unfit(rule, node, result.unwrap(), claimed)
                 if why is not None:
-                    if report:
-                        rejections.append(Rejection(rule=rule.name, node=node.name, reason=why))
-                        reported.add(node.name)
+                    _decline(rejections, reported, first, Rejection(rule=rule.name, node=node.name, reason=why))
                     continue
                 p = result.unwrap()
                 claimed.update((c, p.anchor) for c in p.claims)
@@ -1206,13 +1211,14 @@ def _stages(
                 for p in accepted:
                     if p.anchor in misfits:
                         reason = replace(misfits[p.anchor], path="plan")
-                        rejections.append(Rejection(rule=rule.name, node=p.anchor, reason=reason))
+                        _decline(rejections, reported, first, Rejection(rule=rule.name, node=p.anchor, reason=reason))
                 accepted = [p for p in accepted if p.anchor not in misfits]
                 step = _rewrite(current, accepted)
             if isinstance(step, Failure):
                 why = step.failure()
                 why = why if why.path else replace(why, path="plan")
-                rejections.extend(Rejection(rule=rule.name, node=p.anchor, reason=why) for p in accepted)
+                for p in accepted:
+                    _decline(rejections, reported, first, Rejection(rule=rule.name, node=p.anchor, reason=why))
                 accepted = []
             else:
                 current = step.unwrap()

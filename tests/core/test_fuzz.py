@@ -823,9 +823,10 @@ def test_reports_do_not_depend_on_the_hash_seed() -> None:
 # --- what the fuzzer found (minimal examples, fixed) ---------------------------------------------------
 
 
-def _conv_bn_rank1_weight(conv: str, weight: tuple[int, ...]) -> GraphSnapshot:
+def _conv_bn_rank1_weight(conv: str, weight: tuple[int, ...], eps: float | str = 1e-5) -> GraphSnapshot:
     """x -> conv(x, w) -> eval batch_norm over 8 channels, with a rank-1 weight: what ``symbolic_trace``
-    records for a module whose weight is a vector (torch.export would refuse it)."""
+    records for a module whose weight is a vector (torch.export would refuse it). ``eps`` a string:
+    given by an input of that name."""
     g = GraphBuilder()
     w, mean, var = g.parameter("w", weight), g.buffer("mean", (8,)), g.buffer("var", (8,))
     y = g.call(conv, input=g.input("x", (1, 4, 4)), weight=w, out=(1, 8, 4))
@@ -840,7 +841,7 @@ def _conv_bn_rank1_weight(conv: str, weight: tuple[int, ...]) -> GraphSnapshot:
         running_var=var,
         training=False,
         momentum=0.1,
-        eps=1e-5,
+        eps=g.input(eps, ()) if isinstance(eps, str) else eps,
         cudnn_enabled=False,
     )
     g.output(bn)
@@ -862,3 +863,41 @@ def test_a_linear_without_a_shape_is_declined() -> None:
     g.output(g.call("aten.linear.default", input=g.input("x", (1, 2)), weight=w, bias=None, out=None))
     report = _check_report(g.build(), RULES["linear-to-conv2d"]())
     assert [r.reason.code for r in report.rejections] == ["malformed-node"]
+
+
+def test_an_argument_computed_at_run_time_where_a_rule_reads_a_literal_is_declined() -> None:
+    # found by the fuzzer: the planner's bn.float("eps") raised TypeError on an eps given by a node
+    report = _check_report(_conv_bn_rank1_weight("aten.conv1d.default", (8, 4, 1), eps="e"), fuse_conv_bn())
+    (r,) = report.rejections
+    assert (r.node, r.reason.code, r.reason.node, r.reason.path) == ("bn", "malformed-node", "bn", "plan")
+    assert r.reason.message == "bn: bn.eps is computed by 'e' at run time; the rule needs it as a number"
+
+
+def test_a_candidate_whose_plan_does_not_fit_is_declined_once_by_a_rule_that_runs_again() -> None:
+    # found by the fuzzer: concat-parallel-linears runs again after joining x's linears, and declined
+    # y (its plan's addmm reads a float32 weight: the permute's spec is wrong) again in its second run
+    g = GraphBuilder()
+    x, y = g.input("x", (1, 4), "float16"), g.input("y", (1, 4), "float16")
+    outs = [
+        g.call(
+            "aten.linear.default",
+            input=x,
+            weight=g.parameter(f"wx{i}", (2, 4), "float16"),
+            out=spec(1, 2, dtype="float16"),
+        )
+        for i in range(2)
+    ]
+    t = g.call("aten.permute.default", self=g.parameter("wy", (2, 4), "float16"), dims=(1, 0), out=spec(4, 2))
+    outs.append(g.call("aten.mm.default", self=y, mat2=t, out=spec(1, 2, dtype="float16")))
+    outs.append(
+        g.call(
+            "aten.linear.default",
+            input=y,
+            weight=g.parameter("wy1", (2, 4), "float16"),
+            out=spec(1, 2, dtype="float16"),
+        )
+    )
+    g.output(*outs)
+    report = _check_report(g.build(), RULES["concat-parallel-linears"]())
+    assert [p.anchor for p in report.plans] == ["x"] and len(report.stages) == 2
+    assert [(r.node, r.reason.code) for r in report.rejections] == [("y", "plan-conflict")]
