@@ -31,7 +31,7 @@ from torch.fx.experimental import symbolic_shapes
 import fxpure
 from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, tensor_spec, unreachable
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
-from adapters.weights import materialize
+from adapters.weights import materialize, plain_torch
 from fxpure.plan import (
     NewNode,
     Rejection,
@@ -1362,7 +1362,7 @@ def transform(
             return Success(TransformOutcome(report=report, changed=False))
         return _run(cap, report, new)
 
-    with no_cyclic_gc():
+    with no_cyclic_gc(), plain_torch():
         return _captured(program).bind(go)
 
 
@@ -1436,5 +1436,5 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
             return Failure(TransformError(code="weight-underflow", message=message))
         return _run(cap, report, new)
 
-    with no_cyclic_gc():
+    with no_cyclic_gc(), plain_torch():
         return _captured(program).bind(go)

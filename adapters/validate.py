@@ -20,7 +20,7 @@ import torch
 
 from adapters.snap import Captured, Program, capture_program
 from adapters.torchnames import dtype_of, resolve_target
-from adapters.weights import materialize
+from adapters.weights import materialize, plain_torch
 from fxpure.plan import RewritePlan, RewriteReport, planned_on
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, node_refs
 
@@ -335,6 +335,7 @@ def check_plans(
     as :func:`default_tolerance` gives a program's)."""
     cap = program if isinstance(program, Captured) else capture_program(program)
     out: list[PlanCheck] = []
-    for i, (current, stage) in enumerate(planned_on(report)):
-        out.extend(_check(cap, current, p, tolerance, seed + 2 * i) for p in stage)
+    with plain_torch():
+        for i, (current, stage) in enumerate(planned_on(report)):
+            out.extend(_check(cap, current, p, tolerance, seed + 2 * i) for p in stage)
     return out

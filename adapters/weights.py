@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -117,6 +118,19 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
 # memo keys (_RETURNED, storage address) for the results already given out (the memo keeps them
 # alive, so an address is not reused meanwhile; empty results share address 0 and are copied: harmless)
 _RETURNED = "returned"
+
+
+@contextlib.contextmanager
+def plain_torch() -> Iterator[None]:
+    """Torch as the program's own dtypes and autograd have it, whatever modes the caller is in: out
+    of inference mode (a weight made in it is an inference tensor, which no later pass may make
+    require grad: ``to_edge`` failed on the program) and with autocast off (it ran a new conv in
+    bfloat16, and a right plan was refused for computing another dtype than planned)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+            stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Memo | None = None) -> torch.Tensor:

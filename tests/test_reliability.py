@@ -449,6 +449,34 @@ def test_a_constant_beyond_the_dtype_is_inf_as_torch_makes_it(form: str) -> None
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
+class ZeroDimScales(nn.Module):
+    """float16 linears times 0-d tensors, which torch takes as scalars (in float32, not rounded to
+    float16 first): a float32 1e-7 (1.19e-7 in float16) and an int64 100000 (inf in float16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        with torch.no_grad():
+            self.a.weight.fill_(1000.0), self.b.weight.fill_(1e-4)
+            self.a.bias.zero_(), self.b.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x) * torch.tensor(1e-7), self.b(x) * torch.tensor(100000)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])  # (to_edge lifts each 0-d tensor in the op's dtype)
+def test_a_0d_tensor_operand_folds_as_the_scalar_torch_takes_it_for(form: str) -> None:
+    # found by a review: the fold cast the 0-d tensor to float16 first (19% off the first output),
+    # and declined the second as inf
+    model, x = ZeroDimScales().eval().half(), (torch.full((1, 4), 0.5).half(),)
+    program = build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert (len(outcome.report.plans), outcome.report.rejections) == (2, ())
+    for got, expected in zip(run(program, x), want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=0.0)
+
+
 class InfAndOverflow(nn.Module):
     """float16 conv and batch norm: the conv weight holds an inf in channel 0 (the program's own),
     and channel 1's scale (6e6) overflows float16 once folded into the weight."""
@@ -1605,3 +1633,29 @@ def test_an_integer_constant_computed_from_a_held_inf_is_declined(form: str) -> 
         outcome = adapters.transform(program, [_AtRelu(_plus_quantized_row)]).unwrap()
         codes = [r.reason.code for r in outcome.report.rejections]
         assert (codes, outcome.changed) == ((["non-finite-weight"], False) if declined else ([], True))
+
+
+def test_a_caller_in_autocast_or_inference_mode_gets_what_plain_torch_gives() -> None:
+    """Lowering code may run under ``torch.autocast`` or ``torch.inference_mode``: the plans are
+    those of the program's own dtypes (autocast ran each new conv in bfloat16 and every plan was
+    refused), and the new weights are plain tensors the rest of the pipeline may take (made in
+    inference mode, they failed ``run_decompositions`` and ``to_edge`` afterwards)."""
+    from adapters.validate import check_plans
+
+    model = randomize_bn(ResNeXtish().eval())
+    x = torch.randn(2, 16, 8, 8)
+    rules: list[Rule] = [fuse_conv_bn(), split_group_conv(max_groups=8)]
+    expected = model(x)
+    plain = adapters.transform(torch.export.export(model, (x,)), rules, dry_run=True).unwrap().report
+    anchors = [p.anchor for p in plain.plans]
+    assert len(anchors) == 8 and not plain.rejections  # six batch norms, two grouped convs
+    program = torch.export.export(model, (x,))
+    with torch.autocast("cpu"):
+        report = adapters.transform(program, rules, dry_run=True).unwrap().report
+        assert [p.anchor for p in report.plans] == anchors and not report.rejections
+        assert [c.ok for c in check_plans(program, report)] == [True] * len(anchors)
+    with torch.inference_mode():
+        assert adapters.transform(program, rules).unwrap().changed
+    new = [t for k, t in program.state_dict.items() if "_bn_" in k]
+    assert new and not any(t.is_inference() for t in new)
+    torch.testing.assert_close(program.run_decompositions().module()(x), expected, rtol=1e-4, atol=1e-4)

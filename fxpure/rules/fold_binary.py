@@ -242,13 +242,14 @@ def _per_channel(bin: Bound, c: WeightExpr | float, match: Match, conv: Bound | 
 
 
 def _vector(c: WeightExpr | float, work: str, dtype: str) -> WeightExpr:
-    """The constant as a vector of 1 or C entries in the work dtype. A tensor of another dtype is
-    first cast to the op's ``dtype``, as torch computes the op (an int64 100000 times a float16
-    output is inf, not 100000); a Python number is not (a float16 op scales by it in float32)."""
+    """The constant as a vector of 1 or C entries in the work dtype. A tensor with dims of another
+    dtype is first cast to the op's ``dtype``, as torch computes the op (an int64 ``[100000]`` times
+    a float16 output is inf, not 100000); a Python number or a 0-d tensor is not (torch takes either
+    as a scalar: a float16 op scales by it in float32)."""
     if not isinstance(c, WeightExpr):
         return _fill(float(c), work)
     spec = infer_spec(c).unwrap()
-    as_op = c if spec.dtype == dtype else Cast(x=c, dtype=dtype)
+    as_op = c if spec.dtype == dtype or not spec.shape else Cast(x=c, dtype=dtype)
     return Reshape(x=Cast(x=as_op, dtype=work), shape=(spec.numel,))
 
 
