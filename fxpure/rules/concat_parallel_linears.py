@@ -54,6 +54,7 @@ CODES = GENERIC_CODES | {
     RUNS_EXHAUSTED,
     "too-few-linears",
     "dtype-mismatch",
+    "bias-not-per-channel",
     "not-constant",
     "symbolic-shape",
     "output-shared",
@@ -93,20 +94,33 @@ def _owner(snap: GraphSnapshot, node: NodeSnapshot, joins: Result[Match, Reason]
     return x.name, None
 
 
-def _fit(node: str, w: TensorSpec | None, b: TensorSpec | None, out: TensorSpec | None, x: TensorSpec) -> Reason | None:
-    """Static output features, a (out, in) weight and an (out,) bias, all in the input's dtype."""
+def _fit(
+    node: str, w: TensorSpec | None, b: TensorSpec | None, out: TensorSpec | None, x: TensorSpec, bias_at: str
+) -> Reason | None:
+    """Static output features, a (out, in) weight and an (out,) bias (``bias_at``: its path), all
+    in the input's dtype."""
     if out is None or not out.shape or w is None:
         return Malformed(node=node, detail=f"{node} has no known output or weight shape")
     if not isinstance(out.shape[-1], int):
         return SymbolicShape(node=node, role="output", shape=out.shape)
-    if w.shape != (out.shape[-1], x.shape[-1]) or (b is not None and b.shape != w.shape[:1]):
+    # torch takes a bias that broadcasts to the output ((), (1,), (N, out), ...): no per-feature one
+    broadcasts = b is not None and _broadcasts(b.shape, out.shape)
+    if w.shape != (out.shape[-1], x.shape[-1]) or (b is not None and b.shape != w.shape[:1] and not broadcasts):
         shapes = f"weight {w.shape}, bias {b.shape if b else None}, output {out.shape}, input {x.shape}"
         return Malformed(node=node, detail=f"{node} does not compute a linear: {shapes}")
+    if b is not None and b.shape != w.shape[:1]:
+        detail = f"{node}: bias {b.shape} is not one value per output feature {w.shape[:1]}"
+        return Declined(code="bias-not-per-channel", node=node, detail=detail, path=bias_at)
     dtypes = {w.dtype, out.dtype, *([b.dtype] if b is not None else [])}
     if dtypes != {x.dtype}:
         detail = f"{node} computes in {', '.join(sorted(dtypes))}, its input is {x.dtype}"
         return Declined(code="dtype-mismatch", node=node, detail=detail)
     return None
+
+
+def _broadcasts(shape: tuple[int | str, ...], to: tuple[int | str, ...]) -> bool:
+    """``shape`` broadcasts to ``to`` (each trailing dim 1 or equal)."""
+    return len(shape) <= len(to) and all(a in (1, b) for a, b in zip(reversed(shape), reversed(to), strict=False))
 
 
 def _join(node: NodeSnapshot, joins: Result[Match, Reason], x: TensorSpec) -> Result[_Member, Reason]:
@@ -120,7 +134,8 @@ def _join(node: NodeSnapshot, joins: Result[Match, Reason], x: TensorSpec) -> Re
     out = lin.spec
     # a slice of the joined output has other strides than the linear's own output
     at = m.sites["lin_out" if lin.view_out else "lin"].path
-    reason = _fit(node.name, w_spec, m.spec("b"), out, x) or layout_reader(m.snap, lin.outer.name, path=at)
+    bias_at = m.sites["b"].path if "b" in m.sites else ""
+    reason = _fit(node.name, w_spec, m.spec("b"), out, x, bias_at) or layout_reader(m.snap, lin.outer.name, path=at)
     if reason is not None:
         return Failure(reason)
     assert out is not None and isinstance(out.shape[-1], int)  # checked by _fit
@@ -410,7 +425,7 @@ def concat_parallel_linears(*, split: bool = False) -> ConcatParallelLinears:
     ``EdgeProgramManager.transform``, the .pte refuses other batch sizes), slices have no such issue.
 
     >>> sorted(concat_parallel_linears().codes - GENERIC_CODES)
-    ['dtype-mismatch', 'layout-sensitive-reader', 'not-constant', 'output-shared', 'runs-exhausted', \
-'symbolic-shape', 'too-few-linears']
+    ['bias-not-per-channel', 'dtype-mismatch', 'layout-sensitive-reader', 'not-constant', 'output-shared', \
+'runs-exhausted', 'symbolic-shape', 'too-few-linears']
     """
     return ConcatParallelLinears(split=split)

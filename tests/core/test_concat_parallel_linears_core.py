@@ -498,6 +498,12 @@ def test_member_reasons_in_full() -> None:
         malformed("lin1", "weight (4, 7), bias None, output (2, 3, 4), input (2, 3, 8)")
     ]
     assert reasons(bias0((5,))) == [malformed("lin0", "weight (6, 8), bias (5,), output (2, 3, 6), input (2, 3, 8)")]
+    for shape in [(1,), (), (3, 1), (2, 3, 6)]:  # torch broadcasts these to the output: a linear, not per feature
+        detail = f"lin0: bias {shape} is not one value per output feature (6,)"
+        assert reasons(bias0(shape)) == [
+            Declined(code="bias-not-per-channel", node="lin0", detail=detail, path="lin.bias")
+        ]
+    assert reasons(bias0((4, 6)))[0].code == "malformed-node"  # (4, 6) does not broadcast to (2, 3, 6)
     detail = "lin0 computes in float16, float32, its input is float32"
     assert reasons(bias0((6,), "float16")) == [Declined(code="dtype-mismatch", node="lin0", detail=detail)]
     g = GraphBuilder()  # lin0 has a 0-d output

@@ -240,10 +240,13 @@ def _minimal(gen: _Gen, target: str, args: dict[str, Arg]) -> dict[str, Arg]:
     return out
 
 
-def _bias(gen: _Gen, n: int) -> NodeRef | None:
-    """No bias, a constant one, or a computed one."""
-    kind = gen.pick(("none", "const", "const", "const", "input"))
-    return None if kind == "none" else gen.constant((n,)) if kind == "const" else gen.input((n,))
+def _bias(gen: _Gen, n: int, *, broadcast: bool = False) -> NodeRef | None:
+    """No bias, a constant one, or a computed one; ``broadcast``: now and then a constant of shape
+    (1,), which torch broadcasts to a linear's output (drawn as often as before, as one of the kinds)."""
+    kind = gen.pick(("none", "const", "const", "const1" if broadcast else "const", "input"))
+    if kind == "none":
+        return None
+    return gen.constant((1,) if kind == "const1" else (n,)) if kind.startswith("const") else gen.input((n,))
 
 
 def _groups(gen: _Gen, cin: int) -> tuple[int, int]:
@@ -354,7 +357,7 @@ def _linear(gen: _Gen) -> None:
     assert isinstance(f, int)
     o = gen.pick(CHANNELS)
     out = spec(*xs.shape[:-1], o, dtype=xs.dtype)
-    w, bias = gen.tensor((o, f)), _bias(gen, o)
+    w, bias = gen.tensor((o, f)), _bias(gen, o, broadcast=True)
     if gen.flip(3):
         gen.result(gen.call("aten.linear.default", out, input=x, weight=w, bias=bias), out)
         return
