@@ -306,9 +306,10 @@ def _check_path(path: str) -> None:
 
 
 def _is_model(member: str) -> bool:
-    """``member`` of a .pt2 archive is a program's ``models/<name>.json``."""
+    """``member`` of a .pt2 archive is a program's ``<root>/models/<name>.json`` (an extra file the
+    archive carries, ``<root>/extra/models/config.json`` say, is none)."""
     parts = member.split("/")
-    return len(parts) >= 2 and parts[-2] == "models" and parts[-1].endswith(".json")
+    return len(parts) == 3 and parts[1] == "models" and parts[2].endswith(".json")
 
 
 def _check_writable(model: str, output: str, pte: str | None) -> None:
@@ -317,7 +318,7 @@ def _check_writable(model: str, output: str, pte: str | None) -> None:
     import os
     from pathlib import Path
 
-    for path in (output, pte):
+    for path, suffix in ((output, ".pt2"), (pte, ".pte")):
         if path is None:
             continue
         try:
@@ -332,6 +333,8 @@ def _check_writable(model: str, output: str, pte: str | None) -> None:
             raise BadInput(f"{path}: cannot write ({e})") from e
         if not writable:
             raise BadInput(f"{path}: cannot write (no writable directory {parent})")
+        if target.suffix != suffix:  # (a .pt2 archive written as x.pte would be refused as input)
+            raise BadInput(f"{path}: not a {suffix} name (it is written as a {suffix} file)")
     if pte is not None:
         named = {Path(model).resolve(): "input", Path(output).resolve(): "output"}.get(Path(pte).resolve())
         if named is not None:
@@ -428,18 +431,25 @@ def _save(writes: Sequence[tuple[str, Callable[[str], object]]]) -> None:
             if target.exists() and not target.is_file():
                 raise BadInput(f"{path}: not a regular file")
             mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-            tmp = str(target.parent / f".fxpure-{secrets.token_hex(6)}.tmp")  # short: any valid name fits
-            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies
+            # the file under its own name, in a new directory beside it: torch.export.save names the
+            # archive's root folder after the file (the same program saved twice is the same bytes)
+            folder = target.parent / f".fxpure-{secrets.token_hex(6)}.tmp"  # short: any valid name fits
+            folder.mkdir()
+            tmp = str(folder / target.name)
             made.append((tmp, target))
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies
             write(tmp)
             if mode is not None:
                 os.chmod(tmp, mode)
         for tmp, target in made:
             os.replace(tmp, target)
+            os.rmdir(Path(tmp).parent)
     except BaseException as e:
         for tmp, _ in made:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.rmdir(Path(tmp).parent)
         if isinstance(e, (OSError, RuntimeError)):
             raise BadInput(f"{path}: cannot write ({getattr(e, 'strerror', None) or e})") from e
         raise

@@ -254,6 +254,8 @@ def test_a_failed_pte_lowering_is_exit_3_and_writes_no_pt2(
         (("explain", "{dir}/resnext.pt2", "--rules", "fuse-conv-bn,bogus"), "unknown rule 'bogus'"),
         (("apply", "{dir}/garbage.pt2", "-o", "{dir}/x.pt2"), "not a valid .pt2 archive"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/no/such/dir/x.pt2"), "cannot write"),
+        (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pte"), "x.pte: not a .pt2 name"),
+        (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--pte", "{dir}/x.bin"), "x.bin: not a .pte name"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "nan"), "--tolerance nan: not a positive"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "-1"), "--tolerance -1: not a positive"),
         (("apply", "{dir}/plain.pt2", "-o", "{dir}/x.pt2", "--tolerance", "1e-3"), "--tolerance is the tolerance of"),
@@ -490,12 +492,21 @@ def test_a_rule_file_loads_as_a_script_would_and_its_failures_are_one_line(
 def test_an_archives_extra_files_are_written_again(saved: dict[str, Path], tmp_path: Path) -> None:
     program = tmp_path / "with_extra.pt2"
     ep = torch.export.load(saved["resnext"])
-    torch.export.save(ep, program, extra_files={"tokenizer.json": '{"vocab": 42}'})
+    # an extra file under models/ is no second program (the archive was refused: "holds 2 programs")
+    files = {"tokenizer.json": '{"vocab": 42}', "models/config.json": "{}"}
+    torch.export.save(ep, program, extra_files=files)
     out = tmp_path / "out.pt2"
     assert fxpure("apply", program, "-o", out).returncode == 0
-    extra = {"tokenizer.json": ""}
+    extra = dict.fromkeys(files, "")
     torch.export.load(out, extra_files=extra)
-    assert extra == {"tokenizer.json": '{"vocab": 42}'}
+    assert extra == files
+    # the archive's root folder is named after the file, as torch.export.save names it (it was the
+    # temporary file's random name): the same program written twice is the same bytes
+    with zipfile.ZipFile(out) as z:
+        assert {n.split("/")[0] for n in z.namelist()} == {"out"}
+    first = out.read_bytes()
+    assert fxpure("apply", program, "-o", out).returncode == 0
+    assert out.read_bytes() == first and sorted(p.name for p in tmp_path.iterdir()) == ["out.pt2", "with_extra.pt2"]
     # a member named just <archive>/extra (no file under it) is no extra file, and no traceback
     with zipfile.ZipFile(program) as z:
         top = z.namelist()[0].split("/")[0]
@@ -504,7 +515,7 @@ def test_an_archives_extra_files_are_written_again(saved: dict[str, Path], tmp_p
     r = fxpure("apply", program, "-o", out)
     assert (r.returncode, r.stderr) == (0, "")
     torch.export.load(out, extra_files=extra)
-    assert extra == {"tokenizer.json": '{"vocab": 42}'}
+    assert extra == files
 
 
 def test_an_archive_of_two_programs_or_a_corrupt_one_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
