@@ -38,6 +38,7 @@ from fxpure.plan import (
     RewritePlan,
     RewriteReport,
     Rule,
+    constant_expr,
     no_cyclic_gc,
     planned_on,
     read_spans,
@@ -684,16 +685,31 @@ def _non_finite(
     return out
 
 
+def _own_casts(report: RewriteReport) -> set[WeightExpr]:
+    """The casts to float16 or bfloat16 the program itself computes in the constants the plans fold
+    (``w.half()``, or ``w * 1e-4`` in float16, in ``forward``): what they flush, eager flushed too.
+    Found at the nodes the plans remove, which compute the constants they read."""
+    out: set[WeightExpr] = set()
+    for snap, plans in planned_on(report):
+        for name in {n for p in plans for n in (*p.prune, *p.erase)}:
+            spec = snap.node(name).tensor_spec if name in snap.index else None
+            if spec is not None and spec.dtype in ("float16", "bfloat16"):
+                e = constant_expr(snap, name)
+                if isinstance(e, Cast):
+                    out.add(e)
+    return out
+
+
 def _underflows(
     new: Mapping[str, torch.Tensor],
-    after: GraphSnapshot,
+    report: RewriteReport,
     tensors: Mapping[str, torch.Tensor],
     memo: dict[object, torch.Tensor],
 ) -> dict[str, tuple[WeightExpr, ...]]:
-    """Derived constants computed with a cast back to float16 or bfloat16 of a value computed wider
-    from a constant of that dtype (a fold; the constant itself, or what a later rule made of it: a
-    slice, a reshape, a concatenation, another fold), where the cast loses what an output holds,
-    with those casts. In some slice along dim 0 (a conv's or a linear's output channel), the values
+    """Derived constants computed with a cast to float16 or bfloat16 of a value computed wider (a
+    fold; the constant itself, or what a later rule made of it: a slice, a reshape, a concatenation,
+    another fold), where the cast loses what an output holds, with those casts; not the program's
+    own casts (:func:`_own_casts`). In some slice along dim 0 (a conv's or a linear's output channel), the values
     below the dtype's smallest normal (a weight times 1e-4 in float16, flushed to 0) err, summed, by
     more than half the dtype's epsilon times the largest slice's sum of magnitudes (each value of a
     vector alone, against the largest), where eager scaled an ordinary sum. One near-dead channel
@@ -707,9 +723,11 @@ def _underflows(
         return known if known is not None else materialize(e, tensors, memo)
 
     out: dict[str, tuple[WeightExpr, ...]] = {}
-    verdict: dict[WeightExpr, bool] = {}
-    if not any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors.values()):
-        return out  # a cast back reads a constant of its dtype: none here (no walk of every weight's expression)
+    half = (torch.float16, torch.bfloat16)
+    if not any(t.dtype in half for t in tensors.values()) and not any(t.dtype in half for t in new.values()):
+        return out  # nothing is cast to float16 or bfloat16 (no walk of every weight's expression)
+    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_casts(report), False)
+    after = report.after
     for k in new:
         source = after.constants[k].source
         if source is None:
@@ -717,19 +735,20 @@ def _underflows(
         casts = [c for c in subexpressions(source) if isinstance(c, Cast) and c.dtype in ("float16", "bfloat16")]
         for c in casts:  # (a cast several constants read, such as a folded weight's slices: judged once)
             if c not in verdict:
-                verdict[c] = _flushes(c, value(c), value(c.x), tensors)
+                # under another cast (a second fold scaled it): a near-dead slice may be scaled back up
+                rescaled = any(d is not c and c in subexpressions(d) for d in casts)
+                verdict[c] = _flushes(value(c), value(c.x), each=rescaled)
         lossy = tuple(c for c in casts if verdict[c])
         if lossy:
             out[k] = tuple(sorted(lossy, key=repr))
     return out
 
 
-def _flushes(cast: Cast, t: torch.Tensor, exact: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> bool:
-    """``t``, ``cast`` of ``exact``, loses what an output holds (:func:`_underflows`)."""
+def _flushes(t: torch.Tensor, exact: torch.Tensor, *, each: bool = False) -> bool:
+    """``t``, a cast of ``exact``, loses what an output holds (:func:`_underflows`); ``each``: a
+    weight's slice (rank 2 or more) is judged against its own size, not the largest."""
     if t.numel() == 0 or exact.element_size() <= t.element_size() or not exact.is_floating_point():
         return False
-    if all(tensors[key].dtype != t.dtype for key in sources(cast) if key in tensors):
-        return False  # a cast of another dtype's weight is meant
     rows = t.reshape(t.shape[0] if t.dim() > 1 else t.numel(), -1)  # a slice per row
     low = rows.abs() < torch.finfo(t.dtype).tiny
     if not bool(low.any()):  # no zero nor subnormal: nothing underflowed
@@ -741,7 +760,8 @@ def _flushes(cast: Cast, t: torch.Tensor, exact: torch.Tensor, tensors: Mapping[
     # (the error of the other values, rounded as normal ones, is at most half the bound)
     err = torch.zeros(rows.shape[0], dtype=exact.dtype).index_add_(0, row, lost)
     size = torch.linalg.vector_norm(wide, 1, dim=1)
-    return bool((err > torch.finfo(t.dtype).eps / 2 * size.max()).any())
+    bound = size if each and t.dim() > 1 else size.max()
+    return bool((err > torch.finfo(t.dtype).eps / 2 * bound).any())
 
 
 def _culprits(
@@ -1264,7 +1284,7 @@ def _finite_plan(
                 return report, {}
             raise
         bad = _non_finite(new, report.after, cap.tensors)
-        flushed = {} if bad else _underflows(new, report.after, cap.tensors, memo)
+        flushed = {} if bad else _underflows(new, report, cap.tensors, memo)
         more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
         if not bad and not flushed:
             return report, new
@@ -1429,7 +1449,7 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
         bad = _non_finite(new, report.after, cap.tensors)
         if bad:
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
-        flushed = _underflows(new, report.after, cap.tensors, memo)
+        flushed = _underflows(new, report, cap.tensors, memo)
         if flushed:
             first = next(iter(flushed))
             message = f"{first} loses a channel to {report.after.constants[first].spec.dtype} underflow"

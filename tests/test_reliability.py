@@ -1659,3 +1659,80 @@ def test_a_caller_in_autocast_or_inference_mode_gets_what_plain_torch_gives() ->
     new = [t for k, t in program.state_dict.items() if "_bn_" in k]
     assert new and not any(t.is_inference() for t in new)
     torch.testing.assert_close(program.run_decompositions().module()(x), expected, rtol=1e-4, atol=1e-4)
+
+
+class CastInForward(nn.Module):
+    """A float32 weight cast to float16 in ``forward``, times 1e-4: folded, it flushes (x is 30000)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.full((4, 4096), 1 / 4096))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w.half()) * 1e-4
+
+
+class OwnFlush(nn.Module):
+    """A float16 weight the program flushes itself (``w * 1e-4`` in ``forward``), times 2: eager's
+    output is 0, and so is the folded program's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.full((4, 4096), 1 / 4096).half())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w * 1e-4) * 2.0
+
+
+class ScaledBack(nn.Module):
+    """A float16 linear times [1, 1e-4], then times [1, 1e4]: the first fold leaves one near-dead
+    channel (no loss at its output's scale), which the second fold scales back up."""
+
+    s: torch.Tensor
+    t: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 2, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_((torch.rand(2, 64, generator=torch.Generator().manual_seed(0)) + 0.5) * 1e-3)
+        self.register_buffer("s", torch.tensor([1.0, 1e-4]))
+        self.register_buffer("t", torch.tensor([1.0, 1e4]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(x) * self.s * self.t
+        return out
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(
+    ("model", "x", "planned"), [(CastInForward, 30000.0, 0), (OwnFlush, 30000.0, 1), (ScaledBack, 1000.0, 0)]
+)
+def test_the_underflow_check_judges_the_casts_folds_make_not_the_programs_own(
+    form: str, model: type[nn.Module], x: float, planned: int
+) -> None:
+    # found by a review: a float32 weight cast in forward was folded and flushed (outputs 0 where
+    # eager's are 3), the program's own flush was blamed on the fold that read it, and a near-dead
+    # channel scaled back by a second fold erred 64 times eager's error
+    m = model().eval() if model is CastInForward else model().eval().half()  # (its weight stays float32)
+    inputs = (torch.full((2, 4096 if model is not ScaledBack else 64), x).half(),)
+    program = build(m, inputs, form)
+    want = run(program, inputs)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == planned
+    assert {r.reason.code for r in outcome.report.rejections} == (set() if planned else {"weight-underflow"})
+    for got, expected in zip(run(program, inputs), want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=0.0)
+
+
+def test_apply_refuses_plans_whose_fold_flushes_and_changes_nothing() -> None:
+    # found by a review: no test applied a flushing plan through apply (only transform declines)
+    x = (torch.full((2, 4096), 30000.0).half(),)
+    program = build(CastInForward().eval(), x, "aten")
+    assert isinstance(program, torch.export.ExportedProgram)
+    before = (program.graph_module.code, dict(program.state_dict))
+    report = fxpure.plan(adapters.snap.capture_program(program).snap, [fold_binary()])
+    assert len(report.plans) == 1  # the core knows no numbers: the adapter finds the flush
+    error = adapters.apply(program, report).failure()
+    assert (error.code, error.message) == ("weight-underflow", "linear_mul_weight loses a channel to float16 underflow")
+    assert (program.graph_module.code, dict(program.state_dict)) == before
