@@ -1703,12 +1703,17 @@ class PatternRule:
 def _is_candidate(
     tops: Sequence[Op], snap: GraphSnapshot, node: NodeSnapshot, keep: Callable[[Bound, GraphSnapshot], bool]
 ) -> bool:
-    """A node whose arguments do not even bind is a candidate: it is reported as malformed."""
+    """A node whose arguments do not even bind is a candidate: it is reported as malformed; so is one
+    whose argument ``keep`` reads as a literal is given by a node (:class:`NotLiteral`): the rule
+    decides there, with a reason, rather than skip it unreported."""
     family = next(op.family for op in tops if node.target in op.family.schemas)
     args = family.bind(snap, node)
     if isinstance(args, Failure):
         return True
-    return keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)), snap)
+    try:
+        return keep(Bound(node=node, family=family, args=args.unwrap(), uses=(node.name,)), snap)
+    except NotLiteral:
+        return True
 
 
 def _matches(pattern: Root) -> Callable[[Bound, GraphSnapshot], bool]:

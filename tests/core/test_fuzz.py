@@ -904,3 +904,16 @@ def test_a_candidate_whose_plan_does_not_fit_is_declined_once_by_a_rule_that_run
     report = _check_report(g.build(), RULES["concat-parallel-linears"]())
     assert [p.anchor for p in report.plans] == ["x"] and len(report.stages) == 2
     assert [(r.node, r.reason.code) for r in report.rejections] == [("y", "plan-conflict")]
+
+
+def test_a_candidate_function_reading_an_argument_given_by_a_node_keeps_the_root() -> None:
+    # found by a review: NotLiteral escaped from candidate=fn (outside the rule's planner) and plan raised
+    from fxpure.pattern import Bound, rule
+    from fxpure.rules.fuse_conv_bn import PATTERN, _plan
+
+    def small_eps(bn: Bound, snap: GraphSnapshot) -> bool:
+        return bn.float("eps") < 1e-3
+
+    picky = rule("small-eps-fuse", PATTERN, plan=_plan, candidate=small_eps)
+    report = _check_report(_conv_bn_rank1_weight("aten.conv1d.default", (8, 4, 1), eps="e"), picky)
+    assert [(r.node, r.reason.code, r.reason.path) for r in report.rejections] == [("bn", "malformed-node", "plan")]

@@ -2063,3 +2063,25 @@ def test_the_kits_casts_and_clones_say_what_each_spelling_implies() -> None:
     # a memory format the edge spelling holds as a dim order is not known there: still refused
     with pytest.raises(PatternError, match=r"_to_dim_order_copy\.default has no memory_format"):
         rule("mf", Op(CAST, memory_format=None), plan=_plan_nothing)
+
+
+def test_bound_accessors_tell_an_argument_given_by_a_node_from_a_bug_in_the_rule() -> None:
+    from fxpure.families import CONV
+    from fxpure.pattern import Bound, NotLiteral
+
+    node = NodeSnapshot(name="c", op="call_function", target="aten.conv2d.default")
+    args: dict[str, Arg] = {"stride": (1, NodeRef("s")), "groups": NodeRef("g"), "padding": "same", "transposed": False}
+    b = Bound(node=node, family=CONV, args=args, uses=("c",))
+    reads: dict[str, Callable[[str], object]] = {"ints": b.ints, "int": b.int, "float": b.float}
+    for read, arg, what in (("ints", "stride", "a tuple of ints"), ("int", "groups", "an int")):
+        with pytest.raises(NotLiteral) as caught:
+            reads[read](arg)
+        by = "s" if arg == "stride" else "g"
+        assert (
+            caught.value.reason.message == f"c: c.{arg} is computed by {by!r} at run time; the rule needs it as {what}"
+        )
+    for read, arg in (("ints", "padding"), ("int", "transposed"), ("float", "dilation")):
+        with pytest.raises(TypeError) as wrong:  # a string, a bool, an argument not bound: the rule's bug
+            reads[read](arg)
+        assert not isinstance(wrong.value, NotLiteral)
+    assert b.bool("transposed") is False
