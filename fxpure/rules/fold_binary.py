@@ -99,16 +99,21 @@ PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
-    """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too), or the reshape's after a matmul; or
-    a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so: a
-    candidate, declined as the aten form's is reported)."""
+    """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too), or a reshape's (or a
+    chain of them: ``to_edge`` writes a pair after each in-place op) after a matmul; or a dtype copy
+    of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so: a candidate,
+    declined as the aten form's is reported)."""
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
         return node is not None and (node.target in PRODUCTS or is_linear(snap, node))
-    inner = node.args[0] if node.args else None
-    return isinstance(inner, NodeRef) and snap.node(inner.name).target in MATMULS
+    while node.target in VIEW.targets:
+        inner = node.args[0] if node.args else None
+        if not isinstance(inner, NodeRef) or inner.name not in snap.index:
+            return False
+        node = snap.node(inner.name)
+    return node.target in MATMULS
 
 
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:

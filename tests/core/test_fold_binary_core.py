@@ -694,3 +694,19 @@ def test_a_constant_copied_to_the_ops_dtype_is_folded_as_the_copy() -> None:
     (bias,) = [c.expr for c in p.constants if c.name.endswith("_bias")]
     assert Cast(x=Source(key="c", spec=spec(dtype="float32")), dtype="float16") in subexpressions(bias)
     assert "copy" not in verify(report.after).unwrap().index
+
+
+def test_a_reshape_pair_after_a_linear_is_reported_not_skipped() -> None:
+    # found by a hunt: to_edge writes view_copy to (B*T, O) and back after each in-place op
+    # (y.mul_(g); y.add_(t)); the add two reshapes from the addmm was neither planned nor declined
+    g = GraphBuilder(dialect="edge")
+    flat = g.call("aten.view_copy.default", out=(6, 6), self=g.input("x", (2, 3, 6)), size=(6, 6))
+    wt = g.call("aten.permute_copy.default", out=(6, 5), self=g.parameter("w", (5, 6)), dims=(1, 0))
+    y = g.call("aten.addmm.default", out=(6, 5), self=g.parameter("b", (5,)), mat1=flat, mat2=wt)
+    y = g.call("aten.view_copy.default", name="back", out=(2, 3, 5), self=y, size=(2, 3, 5))
+    y = g.call("aten.view_copy.default", out=(6, 5), self=y, size=(6, 5))
+    y = g.call("aten.view_copy.default", out=(2, 3, 5), self=y, size=(2, 3, 5))
+    g.output(g.call("aten.add.Tensor", name="add", out=(2, 3, 5), self=y, other=g.buffer("t", (5,))))
+    report = plan(g.build(), [RULE])
+    assert report.plans == ()
+    assert [(r.node, r.reason.code) for r in report.rejections] == [("add", "producer-not-conv-or-linear")]
