@@ -155,7 +155,7 @@ class Captured:
     snap: GraphSnapshot
     tensors: dict[str, torch.Tensor]
     specs: dict[str, InputSpec]
-    module_calls: list[tuple[str, str, str]] = field(default_factory=list)  # node, canonical target, class
+    module_calls: list[tuple[str, str, str]] = field(default_factory=list)  # node, canonical target, what it calls
     branches: list[tuple[str, torch.fx.GraphModule]] = field(default_factory=list)  # attribute, graph
     # node -> the module whose preserved call signature names it (preserve_module_call_signature)
     pinned: dict[str, str] = field(default_factory=dict)
@@ -552,6 +552,7 @@ def _capture(program: Program) -> Captured:
         if op == "call_function":
             edge = edge or is_edge(n.target)
             target = target_name(n.target)
+            calls.extend(_function_call(n))
         else:
             target = str(n.target)
             value = _attr(gm, target) if op == "get_attr" else None
@@ -629,7 +630,30 @@ _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
 def _module_call(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[tuple[str, str, str]]:
     module = _attr(gm, str(n.target))
     found = next((t for cls, t in _MODULE_OPS if isinstance(module, cls)), None)
-    return [(n.name, found, type(module).__name__)] if found is not None else []
+    return [(n.name, found, f"an nn.{type(module).__name__} module")] if found is not None else []
+
+
+# torch functions (and ATen op packets, of no overload) a symbolic_trace GraphModule calls for an ATen
+# op a rule may anchor on: ``F.conv2d(x, w)``, ``torch.ops.aten.conv2d(...)``
+_FUNCTION_OPS: dict[object, str] = {
+    **{f: f"aten.conv{d}d.default" for d in (1, 2, 3) for f in (getattr(torch, f"conv{d}d"),)},
+    torch.conv_transpose1d: "aten.conv_transpose1d.default",
+    torch.conv_transpose2d: "aten.conv_transpose2d.input",
+    torch.conv_transpose3d: "aten.conv_transpose3d.input",
+    torch.nn.functional.batch_norm: "aten.batch_norm.default",
+    torch.batch_norm: "aten.batch_norm.default",
+    torch.nn.functional.linear: "aten.linear.default",
+    **{getattr(torch.ops.aten, op): f"aten.{op}.default" for op in ("conv1d", "conv2d", "conv3d", "linear")},
+    torch.ops.aten.batch_norm: "aten.batch_norm.default",
+}
+
+
+def _function_call(n: torch.fx.Node) -> list[tuple[str, str, str]]:
+    try:
+        found = _FUNCTION_OPS.get(n.target)
+    except TypeError:  # a target that cannot be hashed
+        return []
+    return [(n.name, found, f"the function {found.split('.')[1]}")] if found is not None else []
 
 
 def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
@@ -645,11 +669,11 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
     branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
-    for name, target, cls in cap.module_calls:
+    for name, target, what in cap.module_calls:
         probe = snapshot([NodeSnapshot(name=name, op="call_function", target=target)], {})
         if any(a.name == name for a in _anchors(rule, probe)):
             detail = (
-                f"{name} calls an nn.{cls} module (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
+                f"{name} calls {what} (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
                 " capture the model with torch.export and apply the rule to that"
             )
             out.append((f"{within}{name}", Declined(code="module-call", node=f"{within}{name}", detail=detail)))

@@ -694,6 +694,41 @@ def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reaso
     assert "torch.export" in declined.reason.message
 
 
+class Functional(nn.Module):
+    """Functional calls, as a symbolic_trace GraphModule records them (no ATen op among them)."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.v = nn.Parameter(torch.randn(4, 3, 3, 3)), nn.Parameter(torch.randn(5, 4))
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("var", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.batch_norm(F.conv2d(x, self.w), self.mean, self.var)
+        y = torch.ops.aten.conv2d(y, self.w[:, :1].expand(4, 4, 3, 3).contiguous())
+        return F.linear(y.mean((2, 3)), self.v)
+
+
+def test_functional_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reason() -> None:
+    # found by a hunt: F.conv2d, F.batch_norm, torch.ops.aten.conv2d and F.linear calls were
+    # neither planned nor declined (only module calls were reported)
+    gm = torch.fx.symbolic_trace(Functional().eval())
+    outcome = adapters.transform(gm, [fuse_conv_bn(), split_group_conv(), linear_to_conv2d()]).unwrap()
+    assert outcome.report.plans == ()
+    got = sorted((r.rule, r.node, r.reason.code) for r in outcome.report.rejections)
+    assert got == [
+        ("fuse-conv-bn", "batch_norm", "module-call"),
+        ("linear-to-conv2d", "linear", "module-call"),
+        ("split-group-conv", "conv2d", "module-call"),
+        ("split-group-conv", "conv2d_1", "module-call"),
+    ]
+    messages = {r.node: r.reason.message for r in outcome.report.rejections}
+    assert messages["batch_norm"].startswith("batch_norm calls the function batch_norm (a symbolic_trace GraphModule)")
+
+
 @pytest.mark.parametrize("form", ["aten", "edge"])
 def test_planning_leaves_the_snapshot_as_it_was(form: str) -> None:
     """``plan`` and ``rewrite`` are pure: the snapshot, in a serialised copy taken before (not the

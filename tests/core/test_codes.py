@@ -516,7 +516,7 @@ def _rules() -> Iterator[Rule]:
 
 # codes no graph can draw, with why; the adapter's codes reach the core only through plan(declined=...)
 ADAPTER = {
-    "module-call": "found by the adapter: an nn.Module call in a symbolic_trace graph",
+    "module-call": "found by the adapter: an nn.Module or torch function call in a symbolic_trace graph",
     "in-subgraph": "found by the adapter: a candidate in a control-flow branch",
     "non-finite-weight": "found by the adapter: a folded weight computed with torch is inf or NaN",
     "weight-underflow": "found by the adapter: a folded float16 weight loses a channel to underflow",
