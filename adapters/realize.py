@@ -734,19 +734,16 @@ def _underflows(
             continue
         casts = [c for c in subexpressions(source) if isinstance(c, Cast) and c.dtype in ("float16", "bfloat16")]
         for c in casts:  # (a cast several constants read, such as a folded weight's slices: judged once)
-            if c not in verdict:
-                # under another cast (a second fold scaled it): a near-dead slice may be scaled back up
-                rescaled = any(d is not c and c in subexpressions(d) for d in casts)
-                verdict[c] = _flushes(value(c), value(c.x), each=rescaled)
+            if c not in verdict:  # a rounding of data the program holds (a number, a weight) torch does too
+                verdict[c] = not moves_data(c.x) and _flushes(value(c), value(c.x))
         lossy = tuple(c for c in casts if verdict[c])
         if lossy:
             out[k] = tuple(sorted(lossy, key=repr))
     return out
 
 
-def _flushes(t: torch.Tensor, exact: torch.Tensor, *, each: bool = False) -> bool:
-    """``t``, a cast of ``exact``, loses what an output holds (:func:`_underflows`); ``each``: a
-    weight's slice (rank 2 or more) is judged against its own size, not the largest."""
+def _flushes(t: torch.Tensor, exact: torch.Tensor) -> bool:
+    """``t``, a cast of ``exact``, loses what an output holds (:func:`_underflows`)."""
     if t.numel() == 0 or exact.element_size() <= t.element_size() or not exact.is_floating_point():
         return False
     rows = t.reshape(t.shape[0] if t.dim() > 1 else t.numel(), -1)  # a slice per row
@@ -760,8 +757,7 @@ def _flushes(t: torch.Tensor, exact: torch.Tensor, *, each: bool = False) -> boo
     # (the error of the other values, rounded as normal ones, is at most half the bound)
     err = torch.zeros(rows.shape[0], dtype=exact.dtype).index_add_(0, row, lost)
     size = torch.linalg.vector_norm(wide, 1, dim=1)
-    bound = size if each and t.dim() > 1 else size.max()
-    return bool((err > torch.finfo(t.dtype).eps / 2 * bound).any())
+    return bool((err > torch.finfo(t.dtype).eps / 2 * size.max()).any())
 
 
 def _culprits(
