@@ -511,6 +511,41 @@ def test_a_0d_tensor_operand_folds_as_the_scalar_torch_takes_it_for(form: str) -
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=0.0)
 
 
+class OperandPlaces(nn.Module):
+    """float16 linears: a 0-d 1e-7 as a mul's first operand (torch rounds it to float16's 1.19e-7),
+    and an int64 ``[100000]`` as a mul's second (one element: torch reads it at full precision,
+    finite)."""
+
+    k: torch.Tensor
+    m: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        with torch.no_grad():
+            self.a.weight.fill_(1000.0), self.b.weight.fill_(1e-3)
+            self.a.bias.zero_(), self.b.bias.zero_()
+        self.register_buffer("k", torch.tensor(1e-7))
+        self.register_buffer("m", torch.tensor([100000]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.mul(self.k, self.a(x)), self.b(x) * self.m
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])  # (to_edge copies each operand to float16 itself)
+def test_a_mul_operand_is_rounded_by_its_place_as_torch_rounds_it(form: str) -> None:
+    # found by a review: the first fold scaled by 1e-7 (16% off eager), the second was declined inf
+    model, x = OperandPlaces().eval(), (torch.full((1, 4), 0.5).half(),)
+    model.a.half(), model.b.half()
+    program = build(model, x, form)
+    want = run(program, x)
+    assert all(torch.isfinite(w).all() for w in want)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert (len(outcome.report.plans), outcome.report.rejections) == (2, ())
+    for got, expected in zip(run(program, x), want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=0.0)
+
+
 class InfAndOverflow(nn.Module):
     """float16 conv and batch norm: the conv weight holds an inf in channel 0 (the program's own),
     and channel 1's scale (6e6) overflows float16 once folded into the weight."""

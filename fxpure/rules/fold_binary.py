@@ -248,14 +248,15 @@ def _per_channel(bin: Bound, c: WeightExpr | float, match: Match, conv: Bound | 
 
 def _vector(c: WeightExpr | float, work: str, dtype: str, *, scales: bool) -> WeightExpr:
     """The constant as a vector of 1 or C entries in the work dtype, first rounded to the op's
-    ``dtype`` as torch rounds it: always for an add or a sub (``y_fp16 - 1e5`` is -inf), but a mul
-    or a div (``scales``) takes a Python number or a 0-d tensor at full precision (a float16 op
-    scales by 1e-7, not by float16's 1.19e-7), and only a tensor with dims is rounded (an int64
-    ``[100000]`` times a float16 output is inf)."""
+    ``dtype`` as torch rounds it on CPU: a mul's or div's second operand of one element (a number,
+    a 0-d or one-element tensor: ``scales``) is read at full precision (a float16 ``y * 1e-7`` scales
+    by 1e-7, ``y * tensor([100000])`` is finite), any other operand is rounded first (an add's or a
+    sub's: ``y_fp16 - 1e5`` is -inf; a mul's first one: ``tensor(1e-7) * y`` scales by float16's
+    1.19e-7; a vector)."""
     if not isinstance(c, WeightExpr):
         return _fill(float(c), work) if scales or dtype == work else Cast(x=_fill(float(c), dtype), dtype=work)
     spec = infer_spec(c).unwrap()
-    as_op = c if spec.dtype == dtype or (scales and not spec.shape) else Cast(x=c, dtype=dtype)
+    as_op = c if spec.dtype == dtype or (scales and spec.numel == 1) else Cast(x=c, dtype=dtype)
     return Reshape(x=Cast(x=as_op, dtype=work), shape=(spec.numel,))
 
 
@@ -318,7 +319,9 @@ def _plan(
         c = Cast(x=c, dtype=copy.spec.dtype)
     dtype = infer_spec(w).unwrap().dtype
     work = work_dtype(dtype)
-    affine = AFFINE[(kind, first)](_vector(c, work, dtype, scales=kind in ("mul", "div")), float(alpha), work)
+    # (first: the conv's or linear's output is the op's first operand, the constant its second)
+    scales = kind in ("mul", "div") and first
+    affine = AFFINE[(kind, first)](_vector(c, work, dtype, scales=scales), float(alpha), work)
     if conv is not None:
         weight, bias = _folded(p, w, b, affine, conv, conv.ref("weight"), f"{conv.name}_{kind}")
         return p.replace(bin, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias))
