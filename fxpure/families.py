@@ -236,6 +236,9 @@ ADDMM = family(
     ["aten.addmm.default(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
 )
 MM = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
+BMM = family("bmm", "a batched matrix product", ["aten.bmm.default(Tensor self, Tensor mat2) -> Tensor"])
+"""``x @ W.T`` on an input of rank 3 or more that is not contiguous, as decompositions and ``to_edge``
+spell it: ``bmm`` of the input's expand and the weight's (:func:`fxpure.linear.linear`)."""
 MATMUL = family("matmul", "a matmul", ["aten.matmul.default(Tensor self, Tensor other) -> Tensor"])
 """``x @ y`` as an aten program keeps it (decompositions and ``to_edge`` spell it ``mm``, ``bmm``
 and views); ``x @ W.T`` is a linear (:func:`fxpure.linear.linear`)."""
@@ -505,6 +508,7 @@ STANDARD: tuple[Family, ...] = (
     ADDMM,
     MM,
     MATMUL,
+    BMM,
     PERMUTE,
     TRANSPOSE,
     TRANSPOSE_DIMS,

@@ -2,7 +2,9 @@
 
 ``torch.export`` keeps ``aten.linear``; ``to_edge`` turns it into ``permute_copy(W)`` feeding
 ``addmm(b, x, ·)`` (or ``mm`` without bias), wrapped in ``view_copy`` reshapes when the input
-has more than two dims; a backend that preserves ``linear`` keeps it in edge too. ``x @ W.T``
+has more than two dims, or, when that input is not contiguous, into ``bmm`` of the input and the
+weight's transpose broadcast over the batch, the bias added after; a backend that preserves
+``linear`` keeps it in edge too. ``x @ W.T``
 stays ``matmul`` of a transpose in an aten program. Rules match all of them with :func:`linear`
 and write the result back, in the same spelling (a ``matmul`` as ``linear``), with
 :func:`emit_linear`; :func:`is_linear` tells which products can be linears at all.
@@ -15,7 +17,20 @@ from typing import final
 
 from returns.result import Success
 
-from fxpure.families import ADDMM, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS, VIEW, family
+from fxpure.families import (
+    ADD,
+    ADDMM,
+    BMM,
+    EXPAND,
+    LINEAR,
+    MATMUL,
+    MM,
+    PERMUTE,
+    TRANSPOSE,
+    TRANSPOSE_DIMS,
+    VIEW,
+    family,
+)
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, match
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
@@ -66,6 +81,23 @@ def _products(
     return addmm, Op(MM, name=name, users=users, code=code, shared=shared, user=user, self=x, mat2=t)
 
 
+def _bmm(name: str, x: Pattern, t: OneOf, code: str, shared: str, user: Op | None = None) -> Op:
+    """``bmm(x, view(expand(W.T)))``: the weight's transpose broadcast over the batch, as
+    decompositions and ``to_edge`` spell a linear on an input that is not contiguous (the input's
+    own expand and view stay the ``x`` it reads)."""
+    # (shared like the transpose: a plan leaves them to their other readers)
+    expand = Op(EXPAND, name=f"{name}_te", users=ANY, code=code, shared=shared, self=t)
+    return Op(
+        BMM,
+        name=name,
+        code=code,
+        shared=shared,
+        user=user,
+        self=x,
+        mat2=Op(VIEW, name=f"{name}_tv", users=ANY, code=code, shared=shared, self=expand),
+    )
+
+
 def linear(
     name: str = "lin",
     *,
@@ -77,20 +109,28 @@ def linear(
     shared: str = "output-shared",
 ) -> OneOf:
     """``y = x @ W.T + b`` in any spelling, as the operand of another op. Binds the product as
-    ``name`` (``linear``, ``addmm``, ``mm`` or ``matmul``), the weight transpose as ``{name}_t`` and the
+    ``name`` (``linear``, ``addmm``, ``mm``, ``matmul`` or ``bmm``), the weight transpose as ``{name}_t`` and the
     reshapes around a rank > 2 product as ``{name}_in`` / ``{name}_out`` where the spelling has
     them; by default the input as ``x``, the weight (out, in) as ``w``, the bias as ``b`` (None,
-    or unbound for ``mm`` and ``matmul``; ``addmm``'s ``self``, which may be a matrix: check its
-    shape before writing an ``aten.linear``). A ``matmul`` reads a batch of matrices where ``W`` has
-    more than two dims: check ``w``'s rank where :func:`is_linear` has not chosen the product. Use
-    :func:`linear_root` to anchor a rule at the linear itself.
+    or unbound for ``mm``, ``matmul`` and a ``bmm`` no add follows; ``addmm``'s ``self``, which may
+    be a matrix: check its shape before writing an ``aten.linear``). A ``matmul`` reads a batch of
+    matrices where ``W`` has more than two dims: check ``w``'s rank where :func:`is_linear` has not
+    chosen the product. A ``bmm`` (a linear on an input that is not contiguous, after
+    decompositions and on edge) reads ``x``, a batch of matrices, and the weight's transpose
+    broadcast as ``view(expand(W.T))``, bound as ``{name}_tv`` and ``{name}_te``; the add of a
+    constant after its reshape is its bias, bound as ``{name}_bias``. Use :func:`linear_root` to
+    anchor a rule at the linear itself.
 
-    >>> [type(a).__name__ for a in linear().alternatives]
-    ['Op', 'Op', 'Op', 'Op', 'Op', 'Op']
+    >>> [a.family.name for a in linear().alternatives]
+    ['linear', 'addmm', 'mm', 'matmul', 'view', 'view', 'add', 'view']
     """
     x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
     addmm, mm = _products(name, x, b, t, users, code, shared)
     addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared)
+
+    def bmm(users: Users) -> Op:
+        return Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=_bmm(name, x, t, code, shared))
+
     return OneOf(
         Op(LINEAR, name=name, users=users, code=code, shared=shared, input=x, weight=w, bias=b),
         addmm,
@@ -98,6 +138,9 @@ def linear(
         Op(MATMUL, name=name, users=users, code=code, shared=shared, self=x, other=t),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=addmm_nd),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=mm_nd),
+        # bmm has no bias: the add of one after it is the linear's
+        Op(ADD, name=f"{name}_bias", users=users, code=code, shared=shared, self=bmm(ONE), other=b, alpha=Lit(1, 1.0)),
+        bmm(users),
     )
 
 
@@ -110,9 +153,10 @@ def linear_root(
     code: str = "wrong-op",
     shared: str = "output-shared",
 ) -> OneOf:
-    """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm``, ``mm``
-    or ``matmul``): the reshape after a rank > 2 product is matched as its one user,
-    ``{name}_out``. A rule anchored here takes :func:`is_linear` as its ``candidate``."""
+    """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm``, ``mm``,
+    ``matmul`` or ``bmm``): the reshape after a rank > 2 product is matched as its one user,
+    ``{name}_out``; a ``bmm``'s bias, added after that, is not matched (nor bound). A rule anchored
+    here takes :func:`is_linear` as its ``candidate``."""
     x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
     out = Op(VIEW, name=f"{name}_out", code=code, shared=shared)
     addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared, user=out)
@@ -124,6 +168,7 @@ def linear_root(
         addmm,
         mm,
         Op(MATMUL, name=name, code=code, shared=shared, self=x, other=t),
+        _bmm(name, x, t, code, shared, user=out),
     )
 
 
@@ -147,10 +192,45 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     >>> is_linear(snap, snap.node("lin")), is_linear(snap, snap.node("qk"))
     (True, False)
     """
+    if node.target in _BMMS:
+        return _broadcast_weight(snap, node) is not None
     if node.target not in _MATMULS:
         return node.target in _PRODUCTS
     other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
     t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
+    return _is_weight_t(snap, t)
+
+
+def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+    """Whether ``node`` adds a constant to a ``bmm`` linear's output (its reshape): the linear's bias
+    in that spelling, part of the linear as ``addmm``'s ``self`` is (:func:`linear` matches it so):
+    a rule that folds a shift on a linear's output into its bias takes no such add for one."""
+    if node.target not in ADD.targets or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return False
+    view, bias = (snap.node(a.name) if type(a) is NodeRef and a.name in snap.index else None for a in node.args)
+    inner = view.args[0] if view is not None and view.target in VIEW.targets and view.args else None
+    bmm = snap.node(inner.name) if type(inner) is NodeRef and inner.name in snap.index else None
+    constant = bias is not None and _of_constants(snap, bias.name)
+    return constant and bmm is not None and bmm.target in _BMMS and is_linear(snap, bmm)
+
+
+def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot) -> NodeSnapshot | None:
+    """The transpose of a 2-D weight that ``bmm`` reads broadcast over its batch, ``view(expand(W.T))``
+    with the matrix's sizes kept, else None."""
+    mat2 = BMM.bind(snap, bmm).map(lambda a: a.get("mat2")).value_or(None)
+    view = snap.node(mat2.name) if isinstance(mat2, NodeRef) and mat2.name in snap.index else None
+    inner = view.args[0] if view is not None and view.target in VIEW.targets and view.args else None
+    expand = snap.node(inner.name) if isinstance(inner, NodeRef) and inner.name in snap.index else None
+    inner = expand.args[0] if expand is not None and expand.target in EXPAND.targets and expand.args else None
+    t = snap.node(inner.name) if isinstance(inner, NodeRef) and inner.name in snap.index else None
+    if t is None or view is None or expand is None or not _is_weight_t(snap, t):
+        return None
+    sizes = [n.tensor_spec.shape[-2:] if n.tensor_spec is not None else None for n in (t, expand, view)]
+    return t if sizes[0] is not None and sizes[0] == sizes[1] == sizes[2] else None
+
+
+def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None) -> bool:
+    """``t`` is the transpose of a 2-D weight computed from constants alone."""
     # computed from constants by at most 8 nodes besides the transpose, which reads the weight alone
     # (cheap, asked first: attention's k.T reaches an input soon)
     if t is None or not _of_constants(snap, t.name, most=9):
@@ -164,7 +244,7 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     return spec is not None and len(spec.shape) == 2
 
 
-_PRODUCTS, _MATMULS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.targets
+_PRODUCTS, _MATMULS, _BMMS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.targets, BMM.targets
 
 
 def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:
@@ -186,18 +266,23 @@ def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Linear:
-    """The nodes of one matched linear: the product (``linear``, ``addmm`` or ``mm``), the weight
-    transpose and the reshapes where the spelling has them. ``outer`` carries the result."""
+    """The nodes of one matched linear: the product (``linear``, ``addmm``, ``mm``, ``matmul`` or
+    ``bmm``), the weight transpose and the reshapes where the spelling has them; for ``bmm``, the
+    transpose's expand and view (``t_expand``, ``t_view``) and the add of the bias after it, if
+    any (``bias_add``). ``outer`` carries the result."""
 
     op: Bound
     t: Bound | None
     view_in: Bound | None
     view_out: Bound | None
+    t_expand: Bound | None = None
+    t_view: Bound | None = None
+    bias_add: Bound | None = None
 
     @property
     def outer(self) -> Bound:
         """The node whose value is the linear's output."""
-        return self.view_out or self.op
+        return self.bias_add or self.view_out or self.op
 
     @property
     def spec(self) -> TensorSpec | None:
@@ -221,7 +306,15 @@ def linear_of(m: Match, name: str = "lin") -> Linear:
     op = get(name)
     if op is None:
         raise KeyError(f"the match binds no linear called {name!r}")
-    return Linear(op=op, t=get(f"{name}_t"), view_in=get(f"{name}_in"), view_out=get(f"{name}_out"))
+    return Linear(
+        op=op,
+        t=get(f"{name}_t"),
+        view_in=get(f"{name}_in"),
+        view_out=get(f"{name}_out"),
+        t_expand=get(f"{name}_te"),
+        t_view=get(f"{name}_tv"),
+        bias_add=get(f"{name}_bias"),
+    )
 
 
 def linear_input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
@@ -230,8 +323,10 @@ def linear_input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
     [M, I]`` before and ``[M, O] -> [*lead, O]`` after. When they are not (a model's own flatten,
     ``fc(x.reshape(-1, 8)).reshape(-1, 2, 5)``), the product is a rank-2 linear on the flattened
     input, which is returned, with False: ``{name}_out`` is then the model's reshape of the
-    linear's output, and the pattern's ``x`` not the linear's input. None for an input that is no
-    node.
+    linear's output, and the pattern's ``x`` not the linear's input. A ``bmm`` is a linear on what
+    it reads, a batch of matrices: its ``{name}_out`` is the linear's own where it keeps the shape,
+    else (an input of rank 4 or more, whose leading dims the batch merges) a reshape of the
+    linear's output, and False. None for an input that is no node.
 
     >>> from fxpure.pattern import match
     >>> from fxpure.testing import GraphBuilder
@@ -251,6 +346,9 @@ def linear_input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
     keys = ("self",) if flat is not None else ("input", "mat1", "self")
     bound = next(((flat or product).args[k] for k in keys if k in (flat or product).args), None)
     ref = bound if isinstance(bound, NodeRef) else None
+    if lin.t_view is not None:  # bmm
+        shapes = [v.spec.shape if v is not None and v.spec is not None else None for v in (out, product)]
+        return ref, out is None or (shapes[0] is not None and shapes[0] == shapes[1])
     if flat is None or out is None:
         return ref, True
     x = m.snap.node(ref.name).tensor_spec if ref is not None and ref.name in m.snap.index else None
@@ -301,6 +399,36 @@ def _check_width(p: Planner, lin: Linear, input: NodeRef | None, in_features: in
 _INPUT = {"aten.linear.default": "input", "aten.addmm.default": "mat1"}
 
 
+def _emit_bmm(
+    p: Planner, lin: Linear, weight: NodeRef, bias: NodeRef | None, out_features: int | None, suffix: str
+) -> NodeRef:
+    """``emit_linear`` of a ``bmm``: the new weight's transpose broadcast as the old one was, the
+    product, its reshape, and the bias added after it (a new ``add`` where there was none)."""
+    assert lin.t is not None and lin.t_expand is not None and lin.t_view is not None  # (emit_linear asked)
+
+    def sized(node: Bound, source: NodeRef) -> NodeRef:
+        # ``node`` (a view or expand) on ``source``, its last size out_features
+        size, spec = node.args["size"], _features(node.spec, out_features)
+        if out_features is not None and isinstance(size, tuple):
+            size = (*size[:-1], out_features)
+        return p.respell(node, name=f"{node.name}_{suffix}", spec=spec, self=source, size=size)
+
+    op, t = lin.op, lin.t
+    new_t = p.respell(t, name=f"{t.name}_{suffix}", spec=_features(t.spec, out_features), self=weight)
+    mat2 = sized(lin.t_view, sized(lin.t_expand, new_t))
+    result = p.respell(op, name=f"{op.name}_{suffix}", spec=_features(op.spec, out_features), mat2=mat2)
+    if lin.view_out is not None:
+        result = sized(lin.view_out, result)
+    if bias is None:
+        return result
+    spec = _features(lin.outer.spec, out_features)
+    if lin.bias_add is not None:
+        return p.respell(lin.bias_add, name=f"{lin.bias_add.name}_{suffix}", spec=spec, self=result, other=bias)
+    return p.call(
+        "aten.add.Tensor", name=f"{op.name}_{suffix}_bias", spec=spec, self=result, other=bias, provenance=op.name
+    )
+
+
 def emit_linear(
     p: Planner,
     lin: Linear,
@@ -324,6 +452,10 @@ def emit_linear(
     if t is None:  # aten.linear
         x = op.args["input"] if input is None else input
         result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
+    elif lin.t_expand is not None and lin.t_view is not None:  # bmm: the weight broadcast again, the bias added
+        if input is not None:
+            raise ValueError(f"emit_linear of {op.name}: a bmm reads its input as it is (no input=)")
+        return _emit_bmm(p, lin, weight, bias, out_features, suffix)
     elif op.node.target in _MATMULS:  # x @ W.T, in an aten program: a linear, with or without bias
         x = op.args["self"] if input is None else input
         spec = _features(op.spec, out_features)

@@ -109,6 +109,8 @@ class OutputShared(Reason):
 
     @property
     def message(self) -> str:
+        if not self.users:  # (a pattern's ``user=``, where nothing reads the node)
+            return f"output of {self.node} is read by no node, where the pattern takes its one reader"
         return f"output of {self.node} is also used by {', '.join(self.users)}"
 
 

@@ -28,7 +28,7 @@ from typing import final
 from returns.result import Failure, Result, Success
 
 from fxpure import layout
-from fxpure.families import ADDMM, LINEAR, MATMUL, MM, VIEW
+from fxpure.families import ADDMM, BMM, EXPAND, LINEAR, MATMUL, MM, VIEW
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, is_linear, linear_of, linear_root
 from fxpure.pattern import Match, Planner, Var, match
@@ -42,7 +42,7 @@ NAME = "concat-parallel-linears"
 # the slice and split ops each dialect spells (edge has no view ops)
 SLICE_OP: Mapping[str, str] = {"aten": "aten.slice.Tensor", "edge": "aten.slice_copy.Tensor"}
 SPLIT_OP: Mapping[str, str] = {"aten": "aten.split_with_sizes.default", "edge": "aten.split_with_sizes_copy.default"}
-PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets
+PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets | BMM.targets
 MATMULS = ADDMM.targets | MM.targets
 
 # a linear in any spelling, its weight and bias unchecked: which input it reads
@@ -210,7 +210,7 @@ class _Found:
 _OPERAND: Mapping[str, tuple[int, str]] = {
     **{t: (0, "input") for t in LINEAR.targets},
     **{t: (1, "mat1") for t in ADDMM.targets},
-    **{t: (0, "self") for t in MM.targets | MATMUL.targets},
+    **{t: (0, "self") for t in MM.targets | MATMUL.targets | BMM.targets},
 }
 
 
@@ -224,11 +224,14 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
     return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
 
 
+_VIEWS = VIEW.targets | EXPAND.targets
+
+
 def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:
-    """What ``node`` is a view of, if it is a view of a value the program does not write in place
-    (in an aten program a view shares its storage: a write between two views changes what the
-    later one reads)."""
-    source = node.args[0] if node.target in VIEW.targets and node.args else None
+    """What ``node`` is a view (a reshape, or an expand: a ``bmm``'s input) of, if it is a view of a
+    value the program does not write in place (in an aten program a view shares its storage: a
+    write between two views changes what the later one reads)."""
+    source = node.args[0] if node.target in _VIEWS and node.args else None
     if type(source) is not NodeRef or node.name in snap.written or source.name in snap.written:
         return None
     return source

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Literal, TypeAlias
 
-from fxpure.families import ADD, ADD_, ADDMM, CAST, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW
-from fxpure.linear import emit_linear, is_linear, linear, linear_of
+from fxpure.families import ADD, ADD_, ADDMM, BMM, CAST, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW
+from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
@@ -100,20 +100,20 @@ PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too), or a reshape's (or a
-    chain of them: ``to_edge`` writes a pair after each in-place op) after a matmul; or a dtype copy
-    of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so: a candidate,
-    declined as the aten form's is reported)."""
+    chain of them: ``to_edge`` writes a pair after each in-place op) after a matmul, or the add of a
+    ``bmm``'s bias; or a dtype copy of one (on edge, ``to_edge`` writes the promotion of
+    ``conv_fp16 * c_fp32`` so: a candidate, declined as the aten form's is reported)."""
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
-        return node is not None and (node.target in PRODUCTS or is_linear(snap, node))
+        return node is not None and (node.target in PRODUCTS or is_linear(snap, node) or is_bias_add(snap, node))
     while node.target in VIEW.targets:
         inner = node.args[0] if node.args else None
         if not isinstance(inner, NodeRef) or inner.name not in snap.index:
             return False
         node = snap.node(inner.name)
-    return node.target in MATMULS
+    return node.target in MATMULS or (node.target in BMM.targets and is_linear(snap, node))
 
 
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
@@ -137,7 +137,10 @@ def _activation(snap: GraphSnapshot, value: Arg, shape: tuple[Dim, ...]) -> bool
 
 def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
     """A binary op with an operand computed by a conv or a linear, and whose other operand is no
-    other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``)."""
+    other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``); not the
+    add of a ``bmm``'s bias, which is part of the linear (``fxpure.linear.is_bias_add``)."""
+    if is_bias_add(snap, bin.node):
+        return False
     a, b, out = bin.args.get("self"), bin.args.get("other"), bin.spec
     whole = out.shape if out is not None else None
     pairs = ((a, b), (b, a))

@@ -84,7 +84,8 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     x, own = linear_input(match, lin)
     node, sites, out = lin.op.name, match.sites, lin.op.spec
     spec = match.snap.node(x.name).tensor_spec if x is not None else None
-    at_x = sites["x" if own else "lin_in"].path  # the flattened input, when the reshapes are the model's
+    # the flattened input, when the reshapes are the model's (a bmm's input is its own, a batch of matrices)
+    at_x = sites["lin_in" if not own and "lin_in" in sites else "x"].path
     w = match.spec("w") or match.spec("wq")
     at_w = sites["w" if "w" in sites else "wq"].path
     dq = match.bindings.get("dqw")  # a dequantized weight is re-spelled with its own spec

@@ -546,11 +546,6 @@ UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: ADAPTER for name in RULES}
         **ADAPTER,
         "wrong-op": "a weight computed by another op fails the Const alternative as deep (not-constant), which wins",
     },
-    "linear-to-conv2d": {
-        **ADAPTER,
-        "output-shared": "its linear's inner nodes may be shared (a transpose, the input's flatten); a rank > 2"
-        " product read by more than its reshape back is matched as a rank-2 linear on the flat input",
-    },
     "concat-parallel-linears": {
         **ADAPTER,
         "plan-conflict": NO_OVERLAP,

@@ -367,6 +367,9 @@ def _linear(gen: _Gen) -> None:
         wt = gen.call(f"aten.t{copy}.default", wt_spec, self=w)
     else:
         wt = gen.call(f"aten.permute{copy}.default", wt_spec, self=w, dims=(1, 0))
+    if len(xs.shape) > 2 and all(isinstance(d, int) for d in xs.shape) and gen.flip(3):
+        gen.result(_bmm(gen, x, xs.shape, wt, out, bias), out)
+        return
     flat, rows = x, xs.shape[0]
     if len(xs.shape) > 2:
         n = math.prod(d for d in xs.shape[:-1] if isinstance(d, int))
@@ -382,6 +385,26 @@ def _linear(gen: _Gen) -> None:
         back = tuple(d if isinstance(d, int) else -1 for d in out.shape)
         y = gen.call(f"aten.view{copy}.default", out, self=y, size=back)
     gen.result(y, out)
+
+
+def _bmm(gen: _Gen, x: NodeRef, shape: tuple[int | str, ...], wt: NodeRef, out: TensorSpec, bias: Arg) -> NodeRef:
+    """A linear as decompositions and to_edge spell it on an input that is not contiguous: ``bmm`` of
+    the input's expand and of the weight's transpose broadcast over the batch, reshaped, the bias
+    added after (now and then a shift after that)."""
+    copy = "_copy" if gen.g.dialect == "edge" else ""
+    *lead, rows, f = shape
+    o, batch = out.shape[-1], math.prod(d for d in lead if isinstance(d, int))
+    assert isinstance(o, int)
+    xe = gen.call(f"aten.expand{copy}.default", spec(*shape, dtype=out.dtype), self=x, size=shape)
+    xv = gen.call(f"aten.view{copy}.default", spec(batch, rows, f, dtype=out.dtype), self=xe, size=(batch, rows, f))
+    te = gen.call(f"aten.expand{copy}.default", spec(*lead, f, o, dtype=gen.dtype), self=wt, size=(*lead, f, o))
+    tv = gen.call(f"aten.view{copy}.default", spec(batch, f, o, dtype=gen.dtype), self=te, size=(batch, f, o))
+    y = gen.call("aten.bmm.default", spec(batch, rows, o, dtype=out.dtype), self=xv, mat2=tv)
+    y = gen.call(f"aten.view{copy}.default", out, self=y, size=out.shape)
+    for other in (bias, _bias(gen, o, broadcast=True) if gen.flip(4) else None):
+        if other is not None:
+            y = gen.call("aten.add.Tensor", out, self=y, other=other)
+    return y
 
 
 def _qparams(gen: _Gen, x: NodeRef, dtype: str) -> dict[str, Arg]:

@@ -11,12 +11,23 @@ import pytest
 from returns.result import Failure, Success
 
 from fxpure.families import ADDMM, PERMUTE, RELU, TRANSPOSE
-from fxpure.linear import MATRIX_T, emit_linear, is_linear, linear, linear_input, linear_of, linear_root
+from fxpure.linear import (
+    MATRIX_T,
+    emit_linear,
+    is_bias_add,
+    is_linear,
+    linear,
+    linear_input,
+    linear_of,
+    linear_root,
+)
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Root, Var, match, rule
 from fxpure.plan import RewritePlan, plan
 from fxpure.reasons import Reason
-from fxpure.snapshot import GraphSnapshot, NodeRef
+from fxpure.rules.linear_to_conv2d import linear_to_conv2d
+from fxpure.snapshot import GraphSnapshot, NodeRef, TensorSpec
 from fxpure.testing import GraphBuilder, spec
+from fxpure.weights import Fill
 from tests.core.test_linear_to_conv2d_core import linear as graph
 from tests.core.test_linear_to_conv2d_core import with_symbolic_sizes
 
@@ -248,7 +259,10 @@ def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool)
         else linear("q", input=x, weight=w, bias=b, code="C", shared="S", users=ANY)
     )
     ops = _ops(p)
-    assert len(ops) == 10 + 5 * 10  # every Op of the six spellings, the weight's transpose (ten) in five
+    # every Op of the spellings, the weight's transpose (ten) in each but linear: five (addmm, mm, matmul
+    # and the two reshaped products) and bmm (product, weight expand and view, reshape after), once as
+    # the root and twice as an operand (with the add of its bias, and without)
+    assert len(ops) == 10 + 5 * 10 + (14 if root else 15 + 14)
     assert {o.code for o in ops} == {"C"}
     assert {o.shared for o in ops if o.name != "q_in"} == {"S"}  # (the input reshape may be shared)
     swaps = {Lit(d) for d in (0, 1, -1, -2)}
@@ -259,12 +273,12 @@ def test_every_op_of_a_linear_carries_the_callers_codes_and_operands(root: bool)
         if o.name == "q_in":
             assert o.users == ANY  # the model's own flatten may feed others
     tops = [o.users for o in p.alternatives if isinstance(o, Op)]
-    assert tops == ([ONE] * 6 if root else [ANY] * 6)
+    assert tops == ([ONE] * 7 if root else [ANY] * 8)
     inner = [o.users for o in ops if o.name == "q" and o not in p.alternatives]
-    assert inner == [ONE] * (0 if root else 2)  # a reshaped product is read by its reshape only
+    assert inner == [ONE] * (0 if root else 4)  # a reshaped product is read by its reshape only
     if root:  # the reshape after a rank > 2 product is matched as its one user
         users = [o.user for o in p.alternatives if isinstance(o, Op) and o.user is not None]
-        assert len(users) == 2 and all(isinstance(u, Op) and (u.code, u.shared) == ("C", "S") for u in users)
+        assert len(users) == 3 and all(isinstance(u, Op) and (u.code, u.shared) == ("C", "S") for u in users)
 
 
 def test_a_linear_by_default_words_the_generic_codes_and_an_optional_bias() -> None:
@@ -596,3 +610,102 @@ def test_a_weight_computed_from_an_input_too_is_no_weight() -> None:
     g.output(g.call("aten.matmul.default", name="lin", self=x, other=t, out=(2, 6)))
     snap = g.build()
     assert not is_linear(snap, snap.node("lin"))
+
+
+def _bmm_graph(
+    weight: tuple[int, int] = (6, 8),
+    expanded: tuple[int, int] | None = None,
+    *,
+    bias_alpha: float | None = 1,
+    read: bool = True,
+) -> GraphSnapshot:
+    """``lin(x.transpose(1, 2))`` as to_edge spells it: ``bmm`` of the input's expand and the
+    weight's transpose broadcast over the batch (``expanded``: the matrix sizes the expand gives it),
+    reshaped, the bias added (``alpha`` of the add; None: no add); ``read``: else nothing reads the bmm."""
+    g = GraphBuilder(dialect="edge")
+    x, w = g.input("x", (2, 8, 5)), g.parameter("w", weight)
+    out, inner = expanded or weight[::-1], weight[1]
+    xt = g.call("aten.permute_copy.default", name="xt", self=x, dims=(0, 2, 1), out=(2, 5, inner))
+    xv = g.call(
+        "aten.view_copy.default",
+        name="xv",
+        self=g.call("aten.expand_copy.default", name="xe", self=xt, size=(2, 5, inner), out=(2, 5, inner)),
+        size=(2, 5, inner),
+        out=(2, 5, inner),
+    )
+    t = g.call("aten.permute_copy.default", name="t", self=w, dims=(1, 0), out=weight[::-1])
+    te = g.call("aten.expand_copy.default", name="te", self=t, size=(2, *out), out=(2, *out))
+    tv = g.call("aten.view_copy.default", name="tv", self=te, size=(2, *out), out=(2, *out))
+    y = g.call("aten.bmm.default", name="lin", self=xv, mat2=tv, out=(2, 5, out[1]))
+    if not read:
+        g.output(x)
+        return g.build()
+    y = g.call("aten.view_copy.default", name="lin_out", self=y, size=(2, 5, out[1]), out=(2, 5, out[1]))
+    if bias_alpha is not None:
+        b = g.parameter("b", (out[1],))
+        y = g.call("aten.add.Tensor", name="add", self=y, other=b, alpha=bias_alpha, out=(2, 5, out[1]))
+    g.output(y)
+    return g.build()
+
+
+def test_a_bmm_of_a_weight_broadcast_over_the_batch_is_a_linear_and_its_add_the_bias() -> None:
+    snap = _bmm_graph()
+    assert is_linear(snap, snap.node("lin")) and is_bias_add(snap, snap.node("add"))
+    m = _match(snap, linear(), "add")
+    assert {k: m.sites[k].path for k in ("lin", "lin_t", "lin_te", "lin_tv", "lin_out", "lin_bias", "b", "x", "w")} == {
+        "lin": "lin_bias.self/lin_out.self/lin",
+        "lin_t": "lin_bias.self/lin_out.self/lin.mat2/lin_tv.self/lin_te.self/lin_t",
+        "lin_te": "lin_bias.self/lin_out.self/lin.mat2/lin_tv.self/lin_te",
+        "lin_tv": "lin_bias.self/lin_out.self/lin.mat2/lin_tv",
+        "lin_out": "lin_bias.self/lin_out",
+        "lin_bias": "lin_bias",
+        "b": "lin_bias.other",
+        "x": "lin_bias.self/lin_out.self/lin.self",
+        "w": "lin_bias.self/lin_out.self/lin.mat2/lin_tv.self/lin_te.self/lin_t.self",
+    }
+    lin = linear_of(m)
+    assert (lin.outer.name, lin.t_expand and lin.t_expand.name, lin.t_view and lin.t_view.name) == ("add", "te", "tv")
+    assert linear_input(m, lin) == (NodeRef("xv"), True)  # a batch of matrices: the linear's own input
+    root = _match(snap, linear_root(), "lin")
+    assert "lin_bias" not in root.bindings and linear_of(root).outer.name == "lin_out"
+
+
+def test_a_bmm_is_no_linear_where_its_expand_broadcasts_the_matrix_or_an_add_is_not_its_bias() -> None:
+    # a (1, 8) weight's transpose expanded to 6 columns: six equal outputs, no linear of that weight
+    snap = _bmm_graph(weight=(1, 8), expanded=(8, 6))
+    assert not is_linear(snap, snap.node("lin")) and not is_bias_add(snap, snap.node("add"))
+    scaled = _bmm_graph(bias_alpha=2)  # x W.T + 2 b: a shift of twice the constant, no bias as it is
+    assert is_linear(scaled, scaled.node("lin")) and not is_bias_add(scaled, scaled.node("add"))
+    bare = _bmm_graph(bias_alpha=None)
+    emitted = linear_of(_match(bare, linear(), "lin_out"))
+    assert emitted.bias_add is None and emitted.outer.name == "lin_out"
+
+
+def test_emit_linear_of_a_bmm_broadcasts_the_new_weight_and_adds_the_bias_after() -> None:
+    snap = _bmm_graph(bias_alpha=None)
+    m = _match(snap, linear_root(), "lin")
+    p, lin = Planner("r", m), linear_of(m)
+    wide = p.const(Fill(shape=(9, 8), value=1.0, dtype="float32"), "w9")
+    bias = p.const(Fill(shape=(9,), value=0.5, dtype="float32"), "b9")
+    made = p.replace(lin.outer, emit_linear(p, lin, wide, bias, out_features=9))
+    shapes = [
+        (n.target.split(".")[1], n.args[0], n.spec.shape if isinstance(n.spec, TensorSpec) else None)
+        for n in made.nodes
+    ]
+    assert shapes == [
+        ("permute_copy", NodeRef("w9"), (8, 9)),
+        ("expand_copy", NodeRef("t_new"), (2, 8, 9)),  # broadcast as the old one was, 9 columns
+        ("view_copy", NodeRef("te_new"), (2, 8, 9)),
+        ("bmm", NodeRef("xv"), (2, 5, 9)),  # the same input
+        ("view_copy", NodeRef("lin_new"), (2, 5, 9)),
+        ("add", NodeRef("lin_out_new"), (2, 5, 9)),  # the bias, after
+    ]
+    assert [n.args[1] for n in made.nodes[1:3]] == [(2, 8, 9)] * 2 and made.nodes[-1].args[1] == NodeRef("b9")
+    assert (made.erase, made.prune) == (("lin", "lin_out"), ("tv", "te", "t"))
+
+
+def test_a_bmm_nothing_reads_is_declined_saying_so() -> None:
+    report = plan(_bmm_graph(read=False), [linear_to_conv2d()])
+    assert [(r.node, r.reason.code, r.reason.path, r.reason.message) for r in report.rejections] == [
+        ("lin", "output-shared", "lin.user", "output of lin is read by no node, where the pattern takes its one reader")
+    ]

@@ -1,0 +1,108 @@
+"""A linear on an input that is not contiguous (``lin(x.transpose(1, 2))``, a mixer's or an
+attention block's): ``run_decompositions()`` and ``to_edge`` spell it ``bmm`` of the input's expand
+and of the weight's transpose broadcast over the batch, with the bias added after, which no linear
+rule saw (no plan, no rejection). Each linear rule now rewrites it, a ``bmm`` of two activations or
+of a batch of matrices stays no candidate, and the program computes what it did."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir import to_edge
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+import adapters
+from adapters.passes import RulesPass
+from fxpure.rules import RULES
+from tests.programs import assert_close, assert_sound, count, run, run_pte
+
+
+class Transposed(nn.Module):
+    """Linears on transposed inputs of rank 3 (three on one input, biased) and 4 (no bias), a
+    shift, a scale and a batch norm after them; and two products that are no linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.f = nn.Linear(8, 6), nn.Linear(8, 4), nn.Linear(8, 6)
+        self.o = nn.Linear(8, 6, bias=False)
+        self.shift, self.gamma = nn.Parameter(torch.randn(6)), nn.Parameter(torch.rand(4) + 0.5)
+        self.bn = nn.BatchNorm1d(6)
+        assert self.bn.running_mean is not None and self.bn.running_var is not None
+        self.bn.running_mean.uniform_(-0.5, 0.5)
+        self.bn.running_var.uniform_(0.5, 1.5)
+        self.batched = nn.Parameter(torch.randn(2, 8, 3))  # a batch of matrices: no linear
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        xt = x.transpose(1, 2)
+        a = self.q(xt) + self.shift
+        b = self.k(xt) * self.gamma
+        c = self.bn(self.f(xt).transpose(1, 2))
+        d = self.o(y.transpose(2, 3))
+        return a, b, c, d, xt @ xt.transpose(1, 2), xt @ self.batched[:1]
+
+
+ARGS = (torch.randn(2, 8, 5), torch.randn(2, 3, 8, 5))
+PLANS = {"fuse-linear-bn": 1, "fold-binary": 2, "concat-parallel-linears": 1, "linear-to-conv2d": 4}
+FORMS = ("decomposed", "edge")
+
+
+def _build(form: str, dynamic: bool = False) -> ExportedProgram:
+    shapes = ({0: Dim("B", min=1, max=16)}, {0: Dim("C", min=1, max=16)}) if dynamic else None
+    model = Transposed().eval()
+    ep = torch.export.export(model, ARGS, dynamic_shapes=shapes).run_decompositions()
+    return ep if form == "decomposed" else to_edge(ep).exported_program()
+
+
+def _arg(n: object, i: int, kind: str) -> torch.fx.Node | None:
+    """``n``'s ``i``-th argument when it is a node whose target names ``kind``."""
+    a = n.args[i] if isinstance(n, torch.fx.Node) and len(n.args) > i else None
+    return a if isinstance(a, torch.fx.Node) and kind in str(a.target) else None
+
+
+def _broadcast_bmms(program: ExportedProgram) -> int:
+    """The bmms whose second operand is a view of an expand of a parameter's transpose: linears."""
+    weights = {s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "PARAMETER"}
+    found = 0
+    for n in program.graph.nodes:
+        t = _arg(_arg(_arg(n, 1, "view") if "bmm" in str(n.target) else None, 0, "expand"), 0, "permute")
+        w = t.args[0] if t is not None else None
+        found += isinstance(w, torch.fx.Node) and w.name in weights
+    return found
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_each_linear_rule_rewrites_a_linear_spelled_bmm(form: str, name: str) -> None:
+    program = _build(form)
+    assert _broadcast_bmms(program) == 4 and count(program, "bmm") == 6
+    want = run(program, ARGS)
+    report = adapters.transform(program, [RULES[name]()]).unwrap().report
+    assert len(report.plans) == PLANS[name]
+    assert [r for r in report.rejections if r.rule == name] == []  # the two other bmms are no candidates
+    assert_sound(program, ARGS, want)
+    if name == "linear-to-conv2d":  # every linear is a conv now; the two other bmms stay
+        assert _broadcast_bmms(program) == 0 and count(program, "bmm") == 2
+        assert count(program, "conv") == 4
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_rule_in_order_leaves_only_the_bmms_that_are_no_linears_at_every_batch(form: str) -> None:
+    program, model = _build(form, dynamic=True), Transposed().eval()
+    report = adapters.transform(program, [m() for m in RULES.values()]).unwrap().report
+    assert {p.rule for p in report.plans} == set(PLANS), report.rejections
+    assert _broadcast_bmms(program) == 0 and count(program, "bmm") == 2
+    for b, c in ((1, 1), (2, 3), (7, 2)):
+        x = (torch.randn(b, 8, 5), torch.randn(c, 3, 8, 5))
+        with torch.no_grad():
+            assert_close(run(program, x), list(model(*x)))
+
+
+def test_a_program_of_linears_spelled_bmm_lowers_and_runs_in_executorch() -> None:
+    model = Transposed().eval()
+    edge = to_edge(torch.export.export(model, ARGS)).transform([RulesPass([m() for m in RULES.values()])])
+    assert _broadcast_bmms(edge.exported_program()) == 0
+    with torch.no_grad():
+        want = list(model(*ARGS))
+    assert_close(run_pte(edge.to_executorch().buffer, ARGS), want)
