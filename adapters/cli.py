@@ -366,7 +366,36 @@ def _load(path: str, extra_files: dict[str, Any] | None = None) -> Any:
                 f"{path}: an edge-dialect program, which torch.export.load cannot read: save the aten "
                 "program (before to_edge) and give that"
             ) from e
+        unknown = _unknown_ops(path)
+        if unknown:
+            raise BadInput(
+                f"{path}: the program calls {', '.join(unknown)}, an operator this process has not "
+                "registered: import the module that defines it (from a file given to --rules, say)"
+            ) from e
         raise BadInput(f"{path}: cannot load the program (corrupt, or not saved by torch.export.save)") from e
+
+
+def _unknown_ops(path: str) -> list[str]:
+    """The ``torch.ops`` operators the archive's graphs call that this process has not registered (a
+    custom op's library not imported), in order."""
+    import re
+    import zipfile
+
+    import torch
+
+    found: dict[str, None] = {}
+    with contextlib.suppress(Exception), zipfile.ZipFile(path) as z:
+        for n in z.namelist():
+            if n.endswith(".json") and "/models/" in n:
+                found.update(dict.fromkeys(re.findall(r'"target": "torch\.ops\.(\w+\.\w+\.\w+)"', z.read(n).decode())))
+    unknown = []
+    for name in found:
+        namespace, op, overload = name.split(".")
+        try:
+            getattr(getattr(getattr(torch.ops, namespace), op), overload)
+        except (AttributeError, RuntimeError):
+            unknown.append(f"torch.ops.{name}")
+    return unknown
 
 
 def _edge_archive(path: str) -> bool:

@@ -614,3 +614,48 @@ def test_a_pte_the_lowering_capped_is_said(tmp_path: Path) -> None:
     torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 10, 8),), dynamic_shapes=batch), program)
     r = fxpure(*args[:1], program, *args[2:-1], "linear-to-conv2d")  # nothing capped: nothing said
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+CUSTOM_OP = """
+import torch
+
+from fxpure.rules import fuse_conv_bn as rule  # (a rules file that also registers the op)
+
+
+@torch.library.custom_op("fxpuretest::ident", mutates_args=())
+def ident(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@ident.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(ident(self.conv(x)))
+"""
+
+
+def test_a_program_calling_an_operator_the_process_has_not_registered_says_which_and_loads_once_it_is(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "myops.py").write_text(CUSTOM_OP)
+    saved = tmp_path / "m.pt2"
+    export = (
+        "import torch, myops\n"
+        f"torch.export.save(torch.export.export(myops.Model().eval(), (torch.randn(1, 3, 8, 8),)), {str(saved)!r})"
+    )
+    subprocess.run([sys.executable, "-c", export], cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    r = fxpure("explain", saved)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"fxpure: error: {saved}: the program calls torch.ops.fxpuretest.ident.default, an operator this process "
+        "has not registered: import the module that defines it (from a file given to --rules, say)"
+    ), r.stderr
+    r = fxpure("explain", saved, "--rules", f"{tmp_path / 'myops.py'}:rule")
+    assert r.returncode == 0 and "producer-not-conv" in r.stdout, r.stderr
