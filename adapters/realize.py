@@ -1013,13 +1013,14 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     channels-last tensor and that torch lays out otherwise (a ``slice_copy`` of it is contiguous) is
     ``dim-order-changes``: ExecuTorch takes dim orders from torch's fake values, and its portable
     kernels refuse an op whose input and output dim orders differ, so the ``.pte`` would fail at run
-    time (unless a delegate takes the node, which the program does not say). An op only a delegate
+    time (unless a delegate takes the node, which the program does not say). On an aten
+    ExportedProgram, the same as ``to_edge`` will lay the values out (:func:`_edge_layouts`). An op only a delegate
     runs (``et_vk``), or one torch cannot run on fake values, is not checked. With the reason."""
     fakes = _Fakes.of(cap.gm)
     if fakes.mode is None or not report.plans:
         return {}
     vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes}
-    layout = cap.snap.dialect == "edge" and any(_channels_last(v) for v in vals.values())
+    layout = {k for k, v in vals.items() if _channels_last(v)} if cap.snap.dialect == "edge" else _edge_layouts(cap)
     out: dict[tuple[str, str], Reason] = {}
     runs: dict[Hashable, tuple[Any, str | None]] = {}
     before: GraphSnapshot | None = None
@@ -1061,7 +1062,7 @@ def _ran(
     node: NewNode | NodeSnapshot,
     dialect: str,
     env: Mapping[str, Any],
-    layout: bool,
+    layout: set[str],
     runs: dict[Hashable, tuple[Any, str | None]],
 ) -> tuple[Any, tuple[str, str] | None]:
     """A new node's fake value (the one its spec declares where torch does not compute it), and the
@@ -1107,10 +1108,18 @@ def _ran(
         return declared, ("plan-conflict", detail)
     if not isinstance(ran, torch.Tensor):  # a tuple (a split's parts, which a getitem then picks), or none
         return (tuple(ran) if isinstance(ran, (tuple, list)) else declared), None
-    first_in = next((v for v in reads.values() if isinstance(v, torch.Tensor) and v.dim() == ran.dim()), None)
-    # (a one-channel output is also contiguous: its strides, not torch's contiguity, give its dim order)
-    if layout and _channels_last(first_in) and _dim_order(ran) != _dim_order(first_in):
-        why = f"{node.name} would read a channels-last tensor and write one laid out otherwise"
+    first = next((r for r, v in reads.items() if isinstance(v, torch.Tensor) and v.dim() == ran.dim()), None)
+    if first is None or first not in layout:
+        return ran, None
+    # (a one-channel output is also contiguous: its strides, not torch's contiguity, give its dim order;
+    # to_edge makes an aten program's view a copy, laid out contiguous)
+    view = dialect != "edge" and _returns_view(resolve_target(node.target, dialect))
+    order = tuple(range(ran.dim())) if view else _dim_order(ran)
+    if order == _dim_order(ran) and _channels_last(ran):
+        layout.add(node.name)  # (a value a later node reads)
+    if order != _dim_order(reads[first]):
+        what = f"{node.name} (a copy once lowered)" if view else node.name
+        why = f"{what} would read a channels-last tensor and write one laid out otherwise"
         kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"
         return ran, ("dim-order-changes", f"{why} (strides {ran.stride()}): {kernels}")
     return ran, None
@@ -1168,6 +1177,31 @@ def _static(value: Any, mode: Any) -> bool:
     if isinstance(value, (tuple, list)):
         return all(_static(v, mode) for v in value)
     return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _returns_view(op: object) -> bool:
+    """The op returns a view of its input (its schema's result aliases an argument, unwritten)."""
+    schema = getattr(op, "_schema", None)
+    alias = schema.returns[0].alias_info if schema is not None and len(schema.returns) == 1 else None
+    return alias is not None and not alias.is_write
+
+
+def _edge_layouts(cap: Captured) -> set[str]:
+    """The nodes of an aten ExportedProgram whose value ``to_edge`` will lay out channels last, as
+    ExecuTorch then takes it: an input so laid out, or an op's value laid out so from one such (not
+    a view: ``to_edge`` makes a view a copy, contiguous), or asked to be (``memory_format``). A
+    GraphModule is not lowered: none."""
+    if not cap.snap.lifted:
+        return set()
+    out: set[str] = set()
+    for n in cap.gm.graph.nodes:
+        if not _channels_last(n.meta.get("val")):
+            continue
+        asked = n.kwargs.get("memory_format") is torch.channels_last
+        from_one = any(a.name in out for a in n.all_input_nodes)
+        if n.op == "placeholder" or (n.op == "call_function" and (asked or (from_one and not _returns_view(n.target)))):
+            out.add(n.name)
+    return out
 
 
 def _channels_last(v: object) -> bool:

@@ -19,7 +19,7 @@ import adapters
 from adapters.passes import SplitGroupConvolutionPass
 from fxpure.plan import NewNode, RewritePlan
 from fxpure.reasons import Reason
-from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.rules import RULES, fuse_conv_bn, split_group_conv
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot
 from tests.models import SPLIT_MODELS, ResNeXtish, randomize_bn
 from tests.programs import assert_close, assert_sound, build, count, dead_constants, run, run_pte, validate
@@ -150,15 +150,18 @@ def test_dynamic_batch_edge_pte_runs_at_other_batch_sizes() -> None:
             assert_close(run_pte(buffer, x), [model(*x)])
 
 
+@pytest.mark.parametrize("form", ["aten", "edge"])
 @pytest.mark.parametrize("groups", [2, 4])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("fused_first", [False, True])
-def test_a_grouped_conv_on_a_channels_last_input_of_an_edge_program_is_declined_and_the_pte_still_runs(
-    fused_first: bool, dynamic: bool, groups: int
+def test_a_grouped_conv_on_a_channels_last_input_is_declined_and_the_pte_still_runs(
+    fused_first: bool, dynamic: bool, groups: int, form: str
 ) -> None:
     # torch lays a slice_copy of a channels-last tensor out contiguous, and ExecuTorch's slice_copy
     # refuses a dim order change: the split .pte failed at run time (found by the differential fuzzer;
-    # a slice of one channel, contiguous and channels last alike, by a review)
+    # a slice of one channel, contiguous and channels last alike, by a review); an aten program's
+    # slice, a view, is the same slice_copy once lowered (found by a hunt on 2026-12-04: the aten
+    # program was split, `fxpure apply --pte` said ok, and the .pte failed)
     layers: list[torch.nn.Module] = [torch.nn.Conv2d(4, 8, 3, padding=1, groups=groups), torch.nn.ReLU()]
     if fused_first:  # the grouped conv is the fused conv a first rule made: its layout is a new node's
         layers[1:1] = [torch.nn.BatchNorm2d(8)]
@@ -166,14 +169,54 @@ def test_a_grouped_conv_on_a_channels_last_input_of_an_edge_program_is_declined_
     x = (torch.randn(2, 4, 5, 6).to(memory_format=torch.channels_last),)
     # (a dynamic batch left the check undone: values of symbolic sizes were not run)
     dims = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic else None
-    manager = to_edge(torch.export.export(model, x, dynamic_shapes=dims))
-    outcome = adapters.transform(manager.exported_program(), [fuse_conv_bn(), split_group_conv()]).unwrap()
+    ep = torch.export.export(model, x, dynamic_shapes=dims)
+    manager = None if form == "aten" else to_edge(ep)
+    program = ep if manager is None else manager.exported_program()
+    outcome = adapters.transform(program, [fuse_conv_bn(), split_group_conv()]).unwrap()
+    manager = manager or to_edge(ep)  # (the aten program, transformed, then lowered)
     declined = {r.rule: r.reason.code for r in outcome.report.rejections}
     assert declined == {"split-group-conv": "dim-order-changes"}
     assert [p.rule for p in outcome.report.plans] == (["fuse-conv-bn"] if fused_first else [])
     convs = [n for n in manager.exported_program().graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
     assert [c.args[-1] for c in convs] == [groups]  # not split
     assert_close(run_pte(manager.to_executorch().buffer, x), [model(*x)])
+
+
+class ConvNeXtish(torch.nn.Module):
+    """A ConvNeXt block's linears on a permuted conv output, then grouped convs: on a channels-last
+    input, the permutes' values are channels last in the aten program, and contiguous copies once
+    lowered; the block's sum is channels last in both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.LayerNorm(8)
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.grouped = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.summed = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.down(torch.relu(self.up(self.norm(self.conv(x).permute(0, 2, 3, 1))))).permute(0, 3, 1, 2)
+        return self.grouped(y), self.summed(x + y)
+
+
+def test_an_aten_program_is_checked_as_lowering_will_lay_its_values_out() -> None:
+    # an earlier check of views in aten programs declined ConvNeXt's linear-to-conv2d (its
+    # channels-last values are views, contiguous copies once lowered): the linears and the grouped
+    # conv on the permuted output are rewritten; the split of the one whose slices read the
+    # channels-last sum would give a .pte that fails at run time
+    model = ConvNeXtish().eval()
+    x = (torch.randn(2, 8, 5, 6).contiguous(memory_format=torch.channels_last),)
+    program = torch.export.export(model, x)
+    want = run(program, x)
+    report = adapters.transform(program, [m() for m in RULES.values()]).unwrap().report
+    assert sorted((p.rule, p.anchor) for p in report.plans if p.rule != "linear-to-conv2d") == [
+        ("split-group-conv", "conv2d_1")
+    ]
+    assert sum(p.rule == "linear-to-conv2d" for p in report.plans) == 2
+    assert [(r.rule, r.node, r.reason.code) for r in report.rejections if r.rule == "split-group-conv"] == [
+        ("split-group-conv", "conv2d_2", "dim-order-changes")
+    ]
+    assert_sound(program, x, want)
 
 
 def test_a_grouped_conv_on_a_contiguous_input_of_an_edge_program_still_splits_and_runs() -> None:
