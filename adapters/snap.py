@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -29,6 +29,7 @@ from fxpure.snapshot import (
     Opaque,
     Spec,
     TensorSpec,
+    ref_list,
     snapshot,
 )
 
@@ -656,6 +657,28 @@ def _function_call(n: torch.fx.Node) -> list[tuple[str, str, str]]:
     return [(n.name, found, f"the function {found.split('.')[1]}")] if found is not None else []
 
 
+# Python's arithmetic on a value, as a symbolic_trace graph holds it (``self.conv(x) * 2.0``)
+_OPERATORS = {
+    f"_operator.{op}": f"aten.{aten}.Tensor"
+    for op, aten in (("mul", "mul"), ("add", "add"), ("sub", "sub"), ("truediv", "div"))
+}
+
+
+def _as_aten(cap: Captured) -> GraphSnapshot:
+    """``cap``'s snapshot with each module (or function) call spelled as the ATen op it stands for,
+    and Python's arithmetic as ATen's: what a rule would find were the model exported."""
+    targets = {name: target for name, target, _ in cap.module_calls}
+    nodes = [
+        replace(n, op="call_function", target=targets[n.name])
+        if n.name in targets
+        else replace(n, target=_OPERATORS[n.target])
+        if n.op == "call_function" and n.target in _OPERATORS
+        else n
+        for n in cap.snap.nodes
+    ]
+    return snapshot(nodes, cap.snap.constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
+
+
 def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
     try:
         return list(rule.anchors(snap))
@@ -665,18 +688,25 @@ def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
 
 def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, Reason]]:
     """The candidates of ``rule`` that fxpure does not rewrite, each with a typed reason: a module
-    call in a ``symbolic_trace`` GraphModule (its parameters live in the module), and the nodes of
-    control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
-    branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
+    call in a ``symbolic_trace`` GraphModule (its parameters live in the module), or a node the rule
+    would take for one through such a call (a scale after a conv module, the input two linear
+    modules read), and the nodes of control-flow branches (``torch.cond``: only the top-level graph
+    is rewritten), named by the branches they are in (``within``: the outer ones', as
+    ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
-    for name, target, what in cap.module_calls:
-        probe = snapshot([NodeSnapshot(name=name, op="call_function", target=target)], {})
-        if any(a.name == name for a in _anchors(rule, probe)):
+    if cap.module_calls:
+        calls = {name: what for name, _, what in cap.module_calls}
+        real = {a.name for a in _anchors(rule, cap.snap)}
+        for a in _anchors(rule, _as_aten(cap)):
+            via = next((n for n in (a.name, *ref_list(a), *cap.snap.users.get(a.name, ())) if n in calls), None)
+            if a.name in real or via is None:
+                continue
+            at = "" if via == a.name else f"{a.name}: "
             detail = (
-                f"{name} calls {what} (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
+                f"{at}{via} calls {calls[via]} (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
                 " capture the model with torch.export and apply the rule to that"
             )
-            out.append((f"{within}{name}", Declined(code="module-call", node=f"{within}{name}", detail=detail)))
+            out.append((f"{within}{a.name}", Declined(code="module-call", node=f"{within}{a.name}", detail=detail)))
     for attr, branch in cap.branches:
         inner, path = capture_program(branch), f"{within}{attr}"
         for a in _anchors(rule, inner.snap):

@@ -798,6 +798,33 @@ def test_functional_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_r
     assert messages["batch_norm"].startswith("batch_norm calls the function batch_norm (a symbolic_trace GraphModule)")
 
 
+class Scaled(nn.Module):
+    """A conv module's output scaled and shifted by Python arithmetic, then a module's batch norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.bn(self.c(x) * 2.0 + 1.0)
+        return y
+
+
+def test_a_scale_of_a_module_call_in_a_symbolic_trace_graph_module_is_declined_with_a_reason() -> None:
+    # found by a hunt: fold-binary said nothing of `self.c(x) * 2.0` (an operator.mul of a module call)
+    gm = torch.fx.symbolic_trace(Scaled().eval())
+    outcome = adapters.transform(gm, [fold_binary()]).unwrap()
+    assert outcome.report.plans == ()
+    assert [(r.node, r.reason.code, r.reason.message) for r in outcome.report.rejections] == [
+        (
+            "mul",
+            "module-call",
+            "mul: c calls an nn.Conv2d module (a symbolic_trace GraphModule); fxpure rewrites ATen ops: capture"
+            " the model with torch.export and apply the rule to that",
+        )
+    ]
+
+
 @pytest.mark.parametrize("form", ["aten", "edge"])
 def test_planning_leaves_the_snapshot_as_it_was(form: str) -> None:
     """``plan`` and ``rewrite`` are pure: the snapshot, in a serialised copy taken before (not the
