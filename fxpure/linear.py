@@ -211,7 +211,13 @@ def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     inner = view.args[0] if view is not None and view.target in VIEW.targets and view.args else None
     bmm = snap.node(inner.name) if type(inner) is NodeRef and inner.name in snap.index else None
     constant = bias is not None and _of_constants(snap, bias.name)
-    return constant and bmm is not None and bmm.target in _BMMS and is_linear(snap, bmm)
+    # (an add that promotes, a float16 output plus a float32 constant, is no bias of the float16 linear)
+    same = (
+        view is not None
+        and view.tensor_spec is not None
+        and view.tensor_spec.dtype == getattr(node.tensor_spec, "dtype", None)
+    )
+    return constant and same and bmm is not None and bmm.target in _BMMS and is_linear(snap, bmm)
 
 
 def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot) -> NodeSnapshot | None:
@@ -445,7 +451,8 @@ def emit_linear(
     another number of rows; ``input`` when it reads another value (the flattening reshape, where
     the spelling has one, re-spelled on it), ``in_features`` when that value's last size is another
     than the linear's input's (ValueError if an existing node's is and ``in_features`` does not say
-    so). Returns the node that carries the result (the new ``outer``)."""
+    so); a ``bmm`` reads its input as it is (ValueError for ``input``). Returns the node that carries
+    the result (the new ``outer``)."""
     op, t = lin.op, lin.t
     name = f"{op.name}_{suffix}"
     _check_width(p, lin, input, in_features)

@@ -113,7 +113,7 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
         if not isinstance(inner, NodeRef) or inner.name not in snap.index:
             return False
         node = snap.node(inner.name)
-    return node.target in MATMULS or (node.target in BMM.targets and is_linear(snap, node))
+    return node.target in MATMULS or (node.target in BMM.targets and is_linear(snap, node)) or is_bias_add(snap, node)
 
 
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
@@ -178,10 +178,10 @@ AFFINE: Mapping[tuple[str, bool], Callable[[WeightExpr, float, str], Affine]] = 
 
 
 def _name(match: Match) -> str:
-    """The binding name of the producer's outer node."""
+    """The binding name of the producer's outer node (a bmm's bias add, where it has one)."""
     if "conv" in match.bindings:
         return "conv"
-    return "lin_out" if "lin_out" in match.bindings else "lin"
+    return next(n for n in ("lin_bias", "lin_out", "lin") if n in match.bindings)
 
 
 def _producer(match: Match) -> Bound:

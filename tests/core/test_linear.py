@@ -617,6 +617,7 @@ def _bmm_graph(
     expanded: tuple[int, int] | None = None,
     *,
     bias_alpha: float | None = 1,
+    bias_dtype: str = "float32",
     read: bool = True,
 ) -> GraphSnapshot:
     """``lin(x.transpose(1, 2))`` as to_edge spells it: ``bmm`` of the input's expand and the
@@ -642,8 +643,8 @@ def _bmm_graph(
         return g.build()
     y = g.call("aten.view_copy.default", name="lin_out", self=y, size=(2, 5, out[1]), out=(2, 5, out[1]))
     if bias_alpha is not None:
-        b = g.parameter("b", (out[1],))
-        y = g.call("aten.add.Tensor", name="add", self=y, other=b, alpha=bias_alpha, out=(2, 5, out[1]))
+        b, sum_spec = g.parameter("b", (out[1],), dtype=bias_dtype), spec(2, 5, out[1], dtype=bias_dtype)
+        y = g.call("aten.add.Tensor", name="add", self=y, other=b, alpha=bias_alpha, out=sum_spec)
     g.output(y)
     return g.build()
 
@@ -676,6 +677,8 @@ def test_a_bmm_is_no_linear_where_its_expand_broadcasts_the_matrix_or_an_add_is_
     assert not is_linear(snap, snap.node("lin")) and not is_bias_add(snap, snap.node("add"))
     scaled = _bmm_graph(bias_alpha=2)  # x W.T + 2 b: a shift of twice the constant, no bias as it is
     assert is_linear(scaled, scaled.node("lin")) and not is_bias_add(scaled, scaled.node("add"))
+    promoted = _bmm_graph(bias_dtype="float64")  # a float32 output plus a float64 constant: float64
+    assert is_linear(promoted, promoted.node("lin")) and not is_bias_add(promoted, promoted.node("add"))
     bare = _bmm_graph(bias_alpha=None)
     emitted = linear_of(_match(bare, linear(), "lin_out"))
     assert emitted.bias_add is None and emitted.outer.name == "lin_out"
