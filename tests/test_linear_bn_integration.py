@@ -306,3 +306,48 @@ def test_transposed_sequence_bn_fuses_where_nxp_does_not() -> None:
     ours = build("seq", "gm")
     assert len(adapters.transform(ours, [fuse_linear_bn()]).unwrap().report.plans) == 2
     assert_close(run(ours, x), [model(*x).detach()])
+
+
+class FlatBN(nn.Module):
+    """A linear on a sequence (transposed or not), its output flattened to [N, F] for a
+    BatchNorm1d over the features (``wide``: flattened to [B, T * F], the batch norm over those)."""
+
+    def __init__(self, transposed: bool, bias: bool, wide: bool = False) -> None:
+        super().__init__()
+        self.transposed, self.wide = transposed, wide
+        self.lin = nn.Linear(8, 6, bias=bias)
+        self.bn = randomize_bn(nn.BatchNorm1d(30 if wide else 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.lin(x.transpose(1, 2) if self.transposed else x)
+        out: torch.Tensor = self.bn(y.reshape(y.shape[0], -1) if self.wide else y.reshape(-1, 6))
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "decomposed", "edge"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_a_batch_norm_over_a_flattened_linear_output_is_fused(transposed: bool, bias: bool, form: str) -> None:
+    # found by a hunt: declined producer-not-linear, "self of reshape comes from linear (...), not a
+    # matrix product plus bias" (the flatten keeps each row one output's features: it fuses)
+    model, x = FlatBN(transposed, bias).eval(), (torch.randn(2, 8, 5) if transposed else torch.randn(2, 5, 8),)
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program: Program = ep.module() if form == "gm" else ep if form == "aten" else ep.run_decompositions()
+    if form == "edge":
+        program = to_edge(ep).exported_program()
+    want = run(program, x)
+    report = adapters.transform(program, [fuse_linear_bn()]).unwrap().report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert count(program, "batch_norm") == 0
+    assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_batch_norm_over_a_flatten_that_mixes_features_is_declined(form: str) -> None:
+    model, x = FlatBN(False, True, wide=True).eval(), (torch.randn(2, 5, 8),)
+    ep = torch.export.export(model, x)
+    program = ep if form == "aten" else to_edge(ep).exported_program()
+    report = adapters.transform(program, [fuse_linear_bn()]).unwrap().report
+    assert report.plans == ()
+    assert [r.reason.code for r in report.rejections] == ["bn-axis-mismatch"]
+    assert "a reshape of the linear's output (2, 5, 6)" in report.rejections[0].reason.message

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import BATCH_NORM, PERMUTE, TRANSPOSE_DIMS
+from fxpure.families import BATCH_NORM, PERMUTE, TRANSPOSE_DIMS, VIEW
 from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, need, rule
 from fxpure.plan import RewritePlan
@@ -26,6 +26,8 @@ AXIS = "bn-axis-mismatch"
 LINEAR = linear("lin", code=NOT_LINEAR, shared=LINEAR_SHARED)
 # the op that moves a [B, T, F] linear output to [B, F, T]: permute (edge: permute_copy) or transpose
 SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
+# a model's flatten of a [B, T, F] linear output to [B * T, F] (BatchNorm1d over the features)
+FLAT = Op(VIEW, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
 
 # bn(linear(x, w, b?) | permute(linear(x, w, b?)), gamma?, beta?, mean, var, training=False)[0]
 PATTERN = Op(
@@ -34,7 +36,7 @@ PATTERN = Op(
     out=0,
     out_code="bn-stats-used",
     training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=OneOf(LINEAR, SWAP),
+    input=OneOf(LINEAR, SWAP, FLAT),
     weight=Const("gamma", optional=True),
     bias=Const("beta", optional=True),
     running_mean=Const("mean"),
@@ -52,11 +54,19 @@ def _source_dim(perm: Bound, rank: int) -> int | None:
     return picked[1] if sorted(picked) == list(range(rank)) and rank > 1 else None
 
 
-def _axes(bn: Bound, match: Match, perm: Bound | None = None) -> Reason | None:
-    """The batch norm's channel dim (1) is the linear's feature dim (its last)."""
+def _axes(bn: Bound, match: Match, perm: Bound | None = None, flat: Bound | None = None) -> Reason | None:
+    """The batch norm's channel dim (1) is the linear's feature dim (its last): directly, through a
+    permute, or through a flatten to [N, F] (a reshape keeping the last dim keeps each row one
+    output's features)."""
     spec = linear_of(match).spec
     if spec is None or not spec.shape:
         return Malformed(node=bn.name, detail="the linear's output has no known shape")
+    if flat is not None:
+        shape = flat.spec.shape if flat.spec is not None else None
+        if shape is not None and len(shape) == 2 and shape[-1] == spec.shape[-1] and isinstance(shape[-1], int):
+            return None
+        detail = f"{bn.name} normalises dim 1 of {flat.name} {shape}, a reshape of the linear's output {spec.shape}"
+        return Declined(code=AXIS, node=bn.name, detail=f"{detail}: not its features", path=match.sites["flat"].path)
     rank = len(spec.shape)
     source = 1 if perm is None else _source_dim(perm, rank)
     if source is None and perm is not None:
@@ -82,6 +92,7 @@ def _plan(
     beta: WeightExpr | None,
     b: WeightExpr | None = None,
     perm: Bound | None = None,
+    flat: Bound | None = None,
 ) -> Result[RewritePlan, BadExpr]:
     # linear(x, W * s, (b - mean) * s + beta) [-> the same permute]; mm becomes addmm
     lin = linear_of(p.match)
@@ -93,6 +104,8 @@ def _plan(
         new = emit_linear(p, lin, weight, bias, suffix="bn")
         if perm is not None:
             new = p.respell(perm, name=f"{perm.name}_bn", self=new)
+        if flat is not None:
+            new = p.respell(flat, name=f"{flat.name}_bn", self=new)
         return p.replace(bn, new)
 
     return folded.map(emit)
