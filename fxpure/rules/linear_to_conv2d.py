@@ -103,7 +103,9 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     if 0 in w.shape or moved:
         role, shape, at = ("weight", w.shape, at_w) if 0 in w.shape else ("input", spec.shape, at_x)
         symbolic = [d for d in moved if isinstance(d, str)] if role == "input" and 0 not in moved else []
-        can = f" when {symbolic[0]} is 0 (the program declares no minimum of 1 for it)" if symbolic else ""
+        # (a GraphModule, ExportedProgram.module() say, holds no ranges and runs at 0 whatever was declared)
+        whose = "the program declares" if match.snap.lifted else "a GraphModule, which checks no range, holds"
+        can = f" when {symbolic[0]} is 0 ({whose} no minimum of 1 for it)" if symbolic else ""
         detail = f"{node}: the {role} {shape} is empty{can}, which a 1x1 conv2d does not compute as a linear does"
         return Failure(Declined(code="zero-size", node=node, detail=detail, path=at))
     bias = match.spec("b") if b is not None else None
