@@ -107,6 +107,7 @@ def linear(
     users: Users = ONE,
     code: str = "wrong-op",
     shared: str = "output-shared",
+    bias_add: bool = False,
 ) -> OneOf:
     """``y = x @ W.T + b`` in any spelling, as the operand of another op. Binds the product as
     ``name`` (``linear``, ``addmm``, ``mm``, ``matmul`` or ``bmm``), the weight transpose as ``{name}_t`` and the
@@ -117,12 +118,16 @@ def linear(
     matrices where ``W`` has more than two dims: check ``w``'s rank where :func:`is_linear` has not
     chosen the product. A ``bmm`` (a linear on an input that is not contiguous, after
     decompositions and on edge) reads ``x``, a batch of matrices, and the weight's transpose
-    broadcast as ``view(expand(W.T))``, bound as ``{name}_tv`` and ``{name}_te``; the add of a
-    constant after its reshape is its bias, bound as ``{name}_bias``. Use :func:`linear_root` to
-    anchor a rule at the linear itself.
+    broadcast as ``view(expand(W.T))``, bound as ``{name}_tv`` and ``{name}_te``. ``bias_add``:
+    also the add of a constant after a ``bmm``'s reshape, its bias (:func:`is_bias_add`), bound as
+    ``{name}_bias``, for a rule whose candidates read a linear (:func:`is_linear`, or such an add):
+    where every add can meet the pattern (a batch norm's input, say) its near misses would read as
+    if an add were a linear. Use :func:`linear_root` to anchor a rule at the linear itself.
 
     >>> [a.family.name for a in linear().alternatives]
-    ['linear', 'addmm', 'mm', 'matmul', 'view', 'view', 'add', 'view']
+    ['linear', 'addmm', 'mm', 'matmul', 'view', 'view', 'view']
+    >>> [a.family.name for a in linear(bias_add=True).alternatives][-2:]
+    ['add', 'view']
     """
     x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
     addmm, mm = _products(name, x, b, t, users, code, shared)
@@ -131,6 +136,10 @@ def linear(
     def bmm(users: Users) -> Op:
         return Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=_bmm(name, x, t, code, shared))
 
+    # bmm has no bias: the add of one after it is the linear's
+    added = Op(
+        ADD, name=f"{name}_bias", users=users, code=code, shared=shared, self=bmm(ONE), other=b, alpha=Lit(1, 1.0)
+    )
     return OneOf(
         Op(LINEAR, name=name, users=users, code=code, shared=shared, input=x, weight=w, bias=b),
         addmm,
@@ -138,8 +147,7 @@ def linear(
         Op(MATMUL, name=name, users=users, code=code, shared=shared, self=x, other=t),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=addmm_nd),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=mm_nd),
-        # bmm has no bias: the add of one after it is the linear's
-        Op(ADD, name=f"{name}_bias", users=users, code=code, shared=shared, self=bmm(ONE), other=b, alpha=Lit(1, 1.0)),
+        *([added] if bias_add else []),
         bmm(users),
     )
 
@@ -203,7 +211,7 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
 
 def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     """Whether ``node`` adds a constant to a ``bmm`` linear's output (its reshape): the linear's bias
-    in that spelling, part of the linear as ``addmm``'s ``self`` is (:func:`linear` matches it so):
+    in that spelling, part of the linear as ``addmm``'s ``self`` is (:func:`linear` with ``bias_add`` matches it so):
     a rule that folds a shift on a linear's output into its bias takes no such add for one."""
     if node.target not in ADD.targets or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
         return False

@@ -61,7 +61,7 @@ PRODUCER = OneOf(
         weight=Const("w"),
         bias=Const("b", optional=True),
     ),
-    linear("lin", code=NOT_PRODUCER, shared=LINEAR_SHARED),
+    linear("lin", code=NOT_PRODUCER, shared=LINEAR_SHARED, bias_add=True),  # (candidates read a product)
 )
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
