@@ -367,6 +367,12 @@ def _load(path: str, extra_files: dict[str, Any] | None = None) -> Any:
                 "program (before to_edge) and give that"
             ) from e
         unknown = _unknown_ops(path)
+        torch_own = [op for op in unknown if op.split(".")[2] in ("aten", "prims")]
+        if torch_own:  # torch's own: another torch version's program (or an edited one)
+            raise BadInput(
+                f"{path}: the program calls {', '.join(torch_own)}, which this torch ({torch.__version__}) "
+                "does not have: export it with this version"
+            ) from e
         if unknown:
             raise BadInput(
                 f"{path}: the program calls {', '.join(unknown)}, an operator this process has not "

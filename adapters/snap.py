@@ -700,16 +700,21 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     is rewritten), named by the branches they are in (``within``: the outer ones', as
     ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
-    if cap.module_calls:
+    if cap.module_calls or any(t in cap.snap.targets for t in _OPERATORS):
         calls = {name: what for name, _, what in cap.module_calls}
         real = {a.name for a in _anchors(rule, cap.snap)}
         for a in _anchors(rule, _as_aten(cap)):
-            via = next((n for n in (a.name, *ref_list(a), *cap.snap.users.get(a.name, ())) if n in calls), None)
-            if a.name in real or via is None:
+            if a.name in real:
                 continue
-            at = "" if via == a.name else f"{a.name}: "
+            via = next((n for n in (a.name, *ref_list(a)) if n in calls), None)
+            if via is not None:
+                what = f"{'' if via == a.name else f'{a.name}: '}{via} calls {calls[via]}"
+            elif cap.snap.node(a.name).target in _OPERATORS:
+                what = f"{a.name} is Python's {cap.snap.node(a.name).target.split('.')[1]}"
+            else:
+                continue
             detail = (
-                f"{at}{via} calls {calls[via]} (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
+                f"{what} (a symbolic_trace GraphModule); fxpure rewrites ATen ops:"
                 " capture the model with torch.export and apply the rule to that"
             )
             out.append((f"{within}{a.name}", Declined(code="module-call", node=f"{within}{a.name}", detail=detail)))

@@ -659,3 +659,21 @@ def test_a_program_calling_an_operator_the_process_has_not_registered_says_which
     ), r.stderr
     r = fxpure("explain", saved, "--rules", f"{tmp_path / 'myops.py'}:rule")
     assert r.returncode == 0 and "producer-not-conv" in r.stdout, r.stderr
+
+
+def test_a_program_calling_an_aten_operator_this_torch_does_not_have_says_so(tmp_path: Path) -> None:
+    # found by a review: told to import the module defining torch.ops.aten.reluu (an archive another
+    # torch version saved, or an edited one)
+    saved, edited = tmp_path / "m.pt2", tmp_path / "edited.pt2"
+    torch.export.save(torch.export.export(torch.nn.ReLU(), (torch.randn(2),)), saved)
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(edited, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("models/model.json"):
+                data = data.replace(b"aten.relu.default", b"aten.reluu.default")
+            dst.writestr(item.filename.replace("m/", "edited/", 1), data)
+    r = fxpure("explain", edited)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"fxpure: error: {edited}: the program calls torch.ops.aten.reluu.default, which this torch "
+        f"({torch.__version__}) does not have: export it with this version"
+    ), r.stderr

@@ -825,6 +825,27 @@ def test_a_scale_of_a_module_call_in_a_symbolic_trace_graph_module_is_declined_w
     ]
 
 
+class PythonScale(nn.Module):
+    """An ATen conv's output scaled by Python's ``*``, then a ReLU module reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.relu = nn.Parameter(torch.randn(4, 3, 3, 3)), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.relu(torch.ops.aten.conv2d.default(x, self.w) * 3.0)
+        return y
+
+
+def test_python_arithmetic_on_an_aten_op_in_a_symbolic_trace_graph_module_is_declined_naming_it() -> None:
+    # found by a review: the ReLU module reading the product was named as the cause
+    gm = torch.fx.symbolic_trace(PythonScale().eval())
+    outcome = adapters.transform(gm, [fold_binary()]).unwrap()
+    assert [(r.node, r.reason.code, r.reason.message.split(" (")[0]) for r in outcome.report.rejections] == [
+        ("mul", "module-call", "mul is Python's mul")
+    ]
+
+
 @pytest.mark.parametrize("form", ["aten", "edge"])
 def test_planning_leaves_the_snapshot_as_it_was(form: str) -> None:
     """``plan`` and ``rewrite`` are pure: the snapshot, in a serialised copy taken before (not the
