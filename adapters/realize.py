@@ -30,7 +30,7 @@ from torch.fx.experimental import symbolic_shapes
 
 import fxpure
 from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, tensor_spec, unreachable
-from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target
+from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target, target_name
 from adapters.weights import materialize, plain_torch
 from fxpure.plan import (
     NewNode,
@@ -1020,7 +1020,7 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     if fakes.mode is None or not report.plans:
         return {}
     vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes}
-    layout = {k for k, v in vals.items() if _channels_last(v)} if cap.snap.dialect == "edge" else _edge_layouts(cap)
+    layout = _edge_layouts(cap)
     out: dict[tuple[str, str], Reason] = {}
     runs: dict[Hashable, tuple[Any, str | None]] = {}
     before: GraphSnapshot | None = None
@@ -1113,12 +1113,13 @@ def _ran(
         return ran, None
     # (a one-channel output is also contiguous: its strides, not torch's contiguity, give its dim order;
     # to_edge makes an aten program's view a copy, laid out contiguous)
-    view = dialect != "edge" and _returns_view(resolve_target(node.target, dialect))
-    order = tuple(range(ran.dim())) if view else _dim_order(ran)
-    if order == _dim_order(ran) and _channels_last(ran):
+    copied = dialect != "edge" and _copied(resolve_target(node.target, dialect))
+    order = tuple(range(ran.dim())) if copied else _dim_order(ran)
+    if order == _dim_order(ran) and _channels_last(ran) and node.target not in _LEGALIZED:
         layout.add(node.name)  # (a value a later node reads)
-    if order != _dim_order(reads[first]):
-        what = f"{node.name} (a copy once lowered)" if view else node.name
+    # an aten op other than a view runs as what to_edge makes of it (a linear decomposes): not judged here
+    if (dialect == "edge" or copied) and order != _dim_order(reads[first]):
+        what = f"{node.name} (a copy once lowered)" if copied else node.name
         why = f"{what} would read a channels-last tensor and write one laid out otherwise"
         kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"
         return ran, ("dim-order-changes", f"{why} (strides {ran.stride()}): {kernels}")
@@ -1186,20 +1187,52 @@ def _returns_view(op: object) -> bool:
     return alias is not None and not alias.is_write
 
 
+# ops whose input ExecuTorch lays out contiguous before their portable kernel runs (its
+# LegalizePortableDimOrderPass): their value is contiguous in the .pte, whatever torch computes
+_LEGALIZED = frozenset(
+    {
+        "aten.avg_pool2d.default",
+        "aten._adaptive_avg_pool2d.default",
+        "aten.adaptive_avg_pool2d.default",
+        "aten.mean.dim",
+        "aten.sum.dim_IntList",
+        "aten.expand.default",
+        "aten.expand_copy.default",
+    }
+)
+_CHANNELS_LAST_ORDER = (0, 2, 3, 1)
+
+
+def _copied(op: object) -> bool:
+    """``to_edge`` spells the aten op as a copy, laid out contiguous: a view (``slice`` as
+    ``slice_copy``; ``view``, ``permute``, ``reshape``), not a cast that may return its input
+    (``to`` becomes ``_to_copy``, which keeps the layout)."""
+    name = getattr(getattr(op, "_overloadpacket", None), "__name__", "")
+    return name in ("reshape", "_unsafe_view") or (_returns_view(op) and hasattr(torch.ops.aten, f"{name}_copy"))
+
+
 def _edge_layouts(cap: Captured) -> set[str]:
-    """The nodes of an aten ExportedProgram whose value ``to_edge`` will lay out channels last, as
-    ExecuTorch then takes it: an input so laid out, or an op's value laid out so from one such (not
-    a view: ``to_edge`` makes a view a copy, contiguous), or asked to be (``memory_format``). A
-    GraphModule is not lowered: none."""
+    """The nodes of an ExportedProgram whose value ExecuTorch will take as laid out channels last:
+    an input so laid out, an op asked for it (``memory_format``, ``dim_order``), or an op laid out
+    so from such a value; not an aten view (``to_edge`` makes it a copy, contiguous), nor an op whose
+    input ExecuTorch makes contiguous first (a pool, a mean: :data:`_LEGALIZED`). A GraphModule is not
+    lowered: none."""
     if not cap.snap.lifted:
         return set()
     out: set[str] = set()
     for n in cap.gm.graph.nodes:
         if not _channels_last(n.meta.get("val")):
             continue
-        asked = n.kwargs.get("memory_format") is torch.channels_last
-        from_one = any(a.name in out for a in n.all_input_nodes)
-        if n.op == "placeholder" or (n.op == "call_function" and (asked or (from_one and not _returns_view(n.target)))):
+        if n.op == "placeholder":
+            out.add(n.name)
+            continue
+        if n.op != "call_function" or target_name(n.target) in _LEGALIZED:
+            continue
+        order = n.kwargs.get("dim_order")
+        asked = n.kwargs.get("memory_format") is torch.channels_last or (
+            isinstance(order, (list, tuple)) and tuple(order) == _CHANNELS_LAST_ORDER
+        )
+        if asked or (any(a.name in out for a in n.all_input_nodes) and not _copied(n.target)):
             out.add(n.name)
     return out
 

@@ -265,3 +265,63 @@ def test_a_dim_order_change_declines_only_the_plan_whose_node_makes_it() -> None
         ("aten_sigmoid_default", "dim-order-changes")
     ]
     assert_close(run_pte(manager.to_executorch().buffer, x), [torch.sigmoid(x[0]), torch.relu(x[0])])
+
+
+class Between(torch.nn.Module):
+    """A conv on a channels-last input, an op, then a grouped conv (``how``: the op)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.conv, self.grouped = torch.nn.Conv2d(8, 8, 1), torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        if self.how == "cast":  # to_edge makes it a _to_copy, laid out as its input
+            y = y.double().float()
+        elif self.how == "pool":  # ExecuTorch makes the pool's input contiguous before its kernel
+            y = torch.nn.functional.avg_pool2d(y, 2)
+        out: torch.Tensor = self.grouped(y)
+        return out
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+@pytest.mark.parametrize("how", ["cast", "pool"])
+def test_a_split_is_judged_by_the_layout_executorch_gives_each_value(how: str, form: str) -> None:
+    # found by a review: after a cast the split was applied on aten (a cast may return its input, so
+    # it was taken for a view, contiguous once lowered) and its .pte failed; after a pool it was
+    # declined, where the .pte of the split runs (ExecuTorch makes a pool's input contiguous first)
+    model, x = Between(how).eval(), (torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last),)
+    ep = torch.export.export(model, x)
+    manager = None if form == "aten" else to_edge(ep)
+    program = ep if manager is None else manager.exported_program()
+    report = adapters.transform(program, [split_group_conv()]).unwrap().report
+    if how == "cast":
+        assert report.plans == () and [r.reason.code for r in report.rejections] == ["dim-order-changes"]
+    else:
+        assert len(report.plans) == 1 and report.rejections == ()
+    assert_close(run_pte((manager or to_edge(ep)).to_executorch().buffer, x), [model(*x)])
+
+
+class LinearOverWidth(torch.nn.Module):
+    """A linear over a channels-last conv output's last dim (W), then a scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.lin = torch.nn.Conv2d(8, 8, 1), torch.nn.Linear(6, 6)
+        self.register_buffer("scale", torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.lin(self.conv(x)) * self.scale
+        return y
+
+
+def test_an_aten_op_lowering_decomposes_is_not_judged_by_its_own_layout() -> None:
+    # found by a review: the folded linear (its aten value laid out otherwise than its channels-last
+    # input) was declined dim-order-changes on aten, where the .pte of the fold runs (to_edge
+    # decomposes the linear; the edge program's fold is applied)
+    model, x = LinearOverWidth().eval(), (torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last),)
+    ep = torch.export.export(model, x)
+    report = adapters.transform(ep, [RULES["fold-binary"]()]).unwrap().report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert_close(run_pte(to_edge(ep).to_executorch().buffer, x), [model(*x)])
