@@ -1013,8 +1013,9 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
     channels-last tensor and that torch lays out otherwise (a ``slice_copy`` of it is contiguous) is
     ``dim-order-changes``: ExecuTorch takes dim orders from torch's fake values, and its portable
     kernels refuse an op whose input and output dim orders differ, so the ``.pte`` would fail at run
-    time (unless a delegate takes the node, which the program does not say). On an aten
-    ExportedProgram, the same as ``to_edge`` will lay the values out (:func:`_edge_layouts`). An op only a delegate
+    time (unless a delegate takes the node, which the program does not say); values are judged as
+    ExecuTorch will lay them out (:func:`_edge_layouts`), and on an aten program only the new views
+    (an op ``to_edge`` decomposes runs as what it becomes). An op only a delegate
     runs (``et_vk``), or one torch cannot run on fake values, is not checked. With the reason."""
     fakes = _Fakes.of(cap.gm)
     if fakes.mode is None or not report.plans:

@@ -695,10 +695,10 @@ def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
 def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, Reason]]:
     """The candidates of ``rule`` that fxpure does not rewrite, each with a typed reason: a module
     call in a ``symbolic_trace`` GraphModule (its parameters live in the module), or a node the rule
-    would take for one through such a call (a scale after a conv module, the input two linear
-    modules read), and the nodes of control-flow branches (``torch.cond``: only the top-level graph
-    is rewritten), named by the branches they are in (``within``: the outer ones', as
-    ``true_graph_0.``)."""
+    would take for one through such a call or through Python's arithmetic (``self.conv(x) * 2.0``,
+    declined at the ``mul``; not yet the input two linear modules read), and the nodes of
+    control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
+    branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
     if cap.module_calls or any(t in cap.snap.targets for t in _OPERATORS):
         calls = {name: what for name, _, what in cap.module_calls}
