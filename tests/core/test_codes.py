@@ -523,7 +523,7 @@ ADAPTER = {
     "preserved-signature": "found by the adapter: a node a preserved module call signature names",
     "op-not-allowed": "found by the adapter: a new node's op the program's verifier refuses",
     "written-between": "found by the adapter: an in-place write between a tensor's old reads and the new one",
-    "dim-order-changes": "found by the adapter: an edge program's new node laid out otherwise than its input",
+    "dim-order-changes": "found by the adapter: a new node laid out otherwise than its input once lowered",
 }
 NO_OVERLAP = (
     "a rule's plans claim only nodes its match alone reads (shared ones are declined): never two at once;"
