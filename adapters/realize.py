@@ -1233,7 +1233,11 @@ def _edge_layouts(cap: Captured) -> set[str]:
         asked = n.kwargs.get("memory_format") is torch.channels_last or (
             isinstance(order, (list, tuple)) and tuple(order) == _CHANNELS_LAST_ORDER
         )
-        if asked or (any(a.name in out for a in n.all_input_nodes) and not _copied(n.target)):
+        # (an element of a tuple-output op, a max pool's with its indices: laid out from that op's inputs)
+        ins = n.all_input_nodes
+        if n.target is operator.getitem and ins:
+            ins = ins[0].all_input_nodes
+        if asked or (any(a.name in out for a in ins) and not _copied(n.target)):
             out.add(n.name)
     return out
 
