@@ -1181,13 +1181,6 @@ def _static(value: Any, mode: Any) -> bool:
     return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _returns_view(op: object) -> bool:
-    """The op returns a view of its input (its schema's result aliases an argument, unwritten)."""
-    schema = getattr(op, "_schema", None)
-    alias = schema.returns[0].alias_info if schema is not None and len(schema.returns) == 1 else None
-    return alias is not None and not alias.is_write
-
-
 # ops whose input ExecuTorch lays out contiguous before their portable kernel runs (its
 # LegalizePortableDimOrderPass): their value is contiguous in the .pte, whatever torch computes
 _LEGALIZED = frozenset(
@@ -1209,7 +1202,7 @@ def _copied(op: object) -> bool:
     ``slice_copy``; ``view``, ``permute``, ``reshape``), not a cast that may return its input
     (``to`` becomes ``_to_copy``, which keeps the layout)."""
     name = getattr(getattr(op, "_overloadpacket", None), "__name__", "")
-    return name in ("reshape", "_unsafe_view") or (_returns_view(op) and hasattr(torch.ops.aten, f"{name}_copy"))
+    return name in ("reshape", "_unsafe_view") or (aliases(op)[0] and hasattr(torch.ops.aten, f"{name}_copy"))
 
 
 def _edge_layouts(cap: Captured) -> set[str]:

@@ -204,9 +204,12 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
         return _broadcast_weight(snap, node) is not None
     if node.target not in _MATMULS:
         return node.target in _PRODUCTS
-    other = MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)
-    t = snap.node(other.name) if isinstance(other, NodeRef) and other.name in snap.index else None
-    return _is_weight_t(snap, t)
+    return _is_weight_t(snap, _node(snap, MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)))
+
+
+def _node(snap: GraphSnapshot, arg: object) -> NodeSnapshot | None:
+    """The node ``arg`` refers to, if it is a reference to one of ``snap``."""
+    return snap.node(arg.name) if isinstance(arg, NodeRef) and arg.name in snap.index else None
 
 
 def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
@@ -215,9 +218,8 @@ def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     a rule that folds a shift on a linear's output into its bias takes no such add for one."""
     if node.target not in ADD.targets or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
         return False
-    view, bias = (snap.node(a.name) if type(a) is NodeRef and a.name in snap.index else None for a in node.args)
-    inner = view.args[0] if view is not None and view.target in VIEW.targets and view.args else None
-    bmm = snap.node(inner.name) if type(inner) is NodeRef and inner.name in snap.index else None
+    view, bias = (_node(snap, a) for a in node.args)
+    bmm = _node(snap, view.args[0]) if view is not None and view.target in VIEW.targets and view.args else None
     constant = bias is not None and _of_constants(snap, bias.name)
     # (an add that promotes, a float16 output plus a float32 constant, is no bias of the float16 linear)
     same = (
@@ -231,12 +233,9 @@ def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
 def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot) -> NodeSnapshot | None:
     """The transpose of a 2-D weight that ``bmm`` reads broadcast over its batch, ``view(expand(W.T))``
     with the matrix's sizes kept, else None."""
-    mat2 = BMM.bind(snap, bmm).map(lambda a: a.get("mat2")).value_or(None)
-    view = snap.node(mat2.name) if isinstance(mat2, NodeRef) and mat2.name in snap.index else None
-    inner = view.args[0] if view is not None and view.target in VIEW.targets and view.args else None
-    expand = snap.node(inner.name) if isinstance(inner, NodeRef) and inner.name in snap.index else None
-    inner = expand.args[0] if expand is not None and expand.target in EXPAND.targets and expand.args else None
-    t = snap.node(inner.name) if isinstance(inner, NodeRef) and inner.name in snap.index else None
+    view = _node(snap, BMM.bind(snap, bmm).map(lambda a: a.get("mat2")).value_or(None))
+    expand = _node(snap, view.args[0]) if view is not None and view.target in VIEW.targets and view.args else None
+    t = _node(snap, expand.args[0]) if expand is not None and expand.target in EXPAND.targets and expand.args else None
     if t is None or view is None or expand is None or not _is_weight_t(snap, t):
         return None
     sizes = [n.tensor_spec.shape[-2:] if n.tensor_spec is not None else None for n in (t, expand, view)]
