@@ -29,7 +29,17 @@ from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, Tenso
 from torch.fx.experimental import symbolic_shapes
 
 import fxpure
-from adapters.snap import Captured, Program, aliases, capture_program, may_copy, storage, tensor_spec, unreachable
+from adapters.snap import (
+    Captured,
+    Program,
+    aliases,
+    capture_program,
+    known_int,
+    may_copy,
+    storage,
+    tensor_spec,
+    unreachable,
+)
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target, target_name
 from adapters.weights import materialize, plain_torch
 from fxpure.plan import (
@@ -239,7 +249,45 @@ def _prepare(cap: Captured, after: GraphSnapshot, tensors: Mapping[str, torch.Te
     edit.new.reverse()
     edit.changed.reverse()
     edit.erased = [n.name for n in before.nodes if n.name not in after.index]
+    _lay_out(edit, fakes, after.dialect)
     return edit
+
+
+def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:
+    """Each new 4-D node reading a channels-last value (a conv fused on a channels-last input) is
+    given a fake value laid out as torch computes it, not the contiguous one its spec alone makes:
+    ExecuTorch takes a value's dim order from it, and a later transform judges layouts by it (a
+    second transform split the grouped conv after a fused one as if its input were contiguous, and
+    the ``.pte`` failed). An aten view stays contiguous (``to_edge`` makes it a copy), as does a
+    value torch cannot say of."""
+    env: dict[str, Any] = {name: n.meta.get("val") for name, n in edit.env.items()}
+    runs: dict[Hashable, tuple[Any, str | None]] = {}
+    last: dict[int, bool] = {}  # (fake values are shared: one per spec)
+    for new in edit.new:
+        val = new.meta.get("val")
+        if (
+            new.op == "call_function"
+            and isinstance(val, torch.Tensor)
+            and val.dim() == 4
+            and _reads_channels_last(new, env, last)
+            and (dialect == "edge" or not _copied(new.target))
+            and _channels_last(_ran(fakes, new.rec, dialect, env, set(), runs)[0])
+        ):
+            with fakes.mode:
+                val = new.meta["val"] = torch.empty(
+                    val.shape, dtype=val.dtype, requires_grad=val.requires_grad, memory_format=torch.channels_last
+                )
+        env[new.rec.name] = val
+
+
+def _reads_channels_last(new: _NewNode, env: Mapping[str, Any], last: dict[int, bool]) -> bool:
+    for r in refs((*new.rec.args, *new.rec.kwargs.values())):
+        v = env.get(r)
+        if id(v) not in last:
+            last[id(v)] = _channels_last(v)
+        if last[id(v)]:
+            return True
+    return False
 
 
 def _prepare_new(
@@ -287,6 +335,8 @@ def _rebuild(old: Any, arg: Arg, env: Mapping[str, torch.fx.Node]) -> Any:
     if isinstance(old, (list, tuple)) and isinstance(arg, tuple) and len(old) == len(arg):
         return type(old)(_rebuild(o, a, env) for o, a in zip(old, arg, strict=True))
     if isinstance(old, torch.fx.Node):
+        if old.op == "call_function" and type(arg) is int and known_int(old.meta.get("val")) == arg:
+            return old  # a size the snapshot holds as its number (export found it constant)
         raise _ApplyError("apply-failed", f"argument {old.name} has no counterpart in the plan")
     return old
 

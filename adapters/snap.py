@@ -45,8 +45,14 @@ _KINDS: dict[InputKind, ConstantKind] = {
 _PLAIN = frozenset({int, float, bool, str, type(None)})
 
 
-def _arg(value: Any, refs: dict[torch.fx.Node, NodeRef]) -> Arg:
-    """An FX argument as an immutable tree; ``refs`` shares one ``NodeRef`` per node."""
+def known_int(value: object) -> int | None:
+    """The number a node's value is, where it is an int or a size export found constant."""
+    return value.node.maybe_as_int() if isinstance(value, torch.SymInt) else value if type(value) is int else None
+
+
+def _arg(value: Any, refs: dict[torch.fx.Node, NodeRef | int]) -> Arg:
+    """An FX argument as an immutable tree; ``refs`` shares one ``NodeRef`` per node (or holds the
+    int a node's value is, where export found it constant)."""
     kind = type(value)
     if kind in _PLAIN:
         return cast(Arg, value)
@@ -542,7 +548,7 @@ def _capture(program: Program) -> Captured:
     tensors: dict[str, torch.Tensor] = {}
     calls: list[tuple[str, str, str]] = []
     branches: list[tuple[str, torch.fx.GraphModule]] = []
-    refs: dict[torch.fx.Node, NodeRef] = {}
+    refs: dict[torch.fx.Node, NodeRef | int] = {}
     symbolic: dict[str, torch.SymInt] = {}
     held_opaque: list[str] = []
     fakes = _Fakes(gm)  # values of calls torch added without one
@@ -583,6 +589,11 @@ def _capture(program: Program) -> Captured:
                 else spec or _spec(_value_of(n, fakes), symbolic),
             )
         )
+        # size arithmetic export found constant (a conv_transpose's output_padding of output_size=, say):
+        # its readers read the number
+        known = known_int(v)
+        if known is not None and op == "call_function":
+            refs[n] = known
     writes = _writes(ep, gm)
     written = writes.written
     if written:  # a tensor the program writes (or one sharing its storage) is no constant to fold

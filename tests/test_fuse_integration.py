@@ -8,13 +8,14 @@ import pytest
 import torch
 from executorch.exir import to_edge
 from returns.pipeline import is_successful
+from torch import nn
 from torch.export import ExportedProgram
 
 import adapters
 from adapters.passes import FuseConvBatchNormPass
 from fxpure.rules import fuse_conv_bn
 from tests.models import ALL_MODELS, Declines, SharedWeight, example, randomize_bn
-from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte
+from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 
 FUSABLE = {"resnet": 5, "mobilenet": 6, "decoder": 2, "conv1d": 2, "conv3d": 2, "declines": 1, "shared": 1}
 
@@ -243,3 +244,58 @@ def test_affine_parameters_computed_with_ints_fuse_in_every_form(form: str) -> N
     assert_sound(program, x, want)
     if form == "edge":
         assert count(program, "_to_dim_order_copy") == 0  # the copies went with the batch norm
+
+
+class Decoder(nn.Module):
+    """A U-Net decoder's transposed conv given ``output_size=``: on dynamic sizes export computes its
+    ``output_padding`` from them, nodes whose value it finds constant (1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.up, self.bn = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.bn(self.up(self.down(x), output_size=x.shape[2:]))
+        return y
+
+
+def test_a_transposed_conv_whose_padding_export_computed_as_a_constant_fuses_at_every_size() -> None:
+    # found by a hunt: declined malformed-node, "output_padding=(NodeRef(name='sub_6'), ...) is not a
+    # list of ints" (the edge program, where to_edge folds it to [1, 1], fused)
+    model = randomize_bn(Decoder()).eval()
+    h, w = torch.export.Dim("h", min=2, max=32), torch.export.Dim("w", min=2, max=32)
+    ep = torch.export.export(model, (torch.randn(2, 4, 10, 10),), dynamic_shapes=({2: 2 * h, 3: 2 * w},))
+    report = adapters.transform(ep, [fuse_conv_bn()]).unwrap().report
+    assert [p.anchor for p in report.plans] == ["batch_norm"] and report.rejections == ()
+    validate(ep)
+    for size in ((4, 6), (10, 10), (16, 8)):
+        x = torch.randn(2, 4, *size)
+        with torch.no_grad():
+            assert_close([ep.module()(x)], [model(x)])
+
+
+class Padded(nn.Module):
+    """A fused conv whose output a pad reads with a size export finds constant (the width is even)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x))
+        return torch.nn.functional.pad(y, (0, x.shape[-1] % 2 + 1))
+
+
+def test_a_node_reading_a_constant_size_keeps_reading_it_when_its_input_is_rewritten() -> None:
+    # found by a review of the capture of constant sizes: the pad, whose input the fusion moves,
+    # failed to commit (apply-failed: its size argument, captured as the number, had no node)
+    model = randomize_bn(Padded()).eval()
+    w = torch.export.Dim("w", min=2, max=32)
+    ep = torch.export.export(model, (torch.randn(2, 4, 6, 10),), dynamic_shapes=({3: 2 * w},))
+    assert [p.anchor for p in adapters.transform(ep, [fuse_conv_bn()]).unwrap().report.plans] == ["batch_norm"]
+    validate(ep)
+    for width in (4, 10, 16):
+        x = torch.randn(2, 4, 6, width)
+        with torch.no_grad():
+            assert_close([ep.module()(x)], [model(x)])

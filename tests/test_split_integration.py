@@ -182,6 +182,35 @@ def test_a_grouped_conv_on_a_channels_last_input_is_declined_and_the_pte_still_r
     assert_close(run_pte(manager.to_executorch().buffer, x), [model(*x)])
 
 
+@pytest.mark.parametrize("form", ["aten", "edge"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_conv_an_earlier_transform_fused_keeps_its_channels_last_layout(dynamic: bool, form: str) -> None:
+    # the fused conv's value was contiguous (its spec has no strides): a second transform split the
+    # grouped conv after it as if its input were contiguous, and the .pte failed at run time
+    # (a known gap until 2026-12-04)
+    model = randomize_bn(
+        torch.nn.Sequential(
+            torch.nn.Conv2d(4, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, padding=1, groups=2),
+        )
+    ).eval()
+    x = (torch.randn(2, 4, 5, 6).to(memory_format=torch.channels_last),)
+    dims = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic else None
+    ep = torch.export.export(model, x, dynamic_shapes=dims)
+    manager = None if form == "aten" else to_edge(ep)
+    program = ep if manager is None else manager.exported_program()
+    assert [p.rule for p in adapters.transform(program, [fuse_conv_bn()]).unwrap().report.plans] == ["fuse-conv-bn"]
+    fused = next(n for n in program.graph.nodes if n.op == "call_function" and "conv" in str(n.target))
+    assert fused.meta["val"].is_contiguous(memory_format=torch.channels_last)
+    assert not fused.meta["val"].is_contiguous()
+    report = adapters.transform(program, [split_group_conv()]).unwrap().report
+    assert (report.plans, [r.reason.code for r in report.rejections]) == ((), ["dim-order-changes"])
+    manager = manager or to_edge(ep)
+    assert_close(run_pte(manager.to_executorch().buffer, x), [model(*x)])
+
+
 class ConvNeXtish(torch.nn.Module):
     """A ConvNeXt block's linears on a permuted conv output, then grouped convs: on a channels-last
     input, the permutes' values are channels last in the aten program, and contiguous copies once
