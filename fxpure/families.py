@@ -269,6 +269,16 @@ VIEW = family(
         parse_schema("aten.reshape.default(Tensor self, SymInt[] shape) -> Tensor", rename={"shape": "size"}),
     ],
 )
+FLATTEN = family(
+    "flatten",
+    "a flatten",
+    ["aten.flatten.using_ints(Tensor self, int start_dim=0, int end_dim=-1) -> Tensor"],
+)
+"""``x.flatten(start_dim, end_dim)``: dims ``start_dim..end_dim`` (either may be negative) merged
+into one, as an aten program and its GraphModule keep it (decompositions and ``to_edge`` spell it
+``view``/``view_copy``). Not a :data:`VIEW`: it has no ``size``, so a rule that reads or re-sizes a
+view's sizes (:func:`fxpure.linear.emit_linear`'s reshapes) could not take it; a pattern that reads
+a model's reshape of a value joins the two (``VIEW | FLATTEN``), reading the shape off its output."""
 UNSQUEEZE = family(
     "unsqueeze",
     "an unsqueeze",
@@ -513,6 +523,7 @@ STANDARD: tuple[Family, ...] = (
     TRANSPOSE,
     TRANSPOSE_DIMS,
     VIEW,
+    FLATTEN,
     UNSQUEEZE,
     SQUEEZE,
     SLICE,

@@ -370,9 +370,10 @@ def test_a_size_export_pins_to_a_number_is_that_number(form: str) -> None:
 
 class WrittenInput(nn.Module):
     """Q, K and V of a value written in place (a position embedding added with ``+=``): on edge each
-    reads its own ``view_copy`` chain of it. ``views``: they read two views of it, made apart."""
+    reads its own ``view_copy`` chain of it. ``views``: they read two views of it, made apart
+    (``"flatten"``: two ``h.flatten(0, 1)``, which an aten program keeps as ``flatten.using_ints``)."""
 
-    def __init__(self, views: bool = False) -> None:
+    def __init__(self, views: str | None = None) -> None:
         super().__init__()
         self.views = views
         self.inp, self.q, self.k, self.v = (
@@ -386,6 +387,9 @@ class WrittenInput(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         h = self.inp(x)
         h += self.pos
+        if self.views == "flatten":
+            a, b = h.flatten(0, 1), h.flatten(0, 1)
+            return self.q(a), self.k(b), self.v(a)
         if self.views:
             a, b = h.view(-1, 8), h.view(-1, 8)
             return self.q(a), self.k(b), self.v(a)
@@ -397,9 +401,9 @@ def dead(p: Program) -> list[str]:
     return [n.name for n in graph(p).nodes if n.op == "call_function" and not n.users]
 
 
-@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("views", [None, "view", "flatten"])
 @pytest.mark.parametrize("form", FORMS)
-def test_linears_reading_equal_views_of_one_value_join(form: str, views: bool) -> None:
+def test_linears_reading_equal_views_of_one_value_join(form: str, views: str | None) -> None:
     torch.manual_seed(0)
     model, x = WrittenInput(views).eval(), (torch.randn(2, 5, 3),)
     manager = edge(model, x, form) if form.startswith("edge") else None
@@ -417,26 +421,28 @@ def test_linears_reading_equal_views_of_one_value_join(form: str, views: bool) -
 
 class ViewsAroundWrite(nn.Module):
     """Two equal views of one value, written in place between them through a third view: Q reads
-    the value before the write, K and V after."""
+    the value before the write, K and V after (``flatten``: the two are ``h.flatten(0, 1)``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flatten: bool = False) -> None:
         super().__init__()
+        self.flatten = flatten
         self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         h = x * 2
-        q = self.q(h.view(-1, 8))
+        q = self.q(h.flatten(0, 1) if self.flatten else h.view(-1, 8))
         h.view(-1).add_(1)
-        after = h.view(-1, 8)
+        after = h.flatten(0, 1) if self.flatten else h.view(-1, 8)
         return q, self.k(after), self.v(after)
 
 
+@pytest.mark.parametrize("flatten", [False, True], ids=["view", "flatten"])
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
-def test_views_of_a_value_written_between_them_are_other_values(form: str) -> None:
+def test_views_of_a_value_written_between_them_are_other_values(form: str, flatten: bool) -> None:
     # aten: the two views are of one node, whose storage is written between them; only K and V,
     # which read one view, join
     torch.manual_seed(0)
-    model, x = ViewsAroundWrite().eval(), (torch.randn(2, 5, 8),)
+    model, x = ViewsAroundWrite(flatten).eval(), (torch.randn(2, 5, 8),)
     p = program(model, x, form)
     outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
     assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()

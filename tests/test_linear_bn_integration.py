@@ -354,3 +354,84 @@ def test_a_batch_norm_over_a_flatten_that_mixes_features_is_declined(form: str) 
     assert report.plans == ()
     assert [r.reason.code for r in report.rejections] == ["bn-axis-mismatch"]
     assert "a reshape of the linear's output (2, 5, 6)" in report.rejections[0].reason.message
+
+
+class FlattenBN(nn.Module):
+    """A BatchNorm1d of ``channels`` on ``linear(x).flatten(*dims)``, which an aten program (and its
+    GraphModule) keeps as ``aten.flatten.using_ints`` (decompositions and ``to_edge`` make it a view);
+    ``transposed``: the linear reads ``x.transpose(1, 2)``."""
+
+    def __init__(self, dims: tuple[int, int], channels: int = 6, transposed: bool = False, bias: bool = True) -> None:
+        super().__init__()
+        self.dims, self.transposed = dims, transposed
+        self.lin = nn.Linear(8, 6, bias=bias)
+        self.bn = randomize_bn(nn.BatchNorm1d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.lin(x.transpose(1, 2) if self.transposed else x)
+        out: torch.Tensor = self.bn(y.flatten(*self.dims))
+        return out
+
+
+def flatten_program(model: nn.Module, x: tuple[torch.Tensor, ...], form: str) -> Program:
+    """``model`` exported, as ``form`` holds it (``gm``: the unlifted GraphModule), its flatten kept."""
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program: Program = ep.module() if form == "gm" else ep
+    assert count(program, "aten.flatten.using_ints") == 1
+    return program
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+@pytest.mark.parametrize("dims", [(0, 1), (0, -2)], ids=["0,1", "0,-2"])
+def test_a_batch_norm_over_a_flatten_of_the_leading_dims_is_fused(
+    dims: tuple[int, int], transposed: bool, bias: bool, form: str
+) -> None:
+    # found by a review: an aten program keeps y.flatten(0, 1) as aten.flatten.using_ints, no view:
+    # declined producer-not-linear there while the edge program (a view_copy) fused
+    model = FlattenBN(dims, transposed=transposed, bias=bias).eval()
+    x = (torch.randn(2, 8, 5) if transposed else torch.randn(2, 5, 8),)
+    program = flatten_program(model, x, form)
+    want = run(program, x)
+    assert_close(want, [model(*x).detach()])
+    report = adapters.transform(program, [fuse_linear_bn()]).unwrap().report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert count(program, "batch_norm") == 0
+    assert count(program, "aten.flatten.using_ints") == 1  # the flatten re-emitted on the new linear
+    assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("dims", [(0, 0), (1, 1), (-1, -1)], ids=["0,0", "1,1", "-1,-1"])
+def test_a_batch_norm_over_a_flatten_that_merges_nothing_is_fused_on_n_f(dims: tuple[int, int], form: str) -> None:
+    # start_dim == end_dim: the [N, F] output as it is
+    model, x = FlattenBN(dims).eval(), (torch.randn(10, 8),)
+    program = flatten_program(model, x, form)
+    want = run(program, x)
+    report = adapters.transform(program, [fuse_linear_bn()]).unwrap().report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert count(program, "batch_norm") == 0
+    assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize(
+    ("dims", "channels", "merged"),
+    [((1, 2), 30, "1 to 2"), ((-2, -1), 30, "1 to 2"), ((1, 1), 5, "1 to 1")],
+    ids=["1,2", "-2,-1", "1,1"],
+)
+def test_a_batch_norm_over_a_flatten_that_leaves_the_features_off_dim_1_is_declined(
+    dims: tuple[int, int], channels: int, merged: str, form: str
+) -> None:
+    # flatten(1, 2) merges the features into [B, T * F]; flatten(1, 1) leaves [B, T, F], dim 1 T
+    model, x = FlattenBN(dims, channels).eval(), (torch.randn(2, 5, 8),)
+    program = flatten_program(model, x, form)
+    want = run(program, x)
+    report = adapters.transform(program, [fuse_linear_bn()]).unwrap().report
+    assert report.plans == ()
+    assert [r.reason.code for r in report.rejections] == ["bn-axis-mismatch"]
+    message = report.rejections[0].reason.message
+    assert "a reshape of the linear's output (2, 5, 6)" in message and f"(its dims {merged} merged)" in message
+    assert count(program, "batch_norm") == 1
+    assert_close(run(program, x), want)  # left as it was

@@ -11,10 +11,11 @@ of any output sizes, with or without bias, join. A linear of the group that cann
 rejected at its own product node with its reason, and the others still join if two or more
 remain; the shared input ends as the plan or as a rejection (``too-few-linears``, say).
 
-Linears reading equal views of one value (the same view op and sizes of it, or of equal views)
-read one input: ``to_edge`` gives each linear its own ``view_copy`` chain of a value the program
-wrote in place (``h += pos``). Unless one of them is written: in an aten program a view shares its
-storage, and a write between two views changes what the later one reads.
+Linears reading equal views of one value (the same view op and sizes of it, or of equal views;
+an aten program's ``flatten`` with the same dims) read one input: ``to_edge`` gives each linear its
+own ``view_copy`` chain of a value the program wrote in place (``h += pos``). Unless one of them is
+written: in an aten program a view shares its storage, and a write between two views changes what
+the later one reads.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import final
 from returns.result import Failure, Result, Success
 
 from fxpure import layout
-from fxpure.families import ADDMM, BMM, EXPAND, LINEAR, MATMUL, MM, VIEW
+from fxpure.families import ADDMM, BMM, EXPAND, FLATTEN, LINEAR, MATMUL, MM, VIEW
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, is_linear, linear_of, linear_root
 from fxpure.pattern import Match, Planner, Var, match
@@ -224,11 +225,12 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
     return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
 
 
-_VIEWS = VIEW.targets | EXPAND.targets
+# (an aten program's x.flatten(0, 1) is a reshape too: two of one value with the same dims are one input)
+_VIEWS = VIEW.targets | FLATTEN.targets | EXPAND.targets
 
 
 def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:
-    """What ``node`` is a view (a reshape, or an expand: a ``bmm``'s input) of, if it is a view of a
+    """What ``node`` is a view (a reshape or flatten, or an expand: a ``bmm``'s input) of, if it is a view of a
     value the program does not write in place (in an aten program a view shares its storage: a
     write between two views changes what the later one reads)."""
     source = node.args[0] if node.target in _VIEWS and node.args else None

@@ -1,16 +1,18 @@
 """fuse_linear_bn: linear -> eval batch_norm over its features  =>  linear with the batch norm folded into W, b.
 
 A batch norm normalises dim 1; a linear writes its features in its last dim. They line up
-for a ``[N, F]`` output, or when a permute (or transpose) puts the features at dim 1 first
-(``bn(linear(x).transpose(1, 2))``): then the batch norm becomes that permute of the new
-linear. ``BatchNorm1d(T)`` straight on a ``[B, T, F]`` output is declined, even when T == F.
+for a ``[N, F]`` output (the linear's own, or a reshape, view or flatten of it to ``[N, F]``:
+then the batch norm becomes that reshape of the new linear), or when a permute (or transpose)
+puts the features at dim 1 first (``bn(linear(x).transpose(1, 2))``): then the batch norm becomes
+that permute of the new linear. ``BatchNorm1d(T)`` straight on a ``[B, T, F]`` output is declined,
+even when T == F, as is one on a flatten that merges the features (``[B, T * F]``).
 """
 
 from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import BATCH_NORM, PERMUTE, TRANSPOSE_DIMS, VIEW
+from fxpure.families import BATCH_NORM, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
 from fxpure.linear import emit_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, need, rule
 from fxpure.plan import RewritePlan
@@ -26,8 +28,9 @@ AXIS = "bn-axis-mismatch"
 LINEAR = linear("lin", code=NOT_LINEAR, shared=LINEAR_SHARED)
 # the op that moves a [B, T, F] linear output to [B, F, T]: permute (edge: permute_copy) or transpose
 SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
-# a model's flatten of a [B, T, F] linear output to [B * T, F] (BatchNorm1d over the features)
-FLAT = Op(VIEW, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
+# a model's flatten of a [B, T, F] linear output to [B * T, F] (BatchNorm1d over the features): a
+# reshape or view (edge: view_copy), or, as an aten program keeps it, y.flatten(0, 1)
+FLAT = Op(VIEW | FLATTEN, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
 
 # bn(linear(x, w, b?) | permute(linear(x, w, b?)), gamma?, beta?, mean, var, training=False)[0]
 PATTERN = Op(
@@ -54,10 +57,17 @@ def _source_dim(perm: Bound, rank: int) -> int | None:
     return picked[1] if sorted(picked) == list(range(rank)) and rank > 1 else None
 
 
+def _dim(flat: Bound, arg: str, rank: int) -> str:
+    """A flatten's dim ``arg`` as a dim of its input (a negative one counted from the end)."""
+    dim = flat.args.get(arg)
+    return str(dim % rank if isinstance(dim, int) and not isinstance(dim, bool) and rank > 0 else dim)
+
+
 def _axes(bn: Bound, match: Match, perm: Bound | None = None, flat: Bound | None = None) -> Reason | None:
     """The batch norm's channel dim (1) is the linear's feature dim (its last): directly, through a
-    permute, or through a flatten to [N, F] (a reshape keeping the last dim keeps each row one
-    output's features)."""
+    permute, or through a reshape, view or flatten to [N, F] (a row-major reshape whose last size is
+    the features' keeps each row one output's features, whatever dims it merges: read off its output
+    shape, for a flatten's dims as for a view's sizes)."""
     spec = linear_of(match).spec
     if spec is None or not spec.shape:
         return Malformed(node=bn.name, detail="the linear's output has no known shape")
@@ -66,6 +76,9 @@ def _axes(bn: Bound, match: Match, perm: Bound | None = None, flat: Bound | None
         if shape is not None and len(shape) == 2 and shape[-1] == spec.shape[-1] and isinstance(shape[-1], int):
             return None
         detail = f"{bn.name} normalises dim 1 of {flat.name} {shape}, a reshape of the linear's output {spec.shape}"
+        if flat.node.target in FLATTEN.targets:  # which dims it merges, by schema name
+            merged = (_dim(flat, arg, len(spec.shape)) for arg in ("start_dim", "end_dim"))
+            detail += " (its dims {} to {} merged)".format(*merged)
         return Declined(code=AXIS, node=bn.name, detail=f"{detail}: not its features", path=match.sites["flat"].path)
     rank = len(spec.shape)
     source = 1 if perm is None else _source_dim(perm, rank)

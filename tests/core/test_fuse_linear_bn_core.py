@@ -4,6 +4,7 @@ and every rejection reason with its exact code, node and pattern path."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -102,6 +103,11 @@ def linear_bn(
     elif swap == "transpose":
         shape = (shape[0], shape[2], shape[1])
         y = g.call("aten.transpose.int", name="perm", out=shape, self=y, dim0=dims[0], dim1=dims[1])
+    elif swap == "flatten":  # an aten program's y.flatten(start_dim, end_dim)
+        start, end = (d % len(shape) for d in dims)
+        merged = math.prod(d for d in shape[start : end + 1] if isinstance(d, int))
+        shape = (*shape[:start], merged, *shape[end + 1 :])
+        y = g.call("aten.flatten.using_ints", name="flat", out=shape, self=y, start_dim=dims[0], end_dim=dims[1])
     args: dict[str, Arg] = {"input": y, "weight": gamma, "bias": beta_, "running_mean": mean, "running_var": var}
     if bn_target != "aten._native_batch_norm_legit_no_training.default":
         args["training"] = training
@@ -209,6 +215,39 @@ def test_permuted_rank3_output_folds_and_keeps_the_permute(swap: str, dims: tupl
     assert perm.args[0] == NodeRef("lin_bn") and perm.args[1:] == g.node("perm").args[1:]
     assert perm.spec == g.node("perm").spec == spec(4, F, T)
     assert after.outputs == ("perm_bn",)
+
+
+@pytest.mark.parametrize(
+    ("rank", "dims", "out"),
+    [(3, (0, 1), (4 * T, F)), (3, (0, -2), (4 * T, F)), (2, (0, 0), (4, F)), (2, (-1, -1), (4, F))],
+)
+def test_a_flatten_to_n_f_folds_and_keeps_the_flatten(rank: int, dims: tuple[int, int], out: Shape) -> None:
+    # bn(linear(x).flatten(0, 1)) in an aten program: the BN becomes that flatten of the new linear
+    g = linear_bn(rank=rank, swap="flatten", dims=dims)
+    assert g.node("flat").spec == spec(*out)
+    report = plan(g, [RULE])
+    assert report.rejections == () and len(report.plans) == 1
+    after = verify(report.after).unwrap()
+    assert calls(after) == ["linear.default", "flatten.using_ints"]
+    flat = after.node("flat_bn")
+    assert flat.args[0] == NodeRef("lin_bn") and flat.args[1:] == g.node("flat").args[1:] == dims
+    assert flat.spec == g.node("flat").spec
+    assert after.outputs == ("flat_bn",)
+
+
+@pytest.mark.parametrize(
+    ("dims", "channels", "out", "merged"),
+    [((1, 2), T * F, (4, T * F), "1 to 2"), ((-2, -1), T * F, (4, T * F), "1 to 2"), ((1, 1), T, (4, T, F), "1 to 1")],
+)
+def test_a_flatten_that_leaves_the_features_off_dim_1_is_declined(
+    dims: tuple[int, int], channels: int, out: Shape, merged: str
+) -> None:
+    reason = only_rejection(linear_bn(rank=3, swap="flatten", dims=dims, bn_channels=channels))
+    detail = (
+        f"bn normalises dim 1 of flat {out}, a reshape of the linear's output (4, {T}, {F}) (its dims {merged} "
+        "merged): not its features"
+    )
+    assert reason == Declined(code="bn-axis-mismatch", node="bn", path="bn.input/flat", detail=detail)
 
 
 def test_symbolic_sizes_stay_symbolic_in_every_new_node() -> None:
