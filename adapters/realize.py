@@ -57,7 +57,7 @@ from fxpure.plan import (
 )
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
-from fxpure.weights import Cast, Source, WeightExpr, infer_spec, moves_data, sources, subexpressions
+from fxpure.weights import Cast, Source, WeightExpr, infer_spec, moves_data, source_exprs, sources, subexpressions
 
 V = TypeVar("V")
 
@@ -1328,16 +1328,18 @@ def _unheld(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reaso
     buffer it writes in place, a value it computes: a hand-written ``Source`` of it), or reads one
     as another shape or dtype than it has, with the reason."""
     out: dict[tuple[str, str], Reason] = {}
+    held: dict[str, TensorSpec | None] = {}  # each key's spec, read once
     for p in report.plans:
         for c in p.constants:
-            for e in subexpressions(c.expr):
-                if not isinstance(e, Source):
-                    continue
-                t = cap.tensors.get(e.key)
-                if t is None:
+            for e in source_exprs(c.expr):
+                if e.key not in held:
+                    t = cap.tensors.get(e.key)
+                    held[e.key] = None if t is None else tensor_spec(t)
+                spec = held[e.key]
+                if spec is None:
                     detail = f"constant {c.name} reads {e.key}, which the program holds as no constant"
-                elif tensor_spec(t) != e.spec:
-                    detail = f"constant {c.name} reads {e.key} as {shown(e.spec)}, which holds {shown(tensor_spec(t))}"
+                elif spec != e.spec:
+                    detail = f"constant {c.name} reads {e.key} as {shown(e.spec)}, which holds {shown(spec)}"
                 else:
                     continue
                 out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)

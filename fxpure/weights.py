@@ -49,10 +49,11 @@ class _Expr:
     a rewrite (one constant per distinct expression, one evaluation per shared subexpression), and
     a recomputed hash would walk the whole tree each time."""
 
-    __slots__ = ("_hash", "_sources", "_spec")
+    __slots__ = ("_hash", "_leaves", "_sources", "_spec")
     _hash: int
     _spec: TensorSpec | BadExpr  # infer_spec's answer, kept once computed
     _sources: frozenset[str]  # sources' answer, kept once computed
+    _leaves: frozenset[Source]  # source_exprs' answer, kept once computed
 
     def _key(self) -> tuple[object, ...]:
         cls = type(self)
@@ -582,6 +583,23 @@ def sources(expr: WeightExpr) -> frozenset[str]:
         keys = frozenset((expr.key,)) if isinstance(expr, Source) else frozenset().union(*map(sources, children(expr)))
         object.__setattr__(expr, "_sources", keys)
         return keys
+
+
+def source_exprs(expr: WeightExpr) -> frozenset[Source]:
+    """The ``Source`` expressions ``expr`` reads (a key read as two specs is two of them).
+
+    >>> s = Source(key="w", spec=TensorSpec(shape=(2,), dtype="float32"))
+    >>> source_exprs(Binary(op="mul", a=s, b=Unary(op="neg", x=s))) == {s}
+    True
+    """
+    try:
+        return expr._leaves  # (kept: an adapter checks each new constant's, whose subexpressions repeat)
+    except AttributeError:
+        found = (
+            frozenset((expr,)) if isinstance(expr, Source) else frozenset().union(*map(source_exprs, children(expr)))
+        )
+        object.__setattr__(expr, "_leaves", found)
+        return found
 
 
 def _as(x: WeightExpr, dtype: str) -> WeightExpr:
