@@ -42,6 +42,8 @@ from adapters.snap import (
 )
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target, target_name
 from adapters.weights import materialize, plain_torch
+from fxpure.layout import CODE as LAYOUT_READER
+from fxpure.layout import FRESH, SIZE_QUERIES
 from fxpure.plan import (
     NewNode,
     Rejection,
@@ -56,7 +58,7 @@ from fxpure.plan import (
     specs_differ,
 )
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, refs
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
 from fxpure.weights import Cast, Source, WeightExpr, infer_spec, moves_data, source_exprs, sources, subexpressions
 
 V = TypeVar("V")
@@ -920,6 +922,60 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     return out
 
 
+def _restrided(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan moving the uses of a value where the program takes a view of it (or of a value
+    passing its strides on) that may be a copy (``reshape``, ``flatten``: a view where the strides
+    allow, else a copy), and writes in place the tensor that view is of: the replacement may have
+    other strides (a linear's 1x1 conv, a slice of merged linears), on which the view may become a
+    copy (a write through it lost) or a copy a view (a write reaching it). ``layout-sensitive-reader``,
+    with the reason (found by a hunt: ``h.reshape(-1, 8).mul_(3)`` after a linear made a conv)."""
+    if not cap.writes:
+        return {}
+    snap, exposed = cap.snap, dict[str, str]()  # a value whose strides a view that may copy depends on -> why
+    writers = {root: node for node, root in reversed(cap.writes)}  # each tensor's first writer
+    for name in sorted(cap.copies, key=lambda n: snap.index.get(n, -1)):
+        writer = writers.get(cap.views.get(name, name))
+        if name not in snap.index or writer is None:
+            continue
+        node = snap.node(name)
+        for x, _, _, copy in _effects(node, snap.dialect):
+            todo = [x] if copy else []
+            while todo:  # what x has its strides from
+                m = snap.node(todo.pop())
+                if m.name in exposed:
+                    continue
+                via = m.name if m.name == x else f"{x} (which has {m.name}'s strides)"
+                exposed[m.name] = (
+                    f"{name} ({node.target}) reads {via}, and {writer} writes what it views in place: whether"
+                    f" {name} is a view or a copy depends on the strides, which the replacement of {m.name} changes"
+                )
+                if m.op == "call_function" and m.target not in FRESH and m.target not in SIZE_QUERIES:
+                    todo.extend(ref_list(m))
+    out: dict[tuple[str, str], Reason] = {}
+    fakes, runs = _Fakes.of(cap.gm), dict[Hashable, tuple[Any, str | None]]()
+    vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes} if exposed else {}
+    for p in report.plans:
+        moved = [(old, new) for old, new in p.replace if old in exposed]
+        if not moved:
+            continue
+        local = _run_plan(fakes, p, snap.dialect, vals, set(), runs)[0] if fakes.mode is not None else {}
+        # a replacement torch lays out as the value it replaces (a fused conv for its batch norm) is safe
+        why = next(
+            (exposed[old] for old, new in moved if not _same_strides(vals[old], local.get(new, vals.get(new)))), None
+        )
+        if why is not None:
+            out[(p.rule, p.anchor)] = Declined(code=LAYOUT_READER, node=p.anchor, detail=why)
+    return out
+
+
+def _same_strides(a: object, b: object) -> bool:
+    """Two fake values of static sizes, of one shape and one layout."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    sizes = (*a.shape, *a.stride(), *b.shape, *b.stride())
+    return all(type(d) is int for d in sizes) and a.shape == b.shape and a.stride() == b.stride()
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class _Aliasing:
@@ -1083,16 +1139,31 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
                 if rec.name not in before.index:
                     vals[rec.name] = _ran(fakes, rec, snap.dialect, vals, layout, runs)[0]
         for p in stage:
-            local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
-            for node in p.nodes:
-                local[node.name], why = _ran(fakes, node, snap.dialect, ChainMap(local, vals), layout, runs)
-                if why is not None:
-                    code, detail = why
-                    kind = PlanConflict if code == "plan-conflict" else partial(Declined, code=code)
-                    out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail))
-                    break
+            why = _run_plan(fakes, p, snap.dialect, vals, layout, runs)[1]
+            if why is not None:
+                code, detail = why
+                kind = PlanConflict if code == "plan-conflict" else partial(Declined, code=code)
+                out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail))
         before = snap
     return out
+
+
+def _run_plan(
+    fakes: _Fakes,
+    p: RewritePlan,
+    dialect: str,
+    vals: dict[str, Any],
+    layout: set[str],
+    runs: dict[Hashable, tuple[Any, str | None]],
+) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """The fake values of ``p``'s new constants and nodes (``vals``: the snapshot's), up to the first
+    node :func:`_ran` declines the plan at, with why."""
+    local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
+    for node in p.nodes:
+        local[node.name], why = _ran(fakes, node, dialect, ChainMap(local, vals), layout, runs)
+        if why is not None:
+            return local, why
+    return local, None
 
 
 def _spec_value(fakes: _Fakes, spec: object) -> Any:
@@ -1354,6 +1425,7 @@ _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]
     _inside_preserved,
     _refused,
     _written_between,
+    _restrided,
     _computed,
 )
 
