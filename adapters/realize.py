@@ -283,6 +283,7 @@ def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:
 
 
 def _reads_channels_last(new: _NewNode, env: Mapping[str, Any], last: dict[int, bool]) -> bool:
+    """``new`` reads a value laid out channels last (``last``: each value's answer, by identity)."""
     for r in refs((*new.rec.args, *new.rec.kwargs.values())):
         v = env.get(r)
         if id(v) not in last:
