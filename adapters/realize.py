@@ -928,53 +928,45 @@ def _restrided(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Re
     passing its strides on) that may be a copy (``reshape``, ``flatten``: a view where the strides
     allow, else a copy), and writes in place the tensor that view is of: the replacement may have
     other strides (a linear's 1x1 conv, a slice of merged linears), on which the view may become a
-    copy (a write through it lost) or a copy a view (a write reaching it). ``layout-sensitive-reader``,
-    with the reason (found by a hunt: ``h.reshape(-1, 8).mul_(3)`` after a linear made a conv)."""
-    if not cap.writes:
-        return {}
-    snap, exposed = cap.snap, dict[str, str]()  # a value whose strides a view that may copy depends on -> why
+    copy (a write through it lost) or a copy a view (a write reaching it). Fake values cannot tell:
+    torch's fake batch norm of a transposed input has other strides than its kernel's result.
+    ``layout-sensitive-reader``, with the reason (found by hunts: ``h.reshape(-1, 8).mul_(3)`` after
+    a linear made a conv; a conv fused with its batch norm, then made a conv2d)."""
     writers = {root: node for node, root in reversed(cap.writes)}  # each tensor's first writer
-    for name in sorted(cap.copies, key=lambda n: snap.index.get(n, -1)):
-        writer = writers.get(cap.views.get(name, name))
-        if name not in snap.index or writer is None:
-            continue
-        node = snap.node(name)
+    views = [n for n in cap.copies if writers.get(cap.views.get(n, n)) is not None]
+    out: dict[tuple[str, str], Reason] = {}
+    for snap, stage in planned_on(report) if views else ():
+        exposed = _exposed_to_copies(snap, views, writers, cap.views)
+        for p in stage:
+            why = next((exposed[old] for old, _ in p.replace if old in exposed), None)
+            if why is not None:
+                out[(p.rule, p.anchor)] = Declined(code=LAYOUT_READER, node=p.anchor, detail=why)
+    return out
+
+
+def _exposed_to_copies(
+    snap: GraphSnapshot, views: list[str], writers: dict[str, str], roots: dict[str, str]
+) -> dict[str, str]:
+    """Each node of ``snap`` whose strides decide whether one of ``views`` (views that may be copies,
+    of tensors ``writers`` write) is a view or a copy: the node it reads, and those that node has
+    its strides from; with why."""
+    exposed: dict[str, str] = {}
+    for name in sorted((v for v in views if v in snap.index), key=snap.index.__getitem__):
+        node, writer = snap.node(name), writers[roots.get(name, name)]
         for x, _, _, copy in _effects(node, snap.dialect):
             todo = [x] if copy else []
-            while todo:  # what x has its strides from
+            while todo:
                 m = snap.node(todo.pop())
                 if m.name in exposed:
                     continue
                 via = m.name if m.name == x else f"{x} (which has {m.name}'s strides)"
                 exposed[m.name] = (
                     f"{name} ({node.target}) reads {via}, and {writer} writes what it views in place: whether"
-                    f" {name} is a view or a copy depends on the strides, which the replacement of {m.name} changes"
+                    f" {name} is a view or a copy depends on the strides, which a replacement of {m.name} may change"
                 )
                 if m.op == "call_function" and m.target not in FRESH and m.target not in SIZE_QUERIES:
                     todo.extend(ref_list(m))
-    out: dict[tuple[str, str], Reason] = {}
-    fakes, runs = _Fakes.of(cap.gm), dict[Hashable, tuple[Any, str | None]]()
-    vals = {n.name: n.meta.get("val") for n in cap.gm.graph.nodes} if exposed else {}
-    for p in report.plans:
-        moved = [(old, new) for old, new in p.replace if old in exposed]
-        if not moved:
-            continue
-        local = _run_plan(fakes, p, snap.dialect, vals, set(), runs)[0] if fakes.mode is not None else {}
-        # a replacement torch lays out as the value it replaces (a fused conv for its batch norm) is safe
-        why = next(
-            (exposed[old] for old, new in moved if not _same_strides(vals[old], local.get(new, vals.get(new)))), None
-        )
-        if why is not None:
-            out[(p.rule, p.anchor)] = Declined(code=LAYOUT_READER, node=p.anchor, detail=why)
-    return out
-
-
-def _same_strides(a: object, b: object) -> bool:
-    """Two fake values of static sizes, of one shape and one layout."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        return False
-    sizes = (*a.shape, *a.stride(), *b.shape, *b.stride())
-    return all(type(d) is int for d in sizes) and a.shape == b.shape and a.stride() == b.stride()
+    return exposed
 
 
 @final
@@ -1140,31 +1132,16 @@ def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Rea
                 if rec.name not in before.index:
                     vals[rec.name] = _ran(fakes, rec, snap.dialect, vals, layout, runs)[0]
         for p in stage:
-            why = _run_plan(fakes, p, snap.dialect, vals, layout, runs)[1]
-            if why is not None:
-                code, detail = why
-                kind = PlanConflict if code == "plan-conflict" else partial(Declined, code=code)
-                out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail))
+            local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
+            for node in p.nodes:
+                local[node.name], why = _ran(fakes, node, snap.dialect, ChainMap(local, vals), layout, runs)
+                if why is not None:
+                    code, detail = why
+                    kind = PlanConflict if code == "plan-conflict" else partial(Declined, code=code)
+                    out.setdefault((p.rule, p.anchor), kind(node=p.anchor, detail=detail))
+                    break
         before = snap
     return out
-
-
-def _run_plan(
-    fakes: _Fakes,
-    p: RewritePlan,
-    dialect: str,
-    vals: dict[str, Any],
-    layout: set[str],
-    runs: dict[Hashable, tuple[Any, str | None]],
-) -> tuple[dict[str, Any], tuple[str, str] | None]:
-    """The fake values of ``p``'s new constants and nodes (``vals``: the snapshot's), up to the first
-    node :func:`_ran` declines the plan at, with why."""
-    local = {c.name: _spec_value(fakes, infer_spec(c.expr).value_or(None)) for c in p.constants}
-    for node in p.nodes:
-        local[node.name], why = _ran(fakes, node, dialect, ChainMap(local, vals), layout, runs)
-        if why is not None:
-            return local, why
-    return local, None
 
 
 def _spec_value(fakes: _Fakes, spec: object) -> Any:
