@@ -76,6 +76,11 @@ def _read(h: torch.Tensor) -> tuple[torch.Tensor, ...]:  # no write: the rule ap
     return (h.reshape(-1, h.shape[-1]) * 3.0,)
 
 
+def _view_written(h: torch.Tensor) -> tuple[torch.Tensor, ...]:  # a view on any strides: the write reaches h
+    h.unsqueeze(0).mul_(2.0)
+    return (h,)
+
+
 def _other_written(h: torch.Tensor) -> tuple[torch.Tensor, ...]:  # a write, not of h or of its strides
     u = h @ h.transpose(-1, -2)  # (a matrix product is laid out afresh)
     u.reshape(-1).mul_(2.0)
@@ -107,7 +112,7 @@ def test_a_write_through_a_reshape_of_the_replaced_value_declines_the_plan(case:
 
 
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
-@pytest.mark.parametrize("after", [_read, _other_written, _scaled])
+@pytest.mark.parametrize("after", [_read, _other_written, _view_written, _scaled])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_without_such_a_write_the_rule_still_applies(case: str, after: Body, form: str) -> None:
     # (an edge program is functional: its writes are copies, and every rule applies)
