@@ -43,7 +43,7 @@ from adapters.snap import (
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target, target_name
 from adapters.weights import materialize, plain_torch
 from fxpure.layout import CODE as LAYOUT_READER
-from fxpure.layout import FRESH, SIZE_QUERIES
+from fxpure.layout import passes_strides
 from fxpure.plan import (
     NewNode,
     Rejection,
@@ -964,7 +964,7 @@ def _exposed_to_copies(
                     f"{name} ({node.target}) reads {via}, and {writer} writes what it views in place: whether"
                     f" {name} is a view or a copy depends on the strides, which a replacement of {m.name} may change"
                 )
-                if m.op == "call_function" and m.target not in FRESH and m.target not in SIZE_QUERIES:
+                if passes_strides(m):
                     todo.extend(ref_list(m))
     return exposed
 

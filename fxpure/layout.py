@@ -125,6 +125,13 @@ def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool
 # ops that read a tensor's sizes or strides, not its values: they pass no strides on (besides FRESH)
 SIZE_QUERIES = frozenset({"aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"})
 
+
+def passes_strides(node: NodeSnapshot) -> bool:
+    """``node``'s result has its inputs' strides (an elementwise op, a view), as far as a reader of
+    its strides is concerned: every call but :data:`FRESH` ones and :data:`SIZE_QUERIES`."""
+    return node.op == "call_function" and node.target not in FRESH and node.target not in SIZE_QUERIES
+
+
 # what _exposed found on the last snapshot asked about, by the readers it looked for (the rules ask
 # about each candidate of one snapshot in turn); weakly held, as a rule's cache
 _LAST: list[tuple[weakref.ref[GraphSnapshot], dict[frozenset[str], dict[str, tuple[str, str]]]]] = []
@@ -158,7 +165,7 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
                 todo.append(name)
     while todo:
         m = snap.node(todo.pop())
-        if m.target in FRESH or m.target in SIZE_QUERIES or m.op != "call_function":
+        if not passes_strides(m):
             continue
         for p in ref_list(m):
             if p not in out:

@@ -580,7 +580,7 @@ def sources(expr: WeightExpr) -> frozenset[str]:
     try:
         return expr._sources  # (kept: a rewrite asks for each new constant's, whose subexpressions repeat)
     except AttributeError:
-        keys = frozenset((expr.key,)) if isinstance(expr, Source) else frozenset().union(*map(sources, children(expr)))
+        keys = frozenset(s.key for s in source_exprs(expr))
         object.__setattr__(expr, "_sources", keys)
         return keys
 
