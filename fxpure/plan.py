@@ -351,6 +351,7 @@ def _arithmetic(
     work = work_dtype(spec.dtype)
     operands: list[WeightExpr] = []
     unary = node.target in UNARY_OPS or node.target in (POW, SQUARE)
+    rounded = node.target in RSUB or BINARY_OPS.get(node.target) in ("add", "sub")
     for arg in (node.arg(0, "self"),) if unary else (node.arg(0, "self"), node.arg(1, "other")):
         if type(arg) is NodeRef:
             expr = _operand(snap, arg, spec, seen, depth)
@@ -358,7 +359,10 @@ def _arithmetic(
                 return None
             operands.append(expr if work == spec.dtype else Cast(x=expr, dtype=work))
         elif isinstance(arg, int | float) and not isinstance(arg, bool):
-            operands.append(Fill(shape=(), value=float(arg), dtype=work))
+            # torch's CPU add and sub of a float16 or bfloat16 tensor round a number to its dtype
+            # first (``1.0001 - g`` is ``1.0 - g``); mul and div take it as a float32
+            number = Fill(shape=(), value=float(arg), dtype=spec.dtype if rounded else work)
+            operands.append(number if number.dtype == work else Cast(x=number, dtype=work))
         else:
             return None
     if node.target in UNARY_OPS:

@@ -661,6 +661,55 @@ def test_a_half_frozen_batch_norm_folds_in_every_form(form: str, dtype: torch.dt
     assert_close(run(p, x), want, rel=0.05)  # the fold rounds the scale into the weight once, in 16 bits
 
 
+class HalfGain(nn.Module):
+    """A conv times a gain the model computes from a parameter and a number, ``gain(g)``."""
+
+    def __init__(self, gain: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.conv, self.gain = nn.Conv2d(3, 4, 3), gain
+        self.g = nn.Parameter(torch.tensor([1.0, 0.999, 1.5, -0.25]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv(x) * self.gain(self.g).view(1, -1, 1, 1)
+        return out
+
+
+# numbers a half dtype does not hold, each where rounding it first changes the gain (1.0001 - 1.0 is
+# 0 in float16 and bfloat16, 1e-4 in float32); mul and div take the number as a float32
+HALF_GAINS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "rsub": lambda g: (1.0001 - g) * 10000,
+    "sub": lambda g: (g - 1.0001) * 10000,
+    "add": lambda g: (g + -1.0001) * 10000,
+    "mul": lambda g: g * 0.3,
+    "div": lambda g: g / 3.0,
+}
+
+
+@pytest.mark.parametrize("op", HALF_GAINS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_half_gain_computed_with_a_number_folds_as_torch_computes_it(form: str, dtype: torch.dtype, op: str) -> None:
+    # found by a hunt: the number was taken as a float32 in add and sub, where torch's CPU kernel
+    # rounds it to the tensor's dtype first: channel 0's gain, 0 in the program, became 1 after
+    torch.manual_seed(0)
+    model, x = HalfGain(HALF_GAINS[op]).eval().to(dtype), (torch.randn(2, 3, 6, 6, dtype=dtype),)
+    program = programs.build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    # the folded weight is the conv's times the gain torch computes, in float32, rounded once
+    with torch.no_grad():
+        gain = model.gain(model.g).float().view(-1, 1, 1, 1)
+        folded = (model.conv.weight.float() * gain).to(dtype)
+    state = program.state_dict() if isinstance(program, nn.Module) else program.state_dict
+    (weight,) = [v for k, v in state.items() if k.endswith("mul_weight")]
+    assert torch.equal(weight, folded)
+    got = run(program, x)
+    assert_close(got, want, rel=0.05)
+    if op in ("rsub", "sub", "add"):
+        assert not got[0][:, 0].any() and not want[0][:, 0].any()
+
+
 class ComputedGain(nn.Module):
     """A conv times a gain the model computes: ``g.square()`` or ``2 - g`` (aten: ``square``, ``rsub``)."""
 
