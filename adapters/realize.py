@@ -954,7 +954,7 @@ def _exposed_to_copies(
     for name in sorted((v for v in views if v in snap.index), key=snap.index.__getitem__):
         node, writer = snap.node(name), writers[roots.get(name, name)]
         for x, _, _, copy in _effects(node, snap.dialect):
-            todo = [x] if copy else []
+            todo = [x] if copy and _read_besides(snap, name, x) else []
             while todo:
                 m = snap.node(todo.pop())
                 if m.name in exposed:
@@ -967,6 +967,23 @@ def _exposed_to_copies(
                 if passes_strides(m):
                     todo.extend(ref_list(m))
     return exposed
+
+
+def _read_besides(snap: GraphSnapshot, view: str, x: str) -> bool:
+    """Whether the tensor ``view`` takes a view (or a copy) of, ``x``, is read other than through
+    ``view``: by another node than the next one down, from ``x`` up through what it is a view of.
+    If not, no reader can tell a view from a copy (a classifier's ``flatten(pool(y))`` written by an
+    in-place activation, nothing else reading the pool's output)."""
+    below, at = view, x
+    while True:
+        if snap.users.get(at, ()) != (below,):
+            return True
+        viewed = [y for y, _, is_view, _ in _effects(snap.node(at), snap.dialect) if is_view]
+        if not viewed:  # a tensor of its own: read through ``view`` alone
+            return False
+        if len(viewed) > 1:
+            return True
+        below, at = at, viewed[0]
 
 
 @final

@@ -300,7 +300,11 @@ def aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
         pass
     schema = getattr(target, "_schema", None)
     found: tuple[bool, tuple[tuple[int, str, bool], ...]] = (False, ())
-    if isinstance(schema, torch.FunctionSchema):
+    if isinstance(schema, torch.FunctionSchema) and undeclared_alias(target):
+        # each tensor it is given may be what it returns, none written
+        tensors = (a for a in schema.arguments if "Tensor" in str(a.type))
+        found = (True, tuple((-1 if a.kwarg_only else schema.arguments.index(a), a.name, False) for a in tensors))
+    elif isinstance(schema, torch.FunctionSchema):
         args = tuple(
             (-1 if a.kwarg_only else i, a.name, bool(a.alias_info.is_write))
             for i, a in enumerate(schema.arguments)
@@ -313,6 +317,40 @@ def aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
         found = (any(r.alias_info is not None for r in schema.returns), args)
     _ALIASES[target] = found
     return found
+
+
+# ops whose schema says they return a new tensor that may return one they are given, or a view of
+# it (their composite kernel does: ``dropout`` in eval mode, ``type_as`` of the same dtype,
+# ``einsum("ij->ij", x)``, ``x.sum_to_size(x.shape)``, ``unsafe_split``): those torch tags
+# ``maybe_aliasing_or_mutating`` (but the batch norms, tagged for the running stats they update,
+# which ``_updated_stats`` reads), and these
+_UNDECLARED_ALIASES = frozenset(
+    f"aten::{op}"
+    for op in (
+        "type_as",
+        "broadcast_tensors",
+        "meshgrid",
+        "einsum",
+        "sum_to_size",
+        "unsafe_split",
+        "unsafe_split_with_sizes",
+        "native_channel_shuffle",
+        "channel_shuffle",
+        "to_dense",
+        "flatten_dense_tensors",
+    )
+)
+_UPDATES_STATS = frozenset({"aten::batch_norm", "aten::_batch_norm_impl_index"})
+
+
+def undeclared_alias(target: Any) -> bool:
+    """Whether ``target`` may return one of the tensors it is given (or a view of one), or a new
+    one, whatever its schema says: it counts as a view of each, which may be a copy."""
+    schema = getattr(target, "_schema", None)
+    if not isinstance(schema, torch.FunctionSchema):
+        return False
+    tagged = torch.Tag.maybe_aliasing_or_mutating in getattr(target, "tags", ())
+    return schema.name in _UNDECLARED_ALIASES or (tagged and schema.name not in _UPDATES_STATS)
 
 
 @dataclass
@@ -367,6 +405,8 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
             x = n.args[0]
             if isinstance(x, torch.fx.Node) and x.name in views:
                 views[n.name] = views[x.name]
+                if x.name in w.copies:  # an element of what may be a copy (``unsafe_split``'s)
+                    w.copies.add(n.name)
             elif isinstance(x, torch.fx.Node) and isinstance(x.meta.get("val"), torch.Tensor):
                 views[n.name] = x.name  # ``g[0]``, ``g[:, 1]`` (an index by tensor or list copies)
                 if any(isinstance(i, (torch.fx.Node, list)) for i in _flat(n.args[1])):
@@ -379,7 +419,9 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
             returns_alias, args = aliases(target)
         except TypeError:  # an unhashable target: no schema to read
             continue
+        unchanged = _idle(n, target)
         for i, name, write in (*args, *_updated_stats(n, target)):
+            write = write and not unchanged
             value = n.args[i] if 0 <= i < len(n.args) else n.kwargs.get(name)
             for x in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(x, torch.fx.Node):
@@ -390,6 +432,21 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         if x.name in w.copies or may_copy(target):
                             w.copies.add(n.name)
     return w
+
+
+# in-place dropouts, which leave their input as it is in eval mode (``train=False``)
+_DROPOUTS_ = frozenset(
+    f"aten::{op}_" for op in ("dropout", "alpha_dropout", "feature_dropout", "feature_alpha_dropout")
+)
+
+
+def _idle(n: torch.fx.Node, target: Any) -> bool:
+    """Whether the in-place op at ``n`` writes nothing: a dropout in eval mode (MobileNet's classifier
+    holds ``nn.Dropout(inplace=True)``)."""
+    if target._schema.name not in _DROPOUTS_:
+        return False
+    train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train")
+    return train is False
 
 
 # a call of no aten op that writes its first argument: ``x[0] = 1``, ``x *= 2`` in a traced graph
@@ -516,7 +573,7 @@ MAYBE_COPIES = frozenset(
 def may_copy(target: Any) -> bool:
     """Whether ``target``'s result, which its schema says aliases its input, may be a copy."""
     schema = getattr(target, "_schema", None)
-    return isinstance(schema, torch.FunctionSchema) and schema.name in MAYBE_COPIES
+    return isinstance(schema, torch.FunctionSchema) and (schema.name in MAYBE_COPIES or undeclared_alias(target))
 
 
 def _branches_write(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:

@@ -33,8 +33,10 @@ VIEWS = frozenset(
 )
 STRIDED = frozenset({"aten.as_strided.default", "aten.as_strided_copy.default"})
 # ops whose result is contiguous whatever their inputs' strides: what comes after depends on them only
+# (``contiguous`` lays its result out in the memory format it is asked for, its input's or a copy)
 FRESH = frozenset(
     {
+        "aten.contiguous.default",
         "aten.linear.default",
         "aten.addmm.default",
         "aten.mm.default",

@@ -95,6 +95,33 @@ class Behind(torch.nn.Module):
         return torch.as_strided(y, (2, 3, 6), (18, 6, 1)) if self.strided else y.view(2, -1)
 
 
+class ContiguousMerge(torch.nn.Module):
+    """Swin's window_reverse: two linears' outputs permuted, made contiguous, then merged by a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x).permute(0, 2, 1, 3).contiguous().view(2, 6, 32)
+        z = self.b(x).permute(0, 2, 1, 3).contiguous().view(2, 6, 32)
+        out: torch.Tensor = y + z
+        return out
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("rule", ["linear-to-conv2d", "concat-parallel-linears"])
+def test_a_view_after_contiguous_takes_any_strides(rule: str, form: str) -> None:
+    # found by a hunt on Swin: the view was taken to need the linears' strides, and both rules
+    # declined layout-sensitive-reader; contiguous() lays its result out afresh, whatever it reads
+    model, x = ContiguousMerge().eval(), (torch.randn(2, 4, 6, 8),)
+    program = build(model, x, form)
+    want = run(program, x)
+    report = adapters.transform(program, [RULES[rule]()]).unwrap().report
+    assert len(report.plans) == (2 if rule == "linear-to-conv2d" else 1) and report.rejections == ()
+    assert_sound(program, x, want)
+
+
 class ChannelsLastGroups(torch.nn.Module):
     """A grouped conv read by strides: on a channels-last input its output is channels last, the
     split's cat is not."""

@@ -81,6 +81,12 @@ def _view_written(h: torch.Tensor) -> tuple[torch.Tensor, ...]:  # a view on any
     return (h,)
 
 
+def _written_through(h: torch.Tensor) -> tuple[torch.Tensor, ...]:  # h read through the reshape alone
+    y = h.reshape(-1, h.shape[-1])
+    y.mul_(3.0)  # a view or a copy of h: no reader can tell
+    return (y,)
+
+
 def _other_written(h: torch.Tensor) -> tuple[torch.Tensor, ...]:  # a write, not of h or of its strides
     u = h @ h.transpose(-1, -2)  # (a matrix product is laid out afresh)
     u.reshape(-1).mul_(2.0)
@@ -112,7 +118,7 @@ def test_a_write_through_a_reshape_of_the_replaced_value_declines_the_plan(case:
 
 
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
-@pytest.mark.parametrize("after", [_read, _other_written, _view_written, _scaled])
+@pytest.mark.parametrize("after", [_read, _other_written, _view_written, _written_through, _scaled])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_without_such_a_write_the_rule_still_applies(case: str, after: Body, form: str) -> None:
     # (an edge program is functional: its writes are copies, and every rule applies)

@@ -5,6 +5,7 @@ control-flow branch that only reads a weight, costs no rewrite."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ import fxpure
 from fxpure.families import CLONE, RELU, RELU_, VIEW, family
 from fxpure.pattern import Bound, Op, Planner, Var, rule
 from fxpure.plan import RewritePlan, Rule
-from fxpure.rules import concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn, quantized_conv
+from fxpure.rules import RULES, concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn, quantized_conv
 from fxpure.snapshot import NodeRef
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, build, count, run
@@ -531,3 +532,98 @@ def test_an_edge_programs_ops_are_read_by_their_aten_schemas(monkeypatch: pytest
     program = build(model, (torch.randn(1, 3, 8, 8),), "edge")
     monkeypatch.setattr(adapters.snap, "_python_writes", python_level)
     assert adapters.capture(program).written == frozenset()
+
+
+# ops whose schema says they return a new tensor, each given the conv's input and returning it (or a
+# view of it) at run time, as its composite kernel does
+HIDDEN_ALIASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "dropout": lambda x: F.dropout(x, 0.1, training=False),
+    "alpha_dropout": lambda x: F.alpha_dropout(x, 0.1, training=False),
+    "dropout2d": lambda x: F.dropout2d(x, 0.1, training=False),
+    "type_as": lambda x: x.type_as(x),
+    "atleast_2d": torch.atleast_2d,
+    "einsum": lambda x: torch.einsum("...->...", x),
+    "to_dense": lambda x: x.to_dense(),
+    "sum_to_size": lambda x: x.sum_to_size(x.shape),
+    "broadcast_tensors": lambda x: torch.broadcast_tensors(x, x)[0],  # type: ignore[no-untyped-call]
+    "unsafe_chunk": lambda x: x.unsafe_chunk(1)[0],
+    "unsafe_split": lambda x: x.unsafe_split(100)[0],
+}
+
+
+class HiddenWrite(nn.Module):
+    """A conv and its batch norm, the conv's input written in place through ``alias(x)`` between them
+    (a buffer the batch norm reads, with ``stats``): a write no schema declares."""
+
+    def __init__(self, alias: Callable[[torch.Tensor], torch.Tensor], stats: bool) -> None:
+        super().__init__()
+        self.alias, self.stats = alias, stats
+        self.c, self.b, self.proj = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 0.0
+        y = self.c(x)
+        if self.stats:  # state that persists across calls: the fold would keep its first value
+            assert self.b.running_mean is not None
+            self.alias(self.b.running_mean).add_(0.25)
+            bn: torch.Tensor = self.b(y)
+            return bn
+        h = self.alias(x)
+        h += 1.0  # writes x
+        out: torch.Tensor = self.b(y) + self.proj(h)
+        return out
+
+
+@pytest.mark.parametrize("stats", [False, True])
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("op", sorted(HIDDEN_ALIASES))
+def test_a_write_through_an_op_returning_its_input_undeclared_counts(op: str, form: str, stats: bool) -> None:
+    # found by a hunt: dropout in eval mode (and the others) returns its input though its schema says
+    # it returns a new tensor; the conv fused at the batch norm read the input after the write (off by
+    # 0.2 relative; or, written the running mean, right on the first call only)
+    if stats and op in ("unsafe_split", "broadcast_tensors", "sum_to_size"):
+        pytest.skip("(of a vector, the same as the other ops)")
+    model = randomize_bn(HiddenWrite(HIDDEN_ALIASES[op], stats)).eval()
+    x = (torch.randn(2, 3, 6, 6),)
+    want = _runs(build(copy.deepcopy(model), x, "aten"), x, times=3)
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [make() for make in RULES.values()]).unwrap()
+    assert [p.rule for p in outcome.report.plans if p.rule == "fuse-conv-bn"] == []
+    assert_close(_runs(program, x, times=3), want)
+
+
+class Classifier(nn.Module):
+    """MobileNet's head: conv, batch norm, pool, flatten, then ``act`` (an in-place dropout in eval
+    mode, which writes nothing; an in-place ReLU, which writes what the flatten may view) and a
+    linear; with ``shared``, the pool's output is returned too."""
+
+    def __init__(self, act: nn.Module, shared: bool) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU6(), nn.AdaptiveAvgPool2d(1))
+        self.act, self.fc, self.shared = act, nn.Linear(8, 4), shared
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pooled = self.body(x)
+        out = self.fc(self.act(torch.flatten(pooled, 1)))
+        return (out, pooled) if self.shared else (out,)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("act", ["dropout", "relu"])
+def test_a_classifier_writing_its_flattened_pool_in_place_keeps_its_fusions(act: str, shared: bool, form: str) -> None:
+    # found by a hunt on MobileNetV1: every conv + batch norm was declined layout-sensitive-reader (the
+    # flatten may be a view or a copy of the pool's output, which the batch norm's strides decide); but
+    # an eval dropout writes nothing, and where nothing but the flatten reads the pool's output no
+    # reader can tell a view from a copy
+    model = randomize_bn(
+        Classifier(nn.Dropout(0.1, inplace=True) if act == "dropout" else nn.ReLU(inplace=True), shared)
+    ).eval()
+    x = (torch.randn(2, 3, 10, 10),)
+    want = _runs(build(copy.deepcopy(model), x, "aten"), x)
+    program = build(model, x, form)
+    outcome = adapters.transform(program, [fuse_conv_bn()]).unwrap()
+    declined = act == "relu" and shared
+    assert len(outcome.report.plans) == (0 if declined else 1)
+    assert [r.reason.code for r in outcome.report.rejections] == (["layout-sensitive-reader"] if declined else [])
+    assert_close(_runs(program, x), want)
