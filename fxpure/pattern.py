@@ -667,9 +667,10 @@ def _op(
     if reader is not None and p.users == ONE:
         # an operand read through getitems (``out=``): the element's readers besides the reader (one
         # of another element is ``stray``, below)
-        others = tuple(u for g in (uses if through else (node.name,)) for u in st.snap.users[g] if u != reader)
+        read = [(u, g) for g in (uses if through else (node.name,)) for u in st.snap.users[g] if u != reader]
+        others = tuple(u for u, _ in read)
         if others:
-            sizes = tuple(u for u in others if st.snap.node(u).target in SIZE_READERS)
+            sizes = tuple(u for u, g in read if reads_sizes(st.snap.node(u), g))
             if len(sizes) < len(others):
                 return OutputShared(code=p.shared, node=node.name, users=others, path=path)
             # read for its sizes only (a dynamic program's x.shape): a replacement of its shape answers
@@ -1109,6 +1110,25 @@ need = _Need()
 _NO_SIZES: Mapping[str, OutputShared] = MappingProxyType({})
 # ops that read only a value's sizes: such a reader of a matched inner node is no reason to keep it
 SIZE_READERS = frozenset({"aten.sym_size.int", "aten.sym_numel.default"})
+# ops that read their ``other`` for its sizes only (``y.reshape_as(h)``)
+SHAPED_AS = frozenset({"aten.reshape_as.default", "aten.view_as.default", "aten.expand_as.default"})
+
+
+def reads_sizes(node: NodeSnapshot, name: str) -> bool:
+    """Whether ``node`` reads the value ``name`` for its sizes only: a size query (a dynamic
+    program's ``x.shape``), or the ``other`` of a ``reshape_as``, ``view_as`` or ``expand_as`` of
+    another value (LeViT's ``bn(h.flatten(0, 1)).reshape_as(h)``).
+
+    >>> n = NodeSnapshot(name="r", op="call_function", target="aten.reshape_as.default",
+    ...                  args=(NodeRef("bn"), NodeRef("h")))
+    >>> reads_sizes(n, "h"), reads_sizes(n, "bn")
+    (True, False)
+    """
+    if node.target in SIZE_READERS:
+        return True
+    return node.target in SHAPED_AS and node.arg(1, "other") == NodeRef(name) and node.arg(0, "self") != NodeRef(name)
+
+
 # ops that compute a size (an int of a dynamic program): pure, so dropped once nothing reads them
 _SIZE_OPS = SIZE_QUERIES | {
     f"_operator.{op}" for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow")
@@ -1386,7 +1406,8 @@ class Planner:
         self, matches: Sequence[Match], moves: Sequence[tuple[Bound, NodeRef]], gone: tuple[str, ...]
     ) -> tuple[tuple[str, str], ...]:
         """Moves of the size reads of erased inner nodes (:attr:`Match.sized`) to a new value of the
-        same shape; where there is none, the plan is refused with the node's output-shared reason."""
+        same shape (one taking uses, else any of the plan's); where there is none, the plan is
+        refused with the node's output-shared reason."""
         sized = [(k, v) for m in matches for k, v in m.sized.items() if k in gone]
         if not sized:
             return ()
@@ -1394,7 +1415,10 @@ class Planner:
         out = []
         for inner, why in sized:
             spec = self.match.snap.node(inner).tensor_spec
-            to = next((new.name for _, new in moves if spec is not None and shapes.get(new.name) == spec.shape), None)
+            # the value taking its uses, else any new value of its shape (LeViT's new linear, for the
+            # ``reshape_as`` of its batch norm's flattened output)
+            fits = [new.name for _, new in moves] + list(shapes)
+            to = next((n for n in fits if spec is not None and shapes.get(n) == spec.shape), None)
             if to is None:
                 self.refused = self.refused or why
             else:

@@ -435,3 +435,34 @@ def test_a_batch_norm_over_a_flatten_that_leaves_the_features_off_dim_1_is_decli
     assert "a reshape of the linear's output (2, 5, 6)" in message and f"(its dims {merged} merged)" in message
     assert count(program, "batch_norm") == 1
     assert_close(run(program, x), want)  # left as it was
+
+
+class LevitMLP(nn.Module):
+    """LeViT's MLPLayerWithBN: a batch norm of the linear's flattened output, reshaped as the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.bn = nn.Linear(8, 16, bias=False), nn.BatchNorm1d(16)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.linear(h)
+        out: torch.Tensor = self.bn(h.flatten(0, 1)).reshape_as(h)
+        return out
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_batch_norm_reshaped_as_the_linears_output_fuses(form: str, dynamic: bool) -> None:
+    # found by a hunt of Hugging Face models: every LeViT linear + batch norm was declined
+    # linear-output-shared in the aten forms, reshape_as reading the linear's output for its sizes
+    # only (edge spells it view_copy of literal sizes, and fused)
+    model, x = randomize_bn(LevitMLP()).eval(), (torch.randn(2, 5, 8),)
+    shapes = ({0: Dim("B", min=1, max=8)},) if dynamic else None
+    ep = torch.export.export(model, x, dynamic_shapes=shapes)
+    program: Program = ep if form == "aten" else ep.module() if form == "gm" else to_edge(ep).exported_program()
+    outcome = adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert count(program, "batch_norm") == 0
+    for batch in (2, 3) if dynamic else (2,):
+        y = (torch.randn(batch, 5, 8),)
+        assert_close(run(program, y), [model(*y)])

@@ -430,3 +430,30 @@ def test_rewrite_is_pure_and_second_run_finds_nothing() -> None:
     assert json.dumps(to_data(g), sort_keys=True) == copy_before
     again = plan(first.after, [RULE])
     assert again.plans == () and again.rejections == ()
+
+
+@pytest.mark.parametrize("reader", ["aten.reshape_as.default", "aten.view_as.default", "aten.expand_as.default"])
+@pytest.mark.parametrize("as_self", [False, True])
+def test_a_reader_of_the_linears_sizes_only_moves_to_the_new_linear(reader: str, as_self: bool) -> None:
+    # LeViT: bn(h.flatten(0, 1)).reshape_as(h) reads the linear's output h for its sizes only; a
+    # reshape_as *of* h reads its values (the linear is shared)
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 5, IN)), g.parameter("w", (F, IN), key="lin.weight")
+    h = g.call("aten.linear.default", name="lin", out=(2, 5, F), input=x, weight=w)
+    flat = g.call("aten.flatten.using_ints", name="flat", out=(10, F), self=h, start_dim=0, end_dim=1)
+    stats = {k: g.buffer(k, (F,), key=f"bn.running_{k}") for k in ("mean", "var")}
+    bn = g.call(
+        "aten.batch_norm.default", name="bn", out=(10, F), input=flat, weight=None, bias=None,
+        running_mean=stats["mean"], running_var=stats["var"], training=False, momentum=0.1, eps=1e-5,
+        cudnn_enabled=False,
+    )  # fmt: skip
+    other = g.call("aten.relu.default", name="other", out=(10, F), self=bn)
+    g.output(g.node(reader, (h, other) if as_self else (bn, h), name="back", out=(2, 5, F)))
+    report = plan(g.build(), [RULE])
+    if as_self:
+        assert report.plans == () and [r.reason.code for r in report.rejections] == ["linear-output-shared"]
+        return
+    assert len(report.plans) == 1
+    sized = report.after.node("back").args[1]
+    assert isinstance(sized, NodeRef) and report.after.node(sized.name).target == "aten.linear.default"
+    assert "lin" not in report.after.index and calls(report.after)[-1] == reader.removeprefix("aten.")

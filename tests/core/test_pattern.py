@@ -1463,6 +1463,29 @@ def test_floating_arithmetic_of_constants_is_a_constant(target: str, values: dic
     assert computed_by(snap, "c") == (("c",) if want is not None else ())
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    ("target", "rounded"),
+    [
+        ("aten.add.Tensor", True),
+        ("aten.sub.Scalar", True),
+        ("aten.rsub.Scalar", True),
+        ("aten.mul.Tensor", False),
+        ("aten.div.Tensor", False),
+    ],
+)
+def test_a_number_in_half_precision_arithmetic_is_taken_as_torch_takes_it(
+    target: str, rounded: bool, dtype: str
+) -> None:
+    # torch's CPU add and sub round the number to the tensor's dtype first, mul and div do not
+    snap = _computed(target, dtype, values={"other": 1.0001})
+    number = Fill(shape=(), value=1.0001, dtype=dtype if rounded else "float32")
+    found = constant_expr(snap, "c")
+    assert isinstance(found, Cast) and found.dtype == dtype and isinstance(found.x, Binary)
+    operand = found.x.a if "rsub" in target else found.x.b
+    assert operand == (Cast(x=number, dtype="float32") if rounded else number)
+
+
 @pytest.mark.parametrize(
     ("source", "to", "constant"),
     [
