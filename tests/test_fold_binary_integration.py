@@ -710,6 +710,42 @@ def test_a_half_gain_computed_with_a_number_folds_as_torch_computes_it(form: str
         assert not got[0][:, 0].any() and not want[0][:, 0].any()
 
 
+class DroppedScale(nn.Module):
+    """BEiT's and DINOv2's layer scale: ``op(dropout(dense(x)), gamma)``, the dropout in eval mode."""
+
+    def __init__(self, op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.dense, self.drop, self.op = nn.Linear(8, 8), nn.Dropout(0.1), op
+        self.gamma = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.op(self.drop(self.dense(x)), self.gamma)
+        return out
+
+
+DROPPED_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "mul": lambda y, g: g * y,
+    "sub": lambda y, g: y - g,
+    "rsub": lambda y, g: g - y,
+}
+
+
+@pytest.mark.parametrize("op", DROPPED_OPS)
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_scale_behind_an_eval_dropout_folds(form: str, op: str) -> None:
+    # found by a hunt of Hugging Face models: the op was no candidate behind the dropout (BEiT's
+    # lambda_1, DINOv2's layer_scale1, FocalNet's gamma_1): no plan and no rejection. Edge spells the
+    # dropout as a copy (_clone_dim_order), still no candidate there
+    model, x = DroppedScale(DROPPED_OPS[op]).eval(), (torch.randn(2, 5, 8),)
+    program = programs.build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert (len(outcome.report.plans), outcome.report.rejections) == (0 if form == "edge" else 1, ())
+    if form != "edge":
+        assert count(program, "dropout") == 0 and count(program, "linear") == 1
+    assert_close(run(program, x), want)
+
+
 class ComputedGain(nn.Module):
     """A conv times a gain the model computes: ``g.square()`` or ``2 - g`` (aten: ``square``, ``rsub``)."""
 

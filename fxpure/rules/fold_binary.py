@@ -24,7 +24,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Literal, TypeAlias
 
-from fxpure.families import ADD, ADD_, ADDMM, BMM, CAST, CONV, DIV, DIV_, LINEAR, MM, MUL, MUL_, RSUB, SUB, SUB_, VIEW
+from fxpure.families import (
+    ADD,
+    ADD_,
+    ADDMM,
+    BMM,
+    CAST,
+    CONV,
+    DIV,
+    DIV_,
+    DROPOUT,
+    LINEAR,
+    MM,
+    MUL,
+    MUL_,
+    RSUB,
+    SUB,
+    SUB_,
+    VIEW,
+)
 from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
 from fxpure.plan import RewritePlan
@@ -63,6 +81,9 @@ PRODUCER = OneOf(
     ),
     linear("lin", code=NOT_PRODUCER, shared=LINEAR_SHARED, bias_add=True),  # (candidates read a product)
 )
+# the output read through a dropout in eval mode, which returns it (BEiT's, DINOv2's layer scale:
+# ``gamma * dropout(dense(x))``): the dropout goes with the op
+PRODUCER = OneOf(*PRODUCER.alternatives, Op(DROPOUT, name="idle", self=PRODUCER, train=Lit(False)))
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
@@ -106,6 +127,8 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
+    if node is not None and node.target in DROPOUT.targets and node.args and node.arg(2, "train") is False:
+        return _computed_by_product(snap, node.args[0])  # (in eval mode: its input)
     if node is None or node.target not in VIEW.targets:
         return node is not None and (node.target in PRODUCTS or is_linear(snap, node) or is_bias_add(snap, node))
     while node.target in VIEW.targets:
@@ -197,7 +220,8 @@ _BINARIES = (MUL, DIV, ADD, SUB, RSUB, MUL_, DIV_, ADD_, SUB_)
 def _key(bin: Bound, match: Match) -> tuple[str, bool]:
     # by the node's own family (a joined one matched it): mul_ scales as mul does, true_divide as div
     op = next(f.name for f in _BINARIES if bin.node.target in f.schemas).removesuffix("_")
-    read = match.bindings.get("promoted") or _producer(match)  # what the op reads: y, or its copy
+    # what the op reads: y, its copy, or a dropout's of it
+    read = match.bindings.get("promoted") or match.bindings.get("idle") or _producer(match)
     assert isinstance(read, Bound)
     return op, bin.args.get("self") == NodeRef(read.name)
 

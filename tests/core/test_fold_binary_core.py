@@ -156,6 +156,7 @@ def graph(
     batch: int | str = B,
     relu: bool = False,
     tied: bool = False,
+    dropout: bool | None = None,
 ) -> GraphSnapshot:
     """x -> conv | linear (``producer``) -> ``target``(y, c) (``first``) or (c, y) -> output, with knobs
     for every plan shape and rejection. ``operand``: "scalar" (2.5), "tensor" (a buffer of
@@ -179,6 +180,8 @@ def graph(
         y = g.call("aten.relu.default", name="relu", out=y_spec, self=x)
     else:
         y = _producer(g, producer, x, w, b, y_spec)
+    if dropout is not None:  # a dropout of the output, ``train=dropout``
+        y = g.call("aten.dropout.default", name="drop", out=y_spec, self=y, p=0.1, train=dropout)
     operands: dict[str, Arg] = {"self": y, "other": c} if first else {"self": c, "other": y}
     if alpha is not None:
         operands["alpha"] = alpha
@@ -710,3 +713,16 @@ def test_a_reshape_pair_after_a_linear_is_reported_not_skipped() -> None:
     report = plan(g.build(), [RULE])
     assert report.plans == ()
     assert [(r.node, r.reason.code) for r in report.rejections] == [("add", "producer-not-conv-or-linear")]
+
+
+@pytest.mark.parametrize("producer", ["conv2d", "linear"])
+@pytest.mark.parametrize("first", [True, False])
+def test_an_output_read_through_a_dropout_in_eval_mode_folds_and_the_dropout_goes(producer: str, first: bool) -> None:
+    # BEiT's and DINOv2's layer scale: gamma * dropout(dense(x)); a dropout in eval mode returns its input
+    report = plan(graph(producer=producer, first=first, dropout=False), [RULE])
+    (p,) = report.plans
+    assert {"drop", "bin"} <= set(p.erase) and report.rejections == ()
+    assert "dropout.default" not in calls(report.after)
+    # in training mode it drops values: no scale of the output, and no candidate
+    report = plan(graph(producer=producer, first=first, dropout=True), [RULE])
+    assert report.plans == () and report.rejections == ()
