@@ -1017,6 +1017,9 @@ def _aliasing(cap: Captured, snap: GraphSnapshot) -> _Aliasing:
     of: dict[str, list[str]] = {}
     for v, r in root.items():
         of.setdefault(r, []).append(v)
+    for m, tensors in cap.shared.items():  # (``broadcast_tensors``: a view of each, through its elements)
+        for r in tensors:
+            of.setdefault(r, []).extend([m, *of.get(m, ())])
     return _Aliasing(root, copies, at, of)
 
 

@@ -170,6 +170,8 @@ class Captured:
     writes: tuple[tuple[str, str], ...] = ()
     views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
     copies: frozenset[str] = frozenset()  # views that may be copies (``MAYBE_COPIES``), or of one
+    # a node that may alias several tensors (``broadcast_tensors``) -> each of them (its own root)
+    shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _pinned(ep: ExportedProgram | None) -> dict[str, str]:
@@ -301,9 +303,10 @@ def aliases(target: Any) -> tuple[bool, tuple[tuple[int, str, bool], ...]]:
     schema = getattr(target, "_schema", None)
     found: tuple[bool, tuple[tuple[int, str, bool], ...]] = (False, ())
     if isinstance(schema, torch.FunctionSchema) and undeclared_alias(target):
-        # each tensor it is given may be what it returns, none written
-        tensors = (a for a in schema.arguments if "Tensor" in str(a.type))
-        found = (True, tuple((-1 if a.kwarg_only else schema.arguments.index(a), a.name, False) for a in tensors))
+        # the tensor it is given (the first; every one, for an op of several), none written
+        tensors = [a for a in schema.arguments if "Tensor" in str(a.type)]
+        some = tensors if schema.name in _ALIASES_ALL else tensors[:1]
+        found = (True, tuple((-1 if a.kwarg_only else schema.arguments.index(a), a.name, False) for a in some))
     elif isinstance(schema, torch.FunctionSchema):
         args = tuple(
             (-1 if a.kwarg_only else i, a.name, bool(a.alias_info.is_write))
@@ -341,11 +344,19 @@ _UNDECLARED_ALIASES = frozenset(
     )
 )
 _UPDATES_STATS = frozenset({"aten::batch_norm", "aten::_batch_norm_impl_index"})
+# of those, the ops that may return (views of) any of the tensors they are given, not only the first
+_ALIASES_ALL = frozenset(
+    f"aten::{op}" for op in ("broadcast_tensors", "meshgrid", "einsum", "cartesian_prod", "flatten_dense_tensors")
+)
+# and those whose result is a view or a copy by their input's strides (a reshape inside)
+_RESHAPES_INSIDE = frozenset({"aten::native_channel_shuffle", "aten::channel_shuffle"})
 
 
 def undeclared_alias(target: Any) -> bool:
     """Whether ``target`` may return one of the tensors it is given (or a view of one), or a new
-    one, whatever its schema says: it counts as a view of each, which may be a copy."""
+    one, whatever its schema says: it counts as a view of it (of each, for ``_ALIASES_ALL``), a
+    write through it a write of that tensor (whether it is a new one depends on the mode, the
+    dtype or the sizes, not the strides: no copy but for ``_RESHAPES_INSIDE``)."""
     schema = getattr(target, "_schema", None)
     if not isinstance(schema, torch.FunctionSchema):
         return False
@@ -362,11 +373,19 @@ class _Writes:
     events: list[tuple[str, str]] = field(default_factory=list)
     views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
     copies: set[str] = field(default_factory=set)  # views that may be copies (MAYBE_COPIES), or of one
+    # a node that may alias several tensors (``broadcast_tensors``) -> each of them: its own root,
+    # a write to it a write to each
+    shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def write(self, node: str, value: str) -> None:
-        root = self.views.get(value, value)
-        self.written.add(root)
-        self.events.append((node, root))
+        todo, seen = [self.views.get(value, value)], set()
+        while todo:
+            root = todo.pop()
+            if root not in seen:
+                seen.add(root)
+                self.written.add(root)
+                self.events.append((node, root))
+                todo.extend(self.shared.get(root, ()))
 
     def view(self, node: str, of: str) -> None:
         """``node`` is a view of ``of`` (so of the tensor ``of`` views)."""
@@ -407,6 +426,8 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                 views[n.name] = views[x.name]
                 if x.name in w.copies:  # an element of what may be a copy (``unsafe_split``'s)
                     w.copies.add(n.name)
+            elif isinstance(x, torch.fx.Node) and x.name in w.shared:  # an element of ``broadcast_tensors``
+                views[n.name] = x.name
             elif isinstance(x, torch.fx.Node) and isinstance(x.meta.get("val"), torch.Tensor):
                 views[n.name] = x.name  # ``g[0]``, ``g[:, 1]`` (an index by tensor or list copies)
                 if any(isinstance(i, (torch.fx.Node, list)) for i in _flat(n.args[1])):
@@ -419,7 +440,8 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
             returns_alias, args = aliases(target)
         except TypeError:  # an unhashable target: no schema to read
             continue
-        unchanged = _idle(n, target)
+        unchanged = bool(args) and _idle(n, target)
+        viewed: list[str] = []
         for i, name, write in (*args, *_updated_stats(n, target)):
             write = write and not unchanged
             value = n.args[i] if 0 <= i < len(n.args) else n.kwargs.get(name)
@@ -428,9 +450,14 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                     if write:
                         w.write(n.name, x.name)
                     if returns_alias:  # a view, or an in-place op's result: the tensor it was given
-                        w.view(n.name, x.name)
+                        viewed.append(x.name)
                         if x.name in w.copies or may_copy(target):
                             w.copies.add(n.name)
+        roots = tuple(dict.fromkeys(views.get(x, x) for x in viewed))
+        if len(roots) == 1:
+            w.view(n.name, viewed[0])
+        elif roots:  # (``broadcast_tensors([x, z])``)
+            w.shared[n.name] = roots
     return w
 
 
@@ -480,6 +507,9 @@ def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
         w.copies.add(n.name)  # a copy when the dtype changes
         return
     bound = _bound(n)
+    if first is not None and n.target in _DROPOUT_FUNCTIONS and bound.get("training", bound.get("train")) is False:
+        w.view(n.name, first.name)  # ``F.dropout(x, training=False)`` returns x (and writes nothing)
+        return
     in_place = name.endswith("_") and not name.startswith("_") and name not in _NOT_DATA_WRITES
     if first is not None and (in_place or n.target in _SETS or bound.get("inplace", n.kwargs.get("inplace")) is True):
         w.write(n.name, first.name)
@@ -491,6 +521,16 @@ def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
         for stats in (bound.get(k) for k in _STATS_ARGS):
             if isinstance(stats, torch.fx.Node):
                 w.write(n.name, stats.name)
+
+
+# the dropouts of torch.nn.functional and torch, which return their input when not training
+_DROPOUT_FUNCTIONS = frozenset(
+    {
+        *(getattr(torch.nn.functional, f) for f in ("dropout", "dropout1d", "dropout2d", "dropout3d")),
+        *(getattr(torch.nn.functional, f) for f in ("alpha_dropout", "feature_alpha_dropout")),
+        *(getattr(torch, f) for f in ("dropout", "alpha_dropout", "feature_dropout", "feature_alpha_dropout")),
+    }
+)
 
 
 def _bound(n: torch.fx.Node) -> dict[str, Any]:
@@ -509,7 +549,7 @@ def _bound(n: torch.fx.Node) -> dict[str, Any]:
 
 def _module_writes(w: _Writes, gm: torch.fx.GraphModule, n: torch.fx.Node, attrs: dict[str, list[str]]) -> None:
     """What a module call of a symbolic_trace graph writes: its input, for ``nn.ReLU(inplace=True)``
-    and its like (not a dropout in eval mode, which returns it); the running stats a batch norm in
+    and its like (not a dropout in eval mode, which returns it: a view of it); the running stats a batch norm in
     training mode updates, where the graph reads them too; and, so far as anyone knows, every tensor
     it is given, for a module of no ``torch.nn`` type (a custom tracer's leaf runs any code)."""
     module, x = _attr(gm, str(n.target)), n.args[0] if n.args else None
@@ -518,7 +558,9 @@ def _module_writes(w: _Writes, gm: torch.fx.GraphModule, n: torch.fx.Node, attrs
             w.write(n.name, given.name)
         return
     dropout = isinstance(module, torch.nn.modules.dropout._DropoutNd) and not module.training
-    if getattr(module, "inplace", False) is True and not dropout and isinstance(x, torch.fx.Node):
+    if dropout and isinstance(x, torch.fx.Node):  # it returns its input
+        w.view(n.name, x.name)
+    elif getattr(module, "inplace", False) is True and isinstance(x, torch.fx.Node):
         w.write(n.name, x.name)
         w.view(n.name, x.name)
     if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training:
@@ -573,7 +615,7 @@ MAYBE_COPIES = frozenset(
 def may_copy(target: Any) -> bool:
     """Whether ``target``'s result, which its schema says aliases its input, may be a copy."""
     schema = getattr(target, "_schema", None)
-    return isinstance(schema, torch.FunctionSchema) and (schema.name in MAYBE_COPIES or undeclared_alias(target))
+    return isinstance(schema, torch.FunctionSchema) and (schema.name in MAYBE_COPIES or schema.name in _RESHAPES_INSIDE)
 
 
 def _branches_write(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
@@ -679,6 +721,7 @@ def _capture(program: Program) -> Captured:
         tuple(writes.events),
         writes.views,
         frozenset(writes.copies),
+        writes.shared,
     )
 
 
