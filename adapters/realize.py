@@ -1017,7 +1017,9 @@ def _aliasing(cap: Captured, snap: GraphSnapshot) -> _Aliasing:
     of: dict[str, list[str]] = {}
     for v, r in root.items():
         of.setdefault(r, []).append(v)
-    for m, tensors in cap.shared.items():  # (``broadcast_tensors``: a view of each, through its elements)
+    # (``broadcast_tensors``: a view of each, through its elements; the last first, so that one of
+    # an earlier one's elements is among its views too)
+    for m, tensors in reversed(cap.shared.items()):
         for r in tensors:
             of.setdefault(r, []).extend([m, *of.get(m, ())])
     return _Aliasing(root, copies, at, of)

@@ -453,12 +453,20 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         viewed.append(x.name)
                         if x.name in w.copies or may_copy(target):
                             w.copies.add(n.name)
-        roots = tuple(dict.fromkeys(views.get(x, x) for x in viewed))
-        if len(roots) == 1:
-            w.view(n.name, viewed[0])
-        elif roots:  # (``broadcast_tensors([x, z])``)
-            w.shared[n.name] = roots
+        _view_of(w, n.name, viewed, False)
     return w
+
+
+def _view_of(w: _Writes, node: str, given: list[str], copy: bool) -> None:
+    """Record ``node`` as a view of the tensor ``given`` names (may it be a copy: ``copy``), or of
+    each of several (``broadcast_tensors([x, z])``: a node of its own, in ``shared``)."""
+    roots = tuple(dict.fromkeys(w.views.get(x, x) for x in given))
+    if len(roots) == 1:
+        w.view(node, given[0])
+        if copy:
+            w.copies.add(node)
+    elif roots:
+        w.shared[node] = roots
 
 
 # in-place dropouts, which leave their input as it is in eval mode (``train=False``)
@@ -510,6 +518,12 @@ def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
     if first is not None and n.target in _DROPOUT_FUNCTIONS and bound.get("training", bound.get("train")) is False:
         w.view(n.name, first.name)  # ``F.dropout(x, training=False)`` returns x (and writes nothing)
         return
+    # a torch function of an aten op's name that returns (a view of) a tensor it is given, declared
+    # or not: ``torch.flatten(x)``, ``torch.broadcast_tensors(z, x)``, ``torch.dropout(x, p, False)``
+    op = _method(name) if n.op == "call_function" and name and getattr(torch, name, None) is n.target else None
+    if op is not None and aliases(op)[0]:
+        given = [a.name for a in _flat([*n.args, *n.kwargs.values()]) if isinstance(a, torch.fx.Node)]
+        _view_of(w, n.name, given if op._schema.name in _ALIASES_ALL else given[:1], may_copy(op))
     in_place = name.endswith("_") and not name.startswith("_") and name not in _NOT_DATA_WRITES
     if first is not None and (in_place or n.target in _SETS or bound.get("inplace", n.kwargs.get("inplace")) is True):
         w.write(n.name, first.name)
@@ -523,13 +537,11 @@ def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
                 w.write(n.name, stats.name)
 
 
-# the dropouts of torch.nn.functional and torch, which return their input when not training
+# the dropouts of torch.nn.functional, which return their input when not training (torch's own,
+# builtins of the aten ops' names, are read as those ops: ``_python_writes``)
 _DROPOUT_FUNCTIONS = frozenset(
-    {
-        *(getattr(torch.nn.functional, f) for f in ("dropout", "dropout1d", "dropout2d", "dropout3d")),
-        *(getattr(torch.nn.functional, f) for f in ("alpha_dropout", "feature_alpha_dropout")),
-        *(getattr(torch, f) for f in ("dropout", "alpha_dropout", "feature_dropout", "feature_alpha_dropout")),
-    }
+    getattr(torch.nn.functional, f)
+    for f in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 )
 
 

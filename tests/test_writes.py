@@ -16,6 +16,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.nn import functional as F
 
 import adapters
+import adapters.realize
 import adapters.snap
 import fxpure
 from fxpure.families import CLONE, RELU, RELU_, VIEW, family
@@ -456,6 +457,12 @@ class MethodWrites(nn.Module):
             F.dropout(x, 0.5, training=False).mul_(-2.0)
         elif self.mode == "type_as":
             x.type_as(x).mul_(-2.0)
+        elif self.mode == "torch.flatten":  # torch's functions of aten ops' names
+            torch.flatten(x).mul_(-2.0)
+        elif self.mode == "torch.dropout":
+            torch.dropout(x, 0.5, False).mul_(-2.0)
+        elif self.mode == "torch.broadcast_tensors":
+            torch.broadcast_tensors(x.new_zeros(1), x)[1].mul_(-2.0)  # type: ignore[no-untyped-call]
         else:
             self.act(x)
         bn = aten.batch_norm.default(y, None, None, self.rm, self.rv, False, 0.1, 1e-5, False)
@@ -477,7 +484,8 @@ def _traced(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
     "mode",
     [
         *("method", "view", "module", "data", "index", "function", "inplace=True", "out=", "cast"),
-        *("dropout-module", "dropout-function", "type_as"),  # (found by a review: not seen before)
+        *("dropout-module", "dropout-function", "type_as"),  # (found by reviews: not seen before)
+        *("torch.flatten", "torch.dropout", "torch.broadcast_tensors"),
     ],
 )
 def test_a_symbolic_trace_graphs_method_and_in_place_module_writes_count(mode: str) -> None:
@@ -671,3 +679,23 @@ def test_a_write_through_an_alias_of_one_of_several_tensors_counts(how: str, for
     assert [r.reason.code for r in outcome.report.rejections] == (["written-between"] if written else [])
     assert outcome.changed is not written
     assert_close(_runs(program, x), want)
+
+
+class NestedBroadcast(nn.Module):
+    def forward(self, x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        a = torch.broadcast_tensors(x + 0.0, z)[0]  # type: ignore[no-untyped-call]
+        b = torch.broadcast_tensors(a, w)[1]  # type: ignore[no-untyped-call]
+        out: torch.Tensor = b.mul_(2.0)
+        return out
+
+
+def test_a_view_of_a_view_of_several_tensors_is_a_view_of_each() -> None:
+    # found by a review: of broadcast_tensors of broadcast_tensors, the inner one's tensors listed the
+    # outer one's elements among their views only when the outer came first (nothing reached it yet)
+    x = (torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3))
+    cap = adapters.snap.capture_program(torch.export.export(NestedBroadcast(), x))
+    of = adapters.realize._aliasing(cap, cap.snap).of
+    (add,) = [n.name for n in cap.snap.nodes if n.target == "aten.add.Tensor"]
+    assert {n.target for n in cap.snap.nodes if n.name in of[add]} >= {"aten.broadcast_tensors.default", "getitem"}
+    assert len([n for n in of[add] if cap.snap.node(n).target == "aten.broadcast_tensors.default"]) == 2
+    assert {r for _, r in cap.writes} >= {add, "z", "w"}  # the write writes each
