@@ -460,7 +460,7 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
 def _view_of(w: _Writes, node: str, given: list[str], copy: bool) -> None:
     """Record ``node`` as a view of the tensor ``given`` names (may it be a copy: ``copy``), or of
     each of several (``broadcast_tensors([x, z])``: a node of its own, in ``shared``)."""
-    roots = tuple(dict.fromkeys(w.views.get(x, x) for x in given))
+    roots = tuple(dict.fromkeys(w.views.get(x, x) for x in given)) if len(given) > 1 else tuple(given)
     if len(roots) == 1:
         w.view(node, given[0])
         if copy:
