@@ -70,7 +70,7 @@ PROMOTION = "dtype-promotion"
 # the convolutions, named for messages about a producer that is neither
 CONV_OR_LINEAR = replace(CONV, noun="a convolution or a linear")
 CONV_SHARED, LINEAR_SHARED = "conv-output-shared", "linear-output-shared"
-PRODUCER = OneOf(
+DIRECT = OneOf(
     Op(
         CONV_OR_LINEAR,
         name="conv",
@@ -83,7 +83,7 @@ PRODUCER = OneOf(
 )
 # the output read through a dropout in eval mode, which returns it (BEiT's, DINOv2's layer scale:
 # ``gamma * dropout(dense(x))``): the dropout goes with the op
-PRODUCER = OneOf(*PRODUCER.alternatives, Op(DROPOUT, name="idle", self=PRODUCER, train=Lit(False)))
+PRODUCER = OneOf(*DIRECT.alternatives, Op(DROPOUT, name="idle", self=DIRECT, train=Lit(False)))
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
