@@ -451,9 +451,8 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
                         w.write(n.name, x.name)
                     if returns_alias:  # a view, or an in-place op's result: the tensor it was given
                         viewed.append(x.name)
-                        if x.name in w.copies or may_copy(target):
-                            w.copies.add(n.name)
-        _view_of(w, n.name, viewed, False)
+        # (a view of one that may be a copy may be one too)
+        _view_of(w, n.name, viewed, bool(viewed) and (may_copy(target) or any(x in w.copies for x in viewed)))
     return w
 
 
@@ -463,10 +462,10 @@ def _view_of(w: _Writes, node: str, given: list[str], copy: bool) -> None:
     roots = tuple(dict.fromkeys(w.views.get(x, x) for x in given)) if len(given) > 1 else tuple(given)
     if len(roots) == 1:
         w.view(node, given[0])
-        if copy:
-            w.copies.add(node)
     elif roots:
         w.shared[node] = roots
+    if copy and roots:
+        w.copies.add(node)
 
 
 # in-place dropouts, which leave their input as it is in eval mode (``train=False``)
