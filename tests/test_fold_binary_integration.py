@@ -735,15 +735,18 @@ DROPPED_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 def test_a_scale_behind_an_eval_dropout_folds(form: str, op: str) -> None:
     # found by a hunt of Hugging Face models: the op was no candidate behind the dropout (BEiT's
     # lambda_1, DINOv2's layer_scale1, FocalNet's gamma_1): no plan and no rejection. Edge spells the
-    # dropout as a copy (_clone_dim_order), still no candidate there
+    # dropout as a copy (_clone_dim_order): the copy stays, of the folded linear
     model, x = DroppedScale(DROPPED_OPS[op]).eval(), (torch.randn(2, 5, 8),)
-    program = programs.build(model, x, form)
+    edge = to_edge(torch.export.export(model, x)) if form == "edge" else None
+    program = edge.exported_program() if edge is not None else programs.build(model, x, form)
     want = run(program, x)
     outcome = adapters.transform(program, [fold_binary()]).unwrap()
-    assert (len(outcome.report.plans), outcome.report.rejections) == (0 if form == "edge" else 1, ())
-    if form != "edge":
-        assert count(program, "dropout") == 0 and count(program, "linear") == 1
+    assert (len(outcome.report.plans), outcome.report.rejections) == (1, ())
+    assert count(program, "dropout") == 0 and count(program, "clone") == (1 if form == "edge" else 0)
+    assert count(program, "aten.mul") + count(program, "aten.sub") + count(program, "aten.rsub") == 0
     assert_close(run(program, x), want)
+    if edge is not None:  # the copy keeps its dim order: the edge program lowers, and runs
+        assert_close(run_pte(edge.to_executorch().buffer, x), want)
 
 
 class ComputedGain(nn.Module):

@@ -30,6 +30,7 @@ from fxpure.families import (
     ADDMM,
     BMM,
     CAST,
+    CLONE,
     CONV,
     DIV,
     DIV_,
@@ -82,8 +83,13 @@ DIRECT = OneOf(
     linear("lin", code=NOT_PRODUCER, shared=LINEAR_SHARED, bias_add=True),  # (candidates read a product)
 )
 # the output read through a dropout in eval mode, which returns it (BEiT's, DINOv2's layer scale:
-# ``gamma * dropout(dense(x))``): the dropout goes with the op
-PRODUCER = OneOf(*DIRECT.alternatives, Op(DROPOUT, name="idle", self=DIRECT, train=Lit(False)))
+# ``gamma * dropout(dense(x))``): the dropout goes with the op; or through a copy (edge spells that
+# dropout as ``_clone_dim_order``): the copy stays, of the folded op's output, in its layout
+PRODUCER = OneOf(
+    *DIRECT.alternatives,
+    Op(DROPOUT, name="idle", self=DIRECT, train=Lit(False)),
+    Op(CLONE, name="idle", self=DIRECT),
+)
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
@@ -129,6 +135,8 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
         return _computed_by_product(snap, node.args[0])
     if node is not None and node.target in DROPOUT.targets and node.args and node.arg(2, "train") is False:
         return _computed_by_product(snap, node.args[0])  # (in eval mode: its input)
+    if node is not None and node.target in CLONE.targets and node.args:
+        return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
         return node is not None and (node.target in PRODUCTS or is_linear(snap, node) or is_bias_add(snap, node))
     while node.target in VIEW.targets:
@@ -351,11 +359,19 @@ def _plan(
     affine = AFFINE[(kind, first)](_vector(c, work, dtype, scales=scales), float(alpha), work)
     if conv is not None:
         weight, bias = _folded(p, w, b, affine, conv, conv.ref("weight"), f"{conv.name}_{kind}")
-        return p.replace(bin, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias))
+        return p.replace(bin, _copied(p, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias)))
     lin = linear_of(p.match)
     old = lin.t.ref("self") if lin.t is not None else lin.op.ref("weight")
     weight, bias = _folded(p, w, b, affine, None, old, f"{lin.op.name}_{kind}")
-    return p.replace(bin, emit_linear(p, lin, weight, bias, suffix=kind))
+    return p.replace(bin, _copied(p, emit_linear(p, lin, weight, bias, suffix=kind)))
+
+
+def _copied(p: Planner, folded: NodeRef) -> NodeRef:
+    """The folded output, copied as the op read the old one where it read a copy of it."""
+    copy = p.match.bindings.get("idle")
+    if not isinstance(copy, Bound) or copy.node.target not in CLONE.targets:
+        return folded
+    return p.respell(copy, name=f"{copy.name}_folded", self=folded)
 
 
 FOLD_BINARY = rule(
