@@ -15,6 +15,7 @@ from torch.export import Dim, ExportedProgram
 import adapters
 from adapters.passes import RulesPass
 from fxpure.rules import RULES
+from tests.models import randomize_bn
 from tests.programs import assert_close, assert_sound, count, run, run_pte
 
 
@@ -187,11 +188,42 @@ class BiasedBN(nn.Module):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_a_batch_norm_after_a_biased_linear_spelled_bmm_is_declined_naming_the_add(form: str) -> None:
-    # fuse-linear-bn matches no bias add (every batch norm is its candidate: a near miss at any add
-    # would read as if an add were a linear, found by a review); the add is named as what it is
-    ep = torch.export.export(BiasedBN().eval(), (torch.randn(2, 8, 5),)).run_decompositions()
-    program = ep if form == "decomposed" else to_edge(ep).exported_program()
+def test_a_batch_norm_after_a_biased_linear_spelled_bmm_is_fused(form: str) -> None:
+    # until 2026-12-04 declined producer-not-linear, naming the bias add as no linear: the pattern
+    # took no bias add (a near miss at any add read as if the add were a linear's bias)
+    model, x = randomize_bn(BiasedBN()), (torch.randn(2, 8, 5),)
+    edge = to_edge(torch.export.export(model, x)) if form == "edge" else None
+    program = edge.exported_program() if edge is not None else torch.export.export(model, x).run_decompositions()
+    want = run(program, x)
     report = adapters.transform(program, [RULES["fuse-linear-bn"]()]).unwrap().report
-    assert report.plans == () and [r.reason.code for r in report.rejections] == ["producer-not-linear"]
-    assert "(aten.add.Tensor), not a linear" in report.rejections[0].reason.message
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert count(program, "batch_norm") == 0 and count(program, "bmm") == 1
+    assert_sound(program, x, want)
+    if edge is not None:
+        assert_close(run_pte(edge.to_executorch().buffer, x), want)
+
+
+class SumBN(nn.Module):
+    """Batch norms of adds that are no linear's bias: of a conv and an input, of an input and a
+    constant, and of a reshape of such a sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.s = nn.Conv1d(6, 6, 1), nn.Parameter(torch.rand(6, 1))
+        self.a, self.b, self.c = nn.BatchNorm1d(6), nn.BatchNorm1d(6), nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.a(self.conv(x) + y), self.b(y + self.s), self.c((y + self.s).reshape(-1, 6))
+
+
+@pytest.mark.parametrize("form", ["aten", *FORMS])
+def test_a_batch_norm_of_an_add_that_is_no_bias_is_no_candidate_of_the_linear_fusion(form: str) -> None:
+    # matched as a bmm's bias add, its near miss would say "self of add comes from conv, not a view"
+    x = (torch.randn(2, 6, 5), torch.randn(2, 6, 5))
+    ep = torch.export.export(randomize_bn(SumBN()), x)
+    program = (
+        ep if form == "aten" else ep.run_decompositions() if form == "decomposed" else to_edge(ep).exported_program()
+    )
+    report = adapters.transform(program, [RULES["fuse-linear-bn"](), RULES["fuse-conv-bn"]()]).unwrap().report
+    assert report.plans == ()
+    assert {r.rule for r in report.rejections} == {"fuse-conv-bn"} and len(report.rejections) == 3

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import BATCH_NORM, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
-from fxpure.linear import emit_linear, linear, linear_of
+from fxpure.families import ADD, BATCH_NORM, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
+from fxpure.linear import emit_linear, is_bias_add, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr, Declined, Malformed, Reason
+from fxpure.snapshot import GraphSnapshot, NodeRef
 from fxpure.weights import FLOAT_DTYPES, WeightExpr, fold_batch_norm
 
 NAME = "fuse-linear-bn"
@@ -24,8 +25,8 @@ NOT_LINEAR = "producer-not-linear"
 LINEAR_SHARED = "linear-output-shared"
 AXIS = "bn-axis-mismatch"
 
-# the linear in any spelling, read by the batch norm (or the permute) only
-LINEAR = linear("lin", code=NOT_LINEAR, shared=LINEAR_SHARED)
+# the linear in any spelling (a bmm's bias add too), read by the batch norm (or the permute) only
+LINEAR = linear("lin", code=NOT_LINEAR, shared=LINEAR_SHARED, bias_add=True)
 # the op that moves a [B, T, F] linear output to [B, F, T]: permute (edge: permute_copy) or transpose
 SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
 # a model's flatten of a [B, T, F] linear output to [B * T, F] (BatchNorm1d over the features): a
@@ -95,6 +96,18 @@ def _axes(bn: Bound, match: Match, perm: Bound | None = None, flat: Bound | None
     return Declined(code=AXIS, node=bn.name, detail=detail, path=match.sites["perm" if perm else "bn"].path)
 
 
+def _candidate(bn: Bound, snap: GraphSnapshot) -> bool:
+    """Every batch norm but one of an add (directly, or through the permute or reshape the pattern
+    takes) that is no linear's bias (:func:`fxpure.linear.is_bias_add`): such an add is no linear,
+    and its near miss as a bias add would read as if it were one."""
+    x = bn.args.get("input")
+    node = snap.node(x.name) if isinstance(x, NodeRef) else None
+    if node is not None and node.target in SWAP.family.targets | FLAT.family.targets and node.args:
+        x = node.args[0]
+        node = snap.node(x.name) if isinstance(x, NodeRef) else None
+    return node is None or node.target not in ADD.targets or is_bias_add(snap, node)
+
+
 def _plan(
     p: Planner,
     bn: Bound,
@@ -133,6 +146,7 @@ FUSE_LINEAR_BN = rule(
     need.dtype("w", FLOAT_DTYPES),
     need.channels("mean", of="w"),
     plan=_plan,
+    candidate=_candidate,
 )
 
 
