@@ -301,6 +301,11 @@ SLICE = family(
         for op in ("slice", "slice_copy")
     ],
 )
+SELECT = family(
+    "select",
+    "an index along a dim",
+    [f"aten.{op}.int(Tensor self, int dim, SymInt index) -> Tensor" for op in ("select", "select_copy")],
+)
 CAT = family("cat", "a concatenation", ["aten.cat.default(Tensor[] tensors, int dim=0) -> Tensor"])
 
 
@@ -527,6 +532,7 @@ STANDARD: tuple[Family, ...] = (
     UNSQUEEZE,
     SQUEEZE,
     SLICE,
+    SELECT,
     CAT,
     SPLIT,
     RELU,

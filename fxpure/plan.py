@@ -14,7 +14,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import ADDMM, CAST, CONV, LINEAR, MATMUL, MM, PERMUTE, TRANSPOSE, TRANSPOSE_DIMS
+from fxpure.families import ADDMM, CAST, CONV, LINEAR, MATMUL, MM, PERMUTE, SELECT, SLICE, TRANSPOSE, TRANSPOSE_DIMS
 from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
@@ -39,6 +39,7 @@ from fxpure.weights import (
     Fill,
     Permute,
     Reshape,
+    Slice,
     Source,
     SumOver,
     Unary,
@@ -197,6 +198,8 @@ SQUARE, RSUB = "aten.square.default", frozenset({"aten.rsub.Scalar", "aten.rsub.
 # model's dtype)
 PERMUTES = PERMUTE.targets | TRANSPOSE.targets | TRANSPOSE_DIMS.targets  # permute, t, transpose(dim0, dim1)
 CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
+# a run of a constant's elements along one dim (``t[1:5]``, step 1), or one of them (``t[1]``, the dim dropped)
+SLICES, SELECTS = SLICE.targets, SELECT.targets
 
 
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
@@ -206,7 +209,8 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     dtype (:data:`CASTS`), floating elementwise arithmetic (:data:`BINARY_OPS`
     and ``rsub`` with ``alpha=1``, :data:`UNARY_OPS`, ``square``, the :data:`POWERS`), such
     as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a sum over dims
-    or a weight normalisation (float32 or float64), and that the program does not write in place
+    or a weight normalisation (float32 or float64), a slice with step 1 or an index along a dim
+    (:data:`SLICES`, :data:`SELECTS`: ``gamma[1:5]``, ``t[0]``), and that the program does not write in place
     (``snap.written``). :func:`computed_by` names the nodes that compute it.
 
     >>> from fxpure.testing import GraphBuilder
@@ -246,6 +250,8 @@ def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]
         out = _arithmetic(snap, node, spec, seen, depth + 1)
     elif node.target in (SUM, WEIGHT_NORM) and spec.dtype in ("float32", "float64"):
         out = _reduced(snap, node, spec, seen, depth + 1)
+    elif node.target in SLICES or node.target in SELECTS:
+        out = _narrowed(snap, node, spec, seen, depth + 1)
     seen[name] = out
     return out
 
@@ -277,6 +283,48 @@ def _layout(
         numeric = isinstance(known, Success) and known.unwrap().dtype in _CAST_FROM and spec.dtype in FLOAT_DTYPES
         out = Cast(x=x, dtype=spec.dtype) if numeric else None
     found = infer_spec(out) if out is not None else None
+    return out if isinstance(found, Success) and found.unwrap() == spec else None
+
+
+def _narrowed(
+    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
+) -> WeightExpr | None:
+    """A slice of a constant with step 1 (its bounds as Python takes them: negative from the end,
+    clamped to the dim), or one index of it (``select``: the slice of one, its dim dropped).
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> t = g.parameter("t", (6, 3))
+    >>> part = g.call("aten.slice.Tensor", self=t, dim=0, start=-4, end=100, out=(4, 3))
+    >>> g.output(g.call("aten.select.int", self=part, dim=1, index=-1, out=(4,)))
+    >>> e = constant_expr(g.build(), "select")
+    >>> e.x.x.start, e.x.x.stop, e.x.dim, e.x.start, e.shape
+    (2, 6, 1, 2, (4,))
+    """
+    source = node.arg(0, "self")
+    x = _constant(snap, source.name, seen, depth) if type(source) is NodeRef else None
+    known = infer_spec(x) if x is not None else None
+    if x is None or not isinstance(known, Success):
+        return None
+    shape, dim = known.unwrap().shape, node.arg(1, "dim")
+    dim = 0 if dim is None else dim  # (a slice's default)
+    if type(dim) is not int or not -len(shape) <= dim < len(shape) or type(shape[dim]) is not int:
+        return None
+    size = shape[dim]
+    if node.target in SELECTS:
+        index = node.arg(2, "index")
+        if type(index) is not int or not -size <= index < size:
+            return None
+        one = Slice(x=x, dim=dim % len(shape), start=index % size, stop=index % size + 1)
+        out: WeightExpr = Reshape(x=one, shape=tuple(d for d in spec.shape if isinstance(d, int)))
+    else:
+        start, end, step = node.arg(2, "start"), node.arg(3, "end"), node.arg(4, "step")
+        start, end = 0 if start is None else start, size if end is None else end
+        if type(start) is not int or type(end) is not int or step not in (None, 1):
+            return None
+        start, end = (min(max(b + size if b < 0 else b, 0), size) for b in (start, end))
+        out = Slice(x=x, dim=dim % len(shape), start=start, stop=max(start, end))
+    found = infer_spec(out)
     return out if isinstance(found, Success) and found.unwrap() == spec else None
 
 

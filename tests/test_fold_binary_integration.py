@@ -993,3 +993,50 @@ def test_a_fold_into_a_conv_of_one_channel_on_a_channels_last_input_keeps_its_la
     outcome = adapters.transform(program, [fold_binary()]).unwrap()
     assert [p.rule for p in outcome.report.plans] == ["fold-binary"] and outcome.report.rejections == ()
     assert_close(run(program, x), [model(*x).detach()])
+
+
+class Sliced(nn.Module):
+    """Scales and shifts that are slices or indices of a parameter (``t[1:5, 0]``, ``t[-4:, 1]``,
+    ``t.t()[0][:4]``, ``t[2]``, ``t[-1, :]``), or of a buffer the program writes in place."""
+
+    def __init__(self, written: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.written, self.conv, self.lin = written, nn.Conv2d(3, 4, 3), nn.Linear(5, 4)
+        self.t = nn.Parameter(torch.rand(8, 4) + 0.5)
+        self.register_buffer("b", torch.rand(8) + 0.5)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t, b = self.t, self.b
+        assert isinstance(b, torch.Tensor)
+        if self.written:  # read, then written: the next call reads the written values
+            out = self.conv(x) * b[0:4, None, None], self.lin(y) * b.select(0, 1)
+            b.mul_(2)
+            return out
+        a = self.conv(x) * t[1:5, 0, None, None] + t[-4:, 1][:, None, None]
+        return a * t.t()[0][:4, None, None], self.lin(y) * t[2] - t[-1, :]
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_slice_or_an_index_of_a_constant_is_a_constant(form: str) -> None:
+    # found by a hunt: declined not-constant (constant_expr knew reshapes and arithmetic, no slices)
+    model, x = Sliced(written=False).eval(), (torch.randn(2, 3, 7, 7), torch.randn(3, 5))
+    edge = to_edge(torch.export.export(model, x)) if form == "edge" else None
+    program = edge.exported_program() if edge is not None else programs.build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert (len(outcome.report.plans), outcome.report.rejections) == (5, ())
+    assert sum(count(program, f"aten.{op}.Tensor") for op in ("mul", "add", "sub")) == 0
+    assert_sound(program, x, eager(model, x))
+    if edge is not None:
+        assert_close(run_pte(edge.to_executorch().buffer, x), eager(model, x))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_slice_of_a_buffer_the_program_writes_is_no_constant(form: str) -> None:
+    model, x = Sliced(written=True).eval(), (torch.randn(2, 3, 7, 7), torch.randn(3, 5))
+    program, twin = programs.build(model, x, form), programs.build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert outcome.report.plans == ()
+    assert [r.reason.code for r in outcome.report.rejections] == ["not-constant"] * 2
+    for _ in range(2):  # the second call reads the doubled buffer
+        assert_close(run(program, x), run(twin, x))
