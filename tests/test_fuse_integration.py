@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 
 import adapters
 from adapters.passes import FuseConvBatchNormPass
-from fxpure.rules import fuse_conv_bn
+from fxpure.rules import fuse_conv_bn, fuse_linear_bn
 from tests.models import ALL_MODELS, Declines, SharedWeight, example, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 
@@ -299,3 +299,33 @@ def test_a_node_reading_a_constant_size_keeps_reading_it_when_its_input_is_rewri
         x = torch.randn(2, 4, 6, width)
         with torch.no_grad():
             assert_close([ep.module()(x)], [model(x)])
+
+
+class StackedNorms(nn.Module):
+    """A conv and a linear, each followed by two batch norms in a row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.a, self.b = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+        self.lin, self.c, self.d = nn.Linear(5, 6), nn.BatchNorm1d(6), nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.b(self.a(self.conv(x))), self.d(self.c(self.lin(y)))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_batch_norm_after_a_fused_one_fuses_too(form: str) -> None:
+    # found by a hunt: the second batch norm was declined producer-not-conv (its input a batch norm
+    # when the rule ran); the batch norm fusions run again while they plan
+    model, x = randomize_bn(StackedNorms()), (torch.randn(2, 3, 7, 7), torch.randn(3, 5))
+    edge = to_edge(torch.export.export(model, x)) if form == "edge" else None
+    program = edge.exported_program() if edge is not None else build(model, x, form)
+    want = run(program, x)
+    report = adapters.transform(program, [fuse_conv_bn(), fuse_linear_bn()]).unwrap().report
+    assert len(report.plans) == 4
+    # (the linear's norms are no conv's: fuse-conv-bn says so, before fuse-linear-bn fuses them)
+    assert {r.rule for r in report.rejections} <= {"fuse-conv-bn"} and len(report.rejections) == 2
+    assert count(program, "batch_norm") == 0
+    assert_sound(program, x, want)
+    if edge is not None:
+        assert_close(run_pte(edge.to_executorch().buffer, x), want)

@@ -74,6 +74,7 @@ FUSE_CONV_BN = rule(
     need.dtype("w", FLOAT_DTYPES),
     need.channels("mean", of="w", conv="conv"),
     plan=_plan,
+    repeat=True,  # a batch norm after a fused one (conv, bn, bn) fuses in the next run
 )
 
 
@@ -83,6 +84,6 @@ def fuse_conv_bn() -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(fuse_conv_bn().codes - GENERIC_CODES)
     ['bn-stats-used', 'bn-training-mode', 'channel-mismatch', 'conv-output-shared', 'not-constant', \
-'producer-not-conv', 'symbolic-shape', 'unsupported-dtype']
+'producer-not-conv', 'runs-exhausted', 'symbolic-shape', 'unsupported-dtype']
     """
     return FUSE_CONV_BN

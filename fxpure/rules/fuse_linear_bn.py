@@ -147,6 +147,7 @@ FUSE_LINEAR_BN = rule(
     need.channels("mean", of="w"),
     plan=_plan,
     candidate=_candidate,
+    repeat=True,  # a batch norm after a fused one (conv, bn, bn) fuses in the next run
 )
 
 
@@ -156,7 +157,7 @@ def fuse_linear_bn() -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(fuse_linear_bn().codes - GENERIC_CODES)
     ['arg-mismatch', 'bn-axis-mismatch', 'bn-stats-used', 'bn-training-mode', 'channel-mismatch', \
-'linear-output-shared', 'not-constant', 'producer-not-linear', 'symbolic-shape', 'unsupported-dtype', \
-'unsupported-rank']
+'linear-output-shared', 'not-constant', 'producer-not-linear', 'runs-exhausted', 'symbolic-shape', \
+'unsupported-dtype', 'unsupported-rank']
     """
     return FUSE_LINEAR_BN

@@ -542,6 +542,8 @@ UNREACHABLE: Mapping[str, Mapping[str, str]] = {name: ADAPTER for name in RULES}
         "wrong-op": "an operand computed by another op fails the Const alternative as deep (not-constant), which wins",
         "runs-exhausted": RUNS,
     },
+    "fuse-conv-bn": {**ADAPTER, "runs-exhausted": RUNS},
+    "fuse-linear-bn": {**ADAPTER, "runs-exhausted": RUNS},
     "conv1d-to-conv2d": {
         **ADAPTER,
         "wrong-op": "a weight computed by another op fails the Const alternative as deep (not-constant), which wins",

@@ -417,6 +417,7 @@ def test_every_code_is_stable() -> None:
         "linear-output-shared",
         "not-constant",
         "producer-not-linear",
+        "runs-exhausted",
         "symbolic-shape",
         "unsupported-dtype",
         "unsupported-rank",
