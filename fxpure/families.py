@@ -485,15 +485,17 @@ RSUB = family(
 
 _QD = "quantized_decomposed"
 _QARGS = "int quant_min, int quant_max, ScalarType dtype"
+# per tensor: the parameters as numbers (``.default``) or as 0-d tensors (``.tensor``)
 DEQUANTIZE_PER_TENSOR = family(
     "dequantize_per_tensor",
     "a dequantize",
     [
         parse_schema(
-            f"{_QD}.dequantize_per_tensor.default(Tensor input, float scale, int zero_point, {_QARGS},"
+            f"{_QD}.dequantize_per_tensor.{overload}(Tensor input, {scale} scale, {zero_point} zero_point, {_QARGS},"
             " *, ScalarType? out_dtype=None) -> Tensor",
             fixed={"axis": None},
         )
+        for overload, scale, zero_point in (("default", "float", "int"), ("tensor", "Tensor", "Tensor"))
     ],
 )
 DEQUANTIZE_PER_CHANNEL = family(
@@ -513,7 +515,11 @@ tensor per channel), ``zero_point``, ``axis`` (None per tensor), ``quant_min``, 
 QUANTIZE_PER_TENSOR = family(
     "quantize_per_tensor",
     "a quantize",
-    [f"{_QD}.quantize_per_tensor.default(Tensor input, float scale, int zero_point, {_QARGS}) -> Tensor"],
+    [
+        f"{_QD}.quantize_per_tensor.{overload}(Tensor input, {scale} scale, {zero_point} zero_point, {_QARGS})"
+        " -> Tensor"
+        for overload, scale, zero_point in (("default", "float", "int"), ("tensor", "Tensor", "Tensor"))
+    ],
 )
 
 STANDARD: tuple[Family, ...] = (

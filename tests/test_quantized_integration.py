@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -318,3 +319,55 @@ def test_a_conv_of_one_channel_in_and_out_is_packed_for_the_general_kernel(kerne
     assert report.rejections == () and len(report.plans) == 1
     assert kernels(ep) == Counter({"q8ta_conv2d_pw" if kernel == 1 else "q8ta_conv2d": 1})
     assert_exact(ep, original, report, x)
+
+
+class TensorParams(torch.nn.Module):
+    """``dq(x) -> conv(dq(int8 w)) -> q`` with the per-tensor parameters of the activations (or of
+    the weight) given as 0-d tensors: ``quantize_per_tensor.tensor``, ``dequantize_per_tensor.tensor``."""
+
+    def __init__(self, weight: bool) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = weight
+        self.register_buffer("wq", torch.randint(-127, 128, (8, 4, 3, 3), generator=g, dtype=torch.int8))
+        self.register_buffer("scales", torch.rand(8, generator=g) * 0.01 + 0.001)
+        self.register_buffer("zeros", torch.zeros(8, dtype=torch.int64))
+        for name, value in (("ws", 0.01), ("wz", 0), ("xs", 0.02), ("xz", 1), ("os", 0.05), ("oz", -2)):
+            self.register_buffer(name, torch.tensor(value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        params: tuple[Any, ...]
+        if self.weight:  # the activations' as numbers, the weight's as tensors
+            q, dq, params = qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default, (0.02, 1, 0.05, -2)
+            w = qd.dequantize_per_tensor.tensor(self.wq, self.ws, self.wz, -127, 127, torch.int8)
+        else:
+            q, dq = qd.quantize_per_tensor.tensor, qd.dequantize_per_tensor.tensor
+            params = tuple(getattr(self, name) for name in ("xs", "xz", "os", "oz"))
+            w = qd.dequantize_per_channel(self.wq, self.scales, self.zeros, 0, -127, 127, torch.int8)
+        xs, xz, os, oz = params
+        xd = dq(q(x, xs, xz, -128, 127, torch.int8), xs, xz, -128, 127, torch.int8)
+        y = q(torch.nn.functional.conv2d(xd, w, None, padding=1), os, oz, -128, 127, torch.int8)
+        out: torch.Tensor = dq(y, os, oz, -128, 127, torch.int8)
+        return out
+
+
+@pytest.mark.parametrize("weight", [False, True], ids=["activations", "weight"])
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_parameters_given_as_tensors_are_declined_and_the_conv_runs_in_float(form: str, weight: bool) -> None:
+    # found by a hunt: the .tensor overloads were no dequantize to fxpure: declined not-quantized
+    # ("... comes from dequantize_per_tensor, not a dequantize"), the fallback not applied either,
+    # and Vulkan's partitioner then failed on the conv. The kernels take the parameters as numbers,
+    # which a 0-d tensor's are not when planning: not-scalar, and the weight dequantized
+    x = (torch.randn(1, 4, 8, 8),)
+    edge = to_edge(torch.export.export(TensorParams(weight).eval(), x)) if form == "edge" else None
+    ep = edge.exported_program() if edge is not None else torch.export.export(TensorParams(weight).eval(), x)
+    want = ep.module()(*x)
+    report = adapters.transform(ep, [quantized_conv()]).unwrap().report
+    assert report.rejections == () and [(p.instead_of and p.instead_of.code) for p in report.plans] == ["not-scalar"]
+    path = report.plans[0].instead_of.path if report.plans[0].instead_of else ""
+    assert path == ("conv.weight/dqw.scale" if weight else "conv.input/dqx.scale")
+    assert count(ep, "dequantize_per_channel") == 0 and count(ep, "dequantize_per_tensor") == 2  # the weight's gone
+    assert torch.equal(ep.module()(*x), want)
+    if edge is not None:  # the float conv lowers through the Vulkan partitioner
+        assert len(edge.to_backend(VulkanPartitioner()).to_executorch().buffer) > 0

@@ -32,7 +32,7 @@ from fxpure.pattern import (
     rule,
 )
 from fxpure.plan import RewritePlan
-from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedDtype
+from fxpure.reasons import Declined, Malformed, NotScalar, Reason, SymbolicShape, UnsupportedDtype
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
 from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
 
@@ -185,7 +185,11 @@ def _shapes(conv: Bound, dqx: Bound, q: Bound) -> Reason | None:
 
 
 def _vectors(conv: Bound, geo: Geometry, dqw: Bound, match: Match) -> Reason | None:
-    """Per-channel scales along the output channels, and scales and bias one per output channel."""
+    """Per-channel scales along the output channels, and scales and bias one per output channel; a
+    per-tensor scale is a number (the kernels take one, and a 0-d tensor's value is not planned on)."""
+    if dqw.args.get("axis") is None and "scales" in match.bindings:
+        site = match.sites["scales"]
+        return NotScalar(node=site.node, role=site.role, value="a 0-d tensor", path=site.path)
     if dqw.args.get("axis") is not None:
         axis, want = dqw.args["axis"], 1 if conv.bool("transposed") else 0
         if axis != want:
@@ -437,7 +441,7 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         need.check(_symmetric, codes=("asymmetric-weight",)),
         need.compute("geo", _geometry, codes=("malformed-node",)),
         need.check(_shapes, codes=("malformed-node", "symbolic-shape")),
-        need.check(_vectors, codes=("no-kernel", "malformed-node")),
+        need.check(_vectors, codes=("no-kernel", "malformed-node", "not-scalar")),
         need.compute("kernel", aligned, codes=("channel-alignment",)),
         plan=plan,
         fallback=FALLBACKS[fallback],
