@@ -189,6 +189,20 @@ def _source_fn_stack(name: str, fn_name: str, source: torch.fx.Node, same_op: bo
     return [*stack[:-1], (name, fn)]
 
 
+# the opaque literals a new node may copy from a matched one that fxpure writes back: memory
+# formats (a clone's, a copy's) and the strided layout, by the text capture recorded them as
+_REBUILT: Mapping[str, Any] = {
+    repr(v): v
+    for v in (
+        torch.contiguous_format,
+        torch.preserve_format,
+        torch.channels_last,
+        torch.channels_last_3d,
+        torch.strided,
+    )
+}
+
+
 def _literal(arg: Arg) -> Any:
     """A literal argument in FX form (node references are resolved when the node is created)."""
     if isinstance(arg, tuple):
@@ -196,8 +210,19 @@ def _literal(arg: Arg) -> Any:
     if isinstance(arg, DTypeArg):
         return dtype_of(arg.name)
     if isinstance(arg, Opaque):
-        raise _ApplyError("unsupported-argument", f"cannot rebuild literal {arg.text}")
+        if arg.text not in _REBUILT:
+            raise _ApplyError("unsupported-argument", f"cannot rebuild literal {arg.text}")
+        return _REBUILT[arg.text]
     return arg
+
+
+def _opaque(arg: object) -> Opaque | None:
+    """The first literal in an argument tree that :func:`_literal` cannot write back, if any."""
+    if isinstance(arg, Opaque):
+        return None if arg.text in _REBUILT else arg
+    if isinstance(arg, tuple):
+        return next((o for a in arg if (o := _opaque(a)) is not None), None)
+    return None
 
 
 def _bind(arg: Any, env: Mapping[str, torch.fx.Node]) -> Any:
@@ -1091,6 +1116,21 @@ def _tensor_of(snap: GraphSnapshot, p: RewritePlan, name: str, al: _Aliasing) ->
     return al.root.get(name, name), copy or name in al.copies
 
 
+def _unwritable(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan with a new node that copies a literal fxpure cannot write into a program (an
+    opaque object it captured as text, other than a memory format or layout), with the reason:
+    declined before anything is applied, the other plans still are."""
+    out: dict[tuple[str, str], Reason] = {}
+    for p in report.plans:
+        for n in p.nodes:
+            bad = _opaque((*n.args, *n.kwargs.values()))
+            if bad is not None:
+                detail = f"new node {n.name} has the argument {bad.text}, which fxpure cannot write into a program"
+                out[(p.rule, p.anchor)] = Declined(code="unsupported-argument", node=p.anchor, detail=detail)
+                break
+    return out
+
+
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan that writes an op the program's own verifier refuses (an edge program takes Core
     ATen ops and the exceptions it was made with: ``aten.linear`` is not one), with the reason."""
@@ -1419,6 +1459,7 @@ def _unheld(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reaso
 
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why
 _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]], ...] = (
+    _unwritable,
     _unheld,
     _writes_state,
     _crossing,

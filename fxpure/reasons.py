@@ -330,6 +330,7 @@ GENERIC_CODES = frozenset(
         "op-not-allowed",
         "written-between",
         "dim-order-changes",
+        "unsupported-argument",
     }
 )
 """Codes any rule may end with, whatever its pattern: a node that fits no schema, a plan that overlaps
@@ -343,4 +344,5 @@ one whose new nodes would read a tensor on the other side of an in-place write t
 they replace did, or whose moved uses would read, or write, a tensor written in place while they use
 it (``written-between``), or one with a new node an edge program's portable ExecuTorch kernels would
 refuse, its input channels last and its output laid out otherwise (``dim-order-changes``: a slice of
-a channels-last tensor)."""
+a channels-last tensor), or one whose new node copies a literal the adapter cannot write into a
+program (``unsupported-argument``: an object captured as its text, other than a memory format)."""

@@ -1040,3 +1040,39 @@ def test_a_slice_of_a_buffer_the_program_writes_is_no_constant(form: str) -> Non
     assert [r.reason.code for r in outcome.report.rejections] == ["not-constant"] * 2
     for _ in range(2):  # the second call reads the doubled buffer
         assert_close(run(program, x), run(twin, x))
+
+
+class CopiedScale(nn.Module):
+    """A conv's output copied to a memory format, then scaled: ``conv(x).clone(memory_format=...) * g``,
+    or ``conv(x).contiguous() * g`` on a channels-last input (after decompositions a clone to the
+    contiguous format)."""
+
+    def __init__(self, contiguous: bool) -> None:
+        super().__init__()
+        self.contiguous, self.conv = contiguous, nn.Conv2d(3, 4, 3)
+        self.g = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        out: torch.Tensor = (y.contiguous() if self.contiguous else y.clone(memory_format=torch.channels_last)) * self.g
+        return out
+
+
+@pytest.mark.parametrize(
+    ("form", "contiguous"), [("gm", False), ("aten", False), ("decomposed", False), ("decomposed", True)]
+)
+def test_a_scale_of_a_copy_to_a_memory_format_folds_and_the_copy_keeps_its_format(form: str, contiguous: bool) -> None:
+    # found by a review: the copy's memory format, re-spelled on the folded conv, could not be
+    # written back (unsupported-argument), and the whole transform failed with every plan in it.
+    # (an aten program keeps `contiguous`, which fold-binary does not look through: no candidate)
+    model = CopiedScale(contiguous).eval()
+    x = (torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last),)
+    ep = torch.export.export(model, x)
+    program: Program = ep.module() if form == "gm" else ep if form == "aten" else ep.run_decompositions()
+    want = run(program, x)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert (len(outcome.report.plans), outcome.report.rejections) == (1, ())
+    assert count(program, "aten.mul") == 0 and count(program, "clone") + count(program, "contiguous") == 1
+    (got,) = run(program, x)
+    assert_close([got], want)
+    assert got.is_contiguous(memory_format=torch.contiguous_format if contiguous else torch.channels_last)

@@ -30,6 +30,7 @@ COMMON = {
     "op-not-allowed",
     "written-between",
     "dim-order-changes",
+    "unsupported-argument",
 }
 
 

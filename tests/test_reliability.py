@@ -1866,3 +1866,36 @@ def test_apply_refuses_plans_whose_fold_flushes_and_changes_nothing() -> None:
     error = adapters.apply(program, report).failure()
     assert (error.code, error.message) == ("weight-underflow", "linear_mul_weight loses a channel to float16 underflow")
     assert (program.graph_module.code, dict(program.state_dict)) == before
+
+
+def _opaque_clone(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
+    # relu(x) as relu(clone(x)), the clone given a memory format fxpure captured as text and cannot write back
+    from fxpure.plan import NewNode, RewritePlan
+    from fxpure.snapshot import NodeRef, Opaque
+
+    made = (
+        NewNode(
+            name="c",
+            target="aten.clone.default",
+            args=(node.args[0],),
+            kwargs=pmap({"memory_format": Opaque("torch.sparse_coo")}),
+            spec=node.spec,
+        ),
+        NewNode(name="r2", target="aten.relu.default", args=(NodeRef("c"),), spec=node.spec),
+    )
+    return RewritePlan(rule="at-relu", anchor=node.name, nodes=made, replace=((node.name, "r2"),), erase=(node.name,))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_plan_with_a_literal_fxpure_cannot_write_is_declined_and_the_others_still_apply(form: str) -> None:
+    # found by a review: such a literal failed the whole transform (unsupported-argument) when it
+    # was applied, every other rule's plans lost with it
+    torch.manual_seed(0)
+    model, x = randomize_bn(ConvBNBeside()), (torch.randn(1, 3, 6, 6),)
+    program = build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fuse_conv_bn(), _AtRelu(_opaque_clone)]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn"]
+    (declined,) = outcome.report.rejections
+    assert declined.reason.code == "unsupported-argument" and "torch.sparse_coo" in declined.reason.message
+    assert_sound(program, x, want)

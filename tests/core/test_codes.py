@@ -524,6 +524,7 @@ ADAPTER = {
     "op-not-allowed": "found by the adapter: a new node's op the program's verifier refuses",
     "written-between": "found by the adapter: an in-place write between a tensor's old reads and the new one",
     "dim-order-changes": "found by the adapter: a new node laid out otherwise than its input once lowered",
+    "unsupported-argument": "found by the adapter: a new node's literal it cannot write into a program",
 }
 NO_OVERLAP = (
     "a rule's plans claim only nodes its match alone reads (shared ones are declined): never two at once;"
