@@ -1185,16 +1185,21 @@ def _left(
     rule: Rule,
     current: GraphSnapshot,
     first: GraphSnapshot,
+    planned: set[str],
     reported: set[str],
     declined: Mapping[tuple[str, str], Reason] | None,
 ) -> list[Rejection]:
-    """The candidates of the program (not of the rule's new nodes) that ``rule`` would plan, or
-    decline, in one more run, after its last: each with its reason, or ``runs-exhausted``."""
+    """The candidates of the program (not of the rule's new nodes, nor those it planned) that
+    ``rule`` would plan in one more run, after its last, with ``runs-exhausted`` (in place of the
+    reason an earlier run declined one with: a batch norm after a fused one was no conv's then), and
+    those it would decline that no run reported, with their reason."""
     out = []
     for node in _anchors(rule, current):
-        if node.name not in first.index or node.name in reported:
+        if node.name not in first.index or node.name in planned:
             continue
         result = _decide(rule, current, node, declined)
+        if isinstance(result, Failure) and node.name in reported:
+            continue
         detail = (
             f"{rule.name} ran {MAX_RUNS} times in a row and would rewrite {node.name} in another run: "
             "plan on the result to go on"
@@ -1284,7 +1289,9 @@ def _stages(
                 break
         else:
             if runs(rule) > 1:  # it still planned in its last run: what it would plan next is reported
-                rejections.extend(_left(rule, current, first, reported, declined))
+                left = _left(rule, current, first, planned, reported, declined)
+                again = {(r.rule, r.node) for r in left}
+                rejections = [r for r in rejections if (r.rule, r.node) not in again] + left
     return RewriteReport(
         plans=tuple(p for s in stages for p in s),
         rejections=tuple(rejections),

@@ -23,7 +23,7 @@ import adapters
 from adapters.torchnames import target_name
 from fxpure.rules.linear_to_conv2d import linear_to_conv2d
 from tests.int8_ties import assert_int8_equal
-from tests.programs import Program, assert_close, assert_sound, dead_constants, run, run_pte
+from tests.programs import Program, assert_close, assert_sound, build, count, dead_constants, run, run_pte
 from tests.quantized import pt2e
 
 KEEP_LINEAR = EdgeCompileConfig(preserve_ops=[torch.ops.aten.linear.default])
@@ -523,3 +523,42 @@ def test_new_views_and_convs_name_their_own_function_in_source_fn_stack() -> Non
     # the linear: permute, unsqueeze, conv2d, squeeze, permute; each conv1d: unsqueeze, conv2d, squeeze
     assert len(new) == 11
     assert [(n.name, *n.meta["source_fn_stack"][-1]) for n in new] == [(n.name, n.name, fns[n.target]) for n in new]
+
+
+class TensorQuantized(nn.Module):
+    """A linear statically quantized with its parameters given as 0-d constant tensors
+    (``quantize_per_tensor.tensor``, ``dequantize_per_tensor.tensor``), its weight too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("wq", torch.randint(-127, 128, (6, 8), generator=g, dtype=torch.int8))
+        for name, value in (("ws", 0.0123), ("xs", 0.0311), ("os", 0.0517)):
+            self.register_buffer(name, torch.tensor(value, dtype=torch.float64))
+        for name, zero in (("wz", 0), ("xz", 3), ("oz", -2)):
+            self.register_buffer(name, torch.tensor(zero))
+        self.b = nn.Parameter(torch.randn(6, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, dq = (
+            torch.ops.quantized_decomposed.quantize_per_tensor.tensor,
+            torch.ops.quantized_decomposed.dequantize_per_tensor.tensor,
+        )
+        w = dq(self.wq, self.ws, self.wz, -127, 127, torch.int8)
+        xd = dq(q(x, self.xs, self.xz, -128, 127, torch.int8), self.xs, self.xz, -128, 127, torch.int8)
+        y = torch.nn.functional.linear(xd, w, self.b)
+        out: torch.Tensor = dq(q(y, self.os, self.oz, -128, 127, torch.int8), self.os, self.oz, -128, 127, torch.int8)
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_linear_quantized_with_constant_tensor_parameters_converts(form: str) -> None:
+    # found by a review: declined dynamic-quantization ("scale and zero point are computed"), its
+    # parameters being nodes; before the .tensor overloads were a dequantize, not-constant
+    model, x = TensorQuantized().eval(), (torch.randn(2, 5, 8),)
+    program = build(model, x, form)
+    want = run(program, x)
+    report = adapters.transform(program, [linear_to_conv2d()]).unwrap().report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert count(program, "linear") == 0 and count(program, "conv") == 1
+    assert torch.equal(run(program, x)[0], want[0])

@@ -371,3 +371,18 @@ def test_parameters_given_as_tensors_are_declined_and_the_conv_runs_in_float(for
     assert torch.equal(ep.module()(*x), want)
     if edge is not None:  # the float conv lowers through the Vulkan partitioner
         assert len(edge.to_backend(VulkanPartitioner()).to_executorch().buffer) > 0
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_dynamically_quantized_conv_keeps_its_int8_weight(form: str) -> None:
+    # found by a review: once the .tensor overloads were a dequantize, the fallback matched a conv
+    # quantized at run time (choose_qparams, XNNPACK's dynamic quantization) and gave it a float
+    # weight: the numbers were the same, the int8 weight and the .pte's dynamically quantized conv lost
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3)).eval(), (torch.randn(1, 8, 10, 10),)
+    ep = pt2e(model, x, dynamic_quant=True)
+    program = ep if form == "aten" else to_edge(ep).exported_program()
+    want = program.module()(*x)
+    report = adapters.transform(program, [quantized_conv()]).unwrap().report
+    assert report.plans == () and [r.reason.code for r in report.rejections] == ["not-scalar"]
+    assert count(program, "dequantize_per_channel") == 1 and torch.equal(program.module()(*x), want)

@@ -21,7 +21,7 @@ from fxpure import layout
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, is_linear, linear_input, linear_of, linear_root
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
-from fxpure.plan import RewritePlan
+from fxpure.plan import RewritePlan, constant_expr
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
 from fxpure.snapshot import Arg, Dim, NodeRef, TensorSpec
 from fxpure.weights import Reshape, WeightExpr
@@ -209,7 +209,8 @@ def _static_input(site: _Site, match: Match) -> Reason | None:
     pair on its 4-d view would read parameters computed from the linear's input, a chain XNNPACK
     cannot partition (a dependency cycle), and the NPUs this rule is for quantize statically."""
     dq = quantized_as(match.snap, site.x.name)
-    if dq is None or all(type(a) is not NodeRef for a in dq.args[1:3]):
+    # (parameters given as 0-d tensors, ``dequantize_per_tensor.tensor``, are static where constant)
+    if dq is None or all(type(a) is not NodeRef or constant_expr(match.snap, a.name) is not None for a in dq.args[1:3]):
         return None
     detail = f"{site.lin.op.name}: its input {dq.name} is quantized at run time (scale and zero point are computed)"
     return Declined(code=DYNAMIC, node=site.lin.op.name, detail=detail)

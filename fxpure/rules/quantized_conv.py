@@ -324,7 +324,14 @@ def _plan(
 FALLBACK = Op(
     CONV,
     name="conv",
-    input=Op(DEQUANTIZE_PER_TENSOR, users=ANY),
+    # (quantized statically: parameters computed at run time, ``choose_qparams``, are a dynamically
+    # quantized conv, which XNNPACK runs with the int8 weight kept)
+    input=Op(
+        DEQUANTIZE_PER_TENSOR,
+        users=ANY,
+        scale=OneOf(Scalar("x_scale"), Const("x_scale")),
+        zero_point=OneOf(Scalar("x_zp"), Const("x_zp")),
+    ),
     weight=dequantized(
         Const("wq"),
         name="dqw",

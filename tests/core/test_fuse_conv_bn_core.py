@@ -11,6 +11,7 @@ from returns.pipeline import is_successful
 
 import fxpure
 from fxpure import NodeRef, NodeSnapshot, plan, rewrite, verify
+from fxpure.plan import MAX_RUNS
 from fxpure.rules import fuse_conv_bn
 from fxpure.serial import to_data
 from fxpure.testing import GraphBuilder
@@ -262,6 +263,39 @@ def test_same_rule_twice_reports_each_candidate_once() -> None:
     assert [[p.anchor for p in s] for s in once.stages] == [["bn1"], ["bn2"], []] and once.rejections == ()
     twice = plan(g.build(), [fuse_conv_bn(), fuse_conv_bn()])
     assert [p.anchor for p in twice.plans] == ["bn1", "bn2"] and twice.rejections == ()
+
+
+def test_a_chain_of_more_batch_norms_than_runs_reports_the_next_one_runs_exhausted() -> None:
+    # found by a review: the batch norm after the eighth fused one kept the reason its first run gave
+    # (its input a batch norm, producer-not-conv), though another run would fuse it
+    g = GraphBuilder()
+    y = g.call(
+        "aten.conv2d.default",
+        name="conv",
+        out=(1, 4, 6, 6),
+        input=g.input("x", (1, 3, 8, 8)),
+        weight=g.parameter("w", (4, 3, 3, 3)),
+    )
+    for i in range(MAX_RUNS + 2):
+        y = g.call(
+            "aten.batch_norm.default",
+            name=f"bn{i}",
+            out=(1, 4, 6, 6),
+            input=y,
+            weight=None,
+            bias=None,
+            running_mean=g.buffer(f"m{i}", (4,)),
+            running_var=g.buffer(f"v{i}", (4,)),
+            training=False,
+            momentum=0.1,
+            eps=1e-5,
+            cudnn_enabled=False,
+        )
+    g.output(y)
+    report = plan(g.build(), [fuse_conv_bn()])
+    assert [p.anchor for p in report.plans] == [f"bn{i}" for i in range(MAX_RUNS)]
+    codes = {r.node: r.reason.code for r in report.rejections}
+    assert codes == {f"bn{MAX_RUNS}": "runs-exhausted", f"bn{MAX_RUNS + 1}": "producer-not-conv"}
 
 
 def test_a_size_read_of_the_conv_is_answered_by_the_fused_conv() -> None:
