@@ -101,10 +101,10 @@ def _candidate(bn: Bound, snap: GraphSnapshot) -> bool:
     takes) that is no linear's bias (:func:`fxpure.linear.is_bias_add`): such an add is no linear,
     and its near miss as a bias add would read as if it were one."""
     x = bn.args.get("input")
-    node = snap.node(x.name) if isinstance(x, NodeRef) else None
+    node = snap.node(x.name) if isinstance(x, NodeRef) and x.name in snap.index else None
     if node is not None and node.target in SWAP.family.targets | FLAT.family.targets and node.args:
         x = node.args[0]
-        node = snap.node(x.name) if isinstance(x, NodeRef) else None
+        node = snap.node(x.name) if isinstance(x, NodeRef) and x.name in snap.index else None
     return node is None or node.target not in ADD.targets or is_bias_add(snap, node)
 
 
