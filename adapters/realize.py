@@ -1595,7 +1595,10 @@ def transform(
     constant must not take besides the program's own (those other methods of one ``.pte`` hold for
     other values: ExecuTorch's external constant file keeps one tensor per key)."""
     check_rules(rules)
-    names = frozenset(reserved)
+    keys = () if isinstance(reserved, (str, bytes)) else tuple(reserved)
+    if isinstance(reserved, (str, bytes)) or not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"reserved must be an iterable of key names, not {reserved!r}")
+    names = frozenset(keys)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
         cap = _reserving(cap, names)
@@ -1645,7 +1648,10 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
     the program it was planned on (``plan-conflict`` if its nodes or constants have changed since).
     The checks ``transform`` makes are made here too, and a plan that fails one fails the whole
     apply."""
-    stages = (plans.stages or (plans.plans,)) if isinstance(plans, RewriteReport) else (tuple(plans),)
+    listed = () if isinstance(plans, (RewriteReport, str, bytes)) else tuple(plans)
+    if isinstance(plans, (str, bytes)) or not all(isinstance(p, RewritePlan) for p in listed):
+        raise TypeError(f"apply takes a RewriteReport or a sequence of RewritePlans, not {plans!r}")
+    stages = (plans.stages or (plans.plans,)) if isinstance(plans, RewriteReport) else (listed,)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
         changed = _changed_since(plans.before, cap.snap) if isinstance(plans, RewriteReport) else None

@@ -312,8 +312,9 @@ def _requantized(snap: GraphSnapshot, cap: Captured, old: str, want: Any, got: A
 
 def default_tolerance(program: Program) -> float:
     """1e-4, or eight steps of the least precise floating dtype the program computes in (float16
-    and bfloat16 round much coarser than that, and so does an output cast to float32 from them)."""
-    values = [n.meta.get("val") for n in program.graph.nodes]
+    and bfloat16 round much coarser than that, and so does an output cast to float32 from them): the
+    values of its calls (an input or a weight only cast to float32 computes nothing in its dtype)."""
+    values = [n.meta.get("val") for n in program.graph.nodes if n.op == "call_function"]
     return _tolerance({v.dtype for v in values if isinstance(v, torch.Tensor)})
 
 

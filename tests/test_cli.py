@@ -677,3 +677,43 @@ def test_a_program_calling_an_aten_operator_this_torch_does_not_have_says_so(tmp
         f"fxpure: error: {edited}: the program calls torch.ops.aten.reluu.default, which this torch "
         f"({torch.__version__}) does not have: export it with this version"
     ), r.stderr
+
+
+class _Scales(torch.nn.Module):
+    """A large output and a small one; ``flip`` negates the small one (wrong everywhere)."""
+
+    def __init__(self, flip: bool) -> None:
+        super().__init__()
+        self.flip = flip
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 1e6, (-x if self.flip else x) * 1e-3
+
+
+def test_verify_measures_each_output_against_its_own_magnitude() -> None:
+    # found by a hunt: one scale over all outputs, so a small output wrong in every element passed
+    # (max_rel 2e-9) beside a large one; and complex outputs were compared on their real part only
+    x = (torch.randn(4, 4),)
+    right, wrong = (torch.export.export(_Scales(flip), x) for flip in (False, True))
+    assert cli._verify(right, copy.deepcopy(right), 1e-4)["ok"]
+    result = cli._verify(right, wrong, 1e-4)
+    assert not result["ok"] and result["max_rel"] == pytest.approx(2.0)
+    z = torch.tensor([1 + 1j, 2 - 3j])
+    assert cli._diff(z.conj(), z) == 6.0 and cli._diff(z, z.clone()) == 0.0
+
+
+class _Float8Scale(torch.nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x * scale.float()
+
+
+def test_verify_draws_a_float8_input_and_judges_what_the_program_computes_in() -> None:
+    # found by a hunt: torch has no randn of float8 (a traceback out of --verify), and the float8
+    # input, computed in float32 only, gave the whole program float8's tolerance (1.0)
+    from adapters.validate import default_tolerance
+
+    ep = torch.export.export(_Float8Scale(), (torch.randn(2, 3), torch.ones(3, dtype=torch.float8_e4m3fn)))
+    x, scale = cli._random_inputs(ep, {})
+    assert scale.dtype == torch.float8_e4m3fn and scale.shape == (3,) and x.dtype == torch.float32
+    assert default_tolerance(ep) == 1e-4
+    assert cli._verify(ep, copy.deepcopy(ep), default_tolerance(ep))["ok"]

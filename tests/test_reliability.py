@@ -1899,3 +1899,19 @@ def test_a_plan_with_a_literal_fxpure_cannot_write_is_declined_and_the_others_st
     (declined,) = outcome.report.rejections
     assert declined.reason.code == "unsupported-argument" and "torch.sparse_coo" in declined.reason.message
     assert_sound(program, x, want)
+
+
+def test_a_string_for_reserved_keys_or_for_plans_is_refused() -> None:
+    # found by a hunt: reserved="key" reserved its letters, and the new constant took the key;
+    # apply(program, "fuse-conv-bn") raised AttributeError from inside
+    torch.manual_seed(0)
+    model, x = randomize_bn(ConvBNBeside()), (torch.randn(1, 3, 6, 6),)
+    program = torch.export.export(model, x)
+    code = program.graph_module.code
+    with pytest.raises(TypeError, match="reserved must be an iterable of key names"):
+        adapters.transform(program, [fuse_conv_bn()], reserved="conv_bn_weight")
+    with pytest.raises(TypeError, match="apply takes a RewriteReport or a sequence of RewritePlans"):
+        adapters.apply(program, "fuse-conv-bn")  # type: ignore[arg-type]
+    assert program.graph_module.code == code
+    report = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap().report
+    assert adapters.apply(program, list(report.plans)).unwrap().changed
