@@ -222,16 +222,17 @@ def _own_rule(entry: str) -> Any:
     except (Exception, SystemExit) as e:  # the user's module does not import: say so in one line
         first = (str(e).strip().splitlines() or [""])[0]
         raise BadInput(f"--rules {entry}: cannot import {where} ({type(e).__name__}: {first})") from e
-    found = getattr(module, attr, None)
-    if found is None:
+    if not hasattr(module, attr):
         raise BadInput(f"--rules {entry}: {where} has no attribute {attr}")
+    found = getattr(module, attr)
     rule, why = found, ""
     if not _is_rule(found) and callable(found):
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 rule = found()
         except (Exception, SystemExit) as e:  # not a maker of rules after all: say what calling it did
-            rule, why = None, f": calling it raised {type(e).__name__}"
+            first = (str(e).strip().splitlines() or [""])[0]
+            rule, why = None, f": calling it raised {type(e).__name__}" + (f" ({first})" if first else "")
     if not _is_rule(rule):
         raise BadInput(f"--rules {entry}: {attr} is not a rule (name, anchors, plan_at) nor makes one{why}")
     return rule

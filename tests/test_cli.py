@@ -439,6 +439,13 @@ def test_a_rule_of_your_own_is_named_by_module_or_file(tmp_path: Path) -> None:
         ("{dir}/myrules.py:NOPE", "--rules {dir}/myrules.py:NOPE: {dir}/myrules.py has no attribute NOPE"),
         ("{dir}/myrules.py:CLONE", "--rules {dir}/myrules.py:CLONE: CLONE is not a rule"),
         ("json:dumps", "--rules json:dumps: dumps is not a rule (name, anchors, plan_at) nor makes one: calling"),
+        # found by a hunt: an attribute of None was "no attribute", and what the maker raised was dropped
+        ("{dir}/myrules.py:NONE", "--rules {dir}/myrules.py:NONE: NONE is not a rule"),
+        (
+            "{dir}/myrules.py:refusing",
+            "--rules {dir}/myrules.py:refusing: refusing is not a rule (name, anchors,"
+            " plan_at) nor makes one: calling it raised ValueError (groups must be 2 or more)",
+        ),
         ("no_such_module_here:R", "--rules no_such_module_here:R: cannot import no_such_module_here (ModuleNotF"),
         ("fuse-conv-bn,", None),  # a trailing comma is no rule of its own
     ],
@@ -446,7 +453,8 @@ def test_a_rule_of_your_own_is_named_by_module_or_file(tmp_path: Path) -> None:
 def test_a_rule_of_your_own_that_cannot_load_is_one_line_and_exit_2(
     saved: dict[str, Path], tmp_path: Path, entry: str, message: str | None
 ) -> None:
-    (tmp_path / "myrules.py").write_text(OWN_RULE)
+    refusing = "\n\nNONE = None\n\n\ndef refusing():\n    raise ValueError('groups must be 2 or more')\n"
+    (tmp_path / "myrules.py").write_text(OWN_RULE + refusing)
     (tmp_path / "broken.py").write_text("RULE = undefined_name\n")
     r = fxpure("explain", saved["plain"], "--rules", entry.format(dir=tmp_path))
     if message is None:
