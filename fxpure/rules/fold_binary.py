@@ -134,9 +134,10 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
-    if node is not None and node.target in DROPOUT.targets and node.args and node.arg(2, "train") is False:
-        return _computed_by_product(snap, node.args[0])  # (in eval mode: its input)
-    if node is not None and node.target in CLONE.targets and node.args:
+    idle = node is not None and (
+        node.target in CLONE.targets or (node.target in DROPOUT.targets and node.arg(2, "train") is False)
+    )
+    if node is not None and idle and node.args:  # (a copy, or a dropout in eval mode: of its input)
         return _computed_by_product(snap, node.args[0])
     if node is None or node.target not in VIEW.targets:
         return node is not None and (node.target in PRODUCTS or is_linear(snap, node) or is_bias_add(snap, node))
