@@ -34,6 +34,7 @@ from adapters.snap import (
     Program,
     aliases,
     capture_program,
+    changed_since,
     known_int,
     may_copy,
     storage,
@@ -328,6 +329,12 @@ def _prepare_new(
 ) -> _NewNode:
     spec = rec.spec
     val: Any = None
+    specs = spec if isinstance(spec, tuple) else (spec,)
+    sizes = {d for s in specs if isinstance(s, TensorSpec) and not s.is_static for d in s.shape if isinstance(d, str)}
+    unknown = sorted(sizes - fakes.symbols().keys()) if fakes.mode is not None else []
+    if unknown:  # a bare list of plans made on another program (one exported with dynamic sizes)
+        detail = f"new value {rec.name} has the size {unknown[0]}, which no value of this program has"
+        raise _ApplyError("plan-conflict", f"{detail} (were its plans made on another program?)")
     if isinstance(spec, TensorSpec):
         # a new parameter's value requires grad as its tensor does: torch's fake conv picks a
         # backend by that, and for a weight of no grad guards the batch size (a dynamic batch was
@@ -1615,32 +1622,6 @@ def transform(
         return _captured(program).bind(go)
 
 
-def _same(a: NodeSnapshot, b: NodeSnapshot) -> bool:
-    """One node in two captures of a program: a spec only one of them knows is no difference (a
-    program saved and loaded again, or run through FakeTensorProp, knows more of its output)."""
-    return a is b or (
-        (a.name, a.op, a.target, a.args, a.kwargs) == (b.name, b.op, b.target, b.args, b.kwargs)
-        and (a.spec == b.spec or a.spec is None or b.spec is None)
-    )
-
-
-def _changed_since(before: GraphSnapshot, now: GraphSnapshot) -> str | None:
-    """How ``now`` differs from ``before`` (nodes, and constants but for their storage: a copy of
-    the program is the same program), or None."""
-    if len(now.nodes) != len(before.nodes) or not all(map(_same, before.nodes, now.nodes)):
-        pairs = zip(before.nodes, now.nodes, strict=False)
-        old, new = next(((a, b) for a, b in pairs if not _same(a, b)), (None, None))
-        if old is None or new is None:
-            return f"it has {len(now.nodes)} nodes, the report's program {len(before.nodes)}"
-        if old.name != new.name:
-            return f"it has node {new.name} where the report's program has {old.name}"
-        return f"its node {new.name} is not the report's (another target, other arguments or another spec)"
-    unstored = {k: replace(v, storage=None) for k, v in before.constants.items()}
-    if {k: replace(v, storage=None) for k, v in now.constants.items()} != unstored:
-        return "its constants are not the report's"
-    return None
-
-
 def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Result[TransformOutcome, TransformError]:
     """Apply plans made on ``capture(program)``: ``capture(apply(g, p)) == rewrite(capture(g), p)``.
     A report (of ``fxpure.plan``, or of ``transform(..., dry_run=True)``) is applied stage by stage,
@@ -1654,7 +1635,7 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
     stages = (plans.stages or (plans.plans,)) if isinstance(plans, RewriteReport) else (listed,)
 
     def go(cap: Captured) -> Result[TransformOutcome, TransformError]:
-        changed = _changed_since(plans.before, cap.snap) if isinstance(plans, RewriteReport) else None
+        changed = changed_since(plans.before, cap.snap) if isinstance(plans, RewriteReport) else None
         if changed is not None:
             return Failure(
                 TransformError(code="plan-conflict", message=f"the report was planned on another program: {changed}")

@@ -847,3 +847,29 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
 def capture(program: Program) -> GraphSnapshot:
     """The immutable snapshot of a GraphModule or ExportedProgram; O(nodes)."""
     return capture_program(program).snap
+
+
+def _same_node(a: NodeSnapshot, b: NodeSnapshot) -> bool:
+    """One node in two captures of a program: a spec only one of them knows is no difference (a
+    program saved and loaded again, or run through FakeTensorProp, knows more of its output)."""
+    return a is b or (
+        (a.name, a.op, a.target, a.args, a.kwargs) == (b.name, b.op, b.target, b.args, b.kwargs)
+        and (a.spec == b.spec or a.spec is None or b.spec is None)
+    )
+
+
+def changed_since(before: GraphSnapshot, now: GraphSnapshot) -> str | None:
+    """How ``now`` differs from ``before`` (nodes, and constants but for their storage: a copy of
+    the program is the same program), or None."""
+    if len(now.nodes) != len(before.nodes) or not all(map(_same_node, before.nodes, now.nodes)):
+        pairs = zip(before.nodes, now.nodes, strict=False)
+        old, new = next(((a, b) for a, b in pairs if not _same_node(a, b)), (None, None))
+        if old is None or new is None:
+            return f"it has {len(now.nodes)} nodes, the report's program {len(before.nodes)}"
+        if old.name != new.name:
+            return f"it has node {new.name} where the report's program has {old.name}"
+        return f"its node {new.name} is not the report's (another target, other arguments or another spec)"
+    unstored = {k: replace(v, storage=None) for k, v in before.constants.items()}
+    if {k: replace(v, storage=None) for k, v in now.constants.items()} != unstored:
+        return "its constants are not the report's"
+    return None

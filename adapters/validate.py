@@ -18,7 +18,7 @@ from typing import Any, final
 
 import torch
 
-from adapters.snap import Captured, Program, capture_program
+from adapters.snap import Captured, Program, capture_program, changed_since
 from adapters.torchnames import dtype_of, resolve_target
 from adapters.weights import materialize, plain_torch
 from fxpure.plan import RewritePlan, RewriteReport, planned_on
@@ -333,8 +333,12 @@ def check_plans(
 ) -> list[PlanCheck]:
     """Check each plan of ``report`` (made on ``program`` before it was changed) on its own, within
     ``tolerance`` (relative; by default that of the dtypes the plan's old and new nodes compute in,
-    as :func:`default_tolerance` gives a program's)."""
+    as :func:`default_tolerance` gives a program's). Raises ValueError for a report made on
+    another program (no plan of it could be checked here)."""
     cap = program if isinstance(program, Captured) else capture_program(program)
+    changed = changed_since(report.before, cap.snap)
+    if changed is not None:
+        raise ValueError(f"the report was planned on another program: {changed}")
     out: list[PlanCheck] = []
     with plain_torch():
         for i, (current, stage) in enumerate(planned_on(report)):

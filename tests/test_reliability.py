@@ -1325,6 +1325,25 @@ def test_a_report_applies_to_its_program_saved_and_loaded_again(tmp_path: Path) 
     assert_close(run(loaded, x), run(program, x))
 
 
+def test_plans_made_on_a_dynamic_program_are_refused_by_a_static_one_and_so_is_its_report() -> None:
+    # the fused conv's value has the batch size the other program exported with: no size here. A
+    # bare list of plans is taken as made on the program (conflict found only at that size), and
+    # check_plans would otherwise have run no plan (each "not checked"), as if all were well
+    model, x = randomize_bn(ConvBNBeside()).eval(), (torch.randn(2, 3, 8, 8),)
+    batch = ({0: torch.export.Dim("batch")},)
+    dynamic = torch.export.export(model, x, dynamic_shapes=batch)
+    report = adapters.transform(dynamic, [fuse_conv_bn()], dry_run=True).unwrap().report
+    program = torch.export.export(model, x)
+    code, want = program.graph_module.code, run(program, x)
+    failure = adapters.apply(program, list(report.plans)).failure()
+    assert failure.code == "plan-conflict" and "no value of this program has" in failure.message
+    assert program.graph_module.code == code
+    assert_close(run(program, x), want)
+    with pytest.raises(ValueError, match="the report was planned on another program"):
+        adapters.check_plans(program, report)
+    assert [c.ok for c in adapters.check_plans(dynamic, report)] == [True]
+
+
 class _Attn(nn.Module):
     def __init__(self) -> None:
         super().__init__()
