@@ -60,7 +60,16 @@ from fxpure.plan import (
 )
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
-from fxpure.weights import Cast, Source, WeightExpr, infer_spec, moves_data, source_exprs, sources, subexpressions
+from fxpure.weights import (
+    Cast,
+    Source,
+    WeightExpr,
+    children,
+    infer_spec,
+    moves_data,
+    source_exprs,
+    sources,
+)
 
 V = TypeVar("V")
 
@@ -807,17 +816,28 @@ def _underflows(
         known = memo.get(e)
         return known if known is not None else materialize(e, tensors, memo)
 
-    out: dict[str, tuple[WeightExpr, ...]] = {}
-    half = (torch.float16, torch.bfloat16)
-    if not any(t.dtype in half for t in tensors.values()) and not any(t.dtype in half for t in new.values()):
-        return out  # nothing is cast to float16 or bfloat16 (no walk of every weight's expression)
-    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_casts(report), False)
+    below: dict[WeightExpr, tuple[Cast, ...]] = {}
+
+    def half_casts(e: WeightExpr) -> tuple[Cast, ...]:  # each shared part walked once
+        known = below.get(e)
+        if known is None:
+            inner = [c for x in children(e) for c in half_casts(x)]
+            own = [e] if isinstance(e, Cast) and e.dtype in ("float16", "bfloat16") else []
+            known = below[e] = tuple(dict.fromkeys([*own, *inner]))
+        return known
+
+    # a float32 program's fold may round through float16 too: the casts are looked for in every
+    # part computed (each in ``memo``), and the expressions walked only if there is one
+    if not any(isinstance(e, Cast) and e.dtype in ("float16", "bfloat16") for e in memo):
+        return {}
     after = report.after
-    for k in new:
-        source = after.constants[k].source
-        if source is None:
-            continue
-        casts = [c for c in subexpressions(source) if isinstance(c, Cast) and c.dtype in ("float16", "bfloat16")]
+    found = {k: half_casts(e) for k in new if (e := after.constants[k].source) is not None}
+    casts_of = {k: casts for k, casts in found.items() if casts}
+    if not casts_of:
+        return {}
+    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_casts(report), False)
+    out: dict[str, tuple[WeightExpr, ...]] = {}
+    for k, casts in casts_of.items():
         for c in casts:  # (a cast several constants read, such as a folded weight's slices: judged once)
             if c not in verdict:  # a rounding of data the program holds (a number, a weight) torch does too
                 verdict[c] = not moves_data(c.x) and _flushes(value(c), value(c.x))

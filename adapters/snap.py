@@ -130,10 +130,14 @@ def _least_sizes(
     return out
 
 
-def _values(t: torch.Tensor) -> tuple[int, ...] | None:
-    small = t.dim() <= 1 and t.numel() <= SMALL_VALUES and not t.is_meta
-    integral = not (t.is_floating_point() or t.is_complex())
-    return tuple(int(v) for v in t.reshape(-1).tolist()) if small and integral else None
+def _values(t: torch.Tensor) -> tuple[int | float, ...] | None:
+    """A small integer vector's data, or a 0-d tensor's number (``ConstantInfo.values``)."""
+    if t.dim() > 1 or t.numel() > SMALL_VALUES or t.is_meta or t.is_complex():
+        return None
+    if not t.is_floating_point():
+        return tuple(int(v) for v in t.reshape(-1).tolist())
+    number = float(t.item()) if t.dim() == 0 else None
+    return (number,) if number is not None and number == number else None  # (NaN equals nothing)
 
 
 def storage(t: torch.Tensor) -> str:
@@ -790,11 +794,17 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
     """``cap``'s snapshot with each module (or function) call spelled as the ATen op it stands for,
     and Python's arithmetic as ATen's: what a rule would find were the model exported."""
     targets = {name: target for name, target, _ in cap.module_calls}
+    # (not the size arithmetic of an exported graph: ``x.shape[0] * 2``'s value is a number)
+    sizes = {
+        n.name
+        for n in cap.gm.graph.nodes
+        if n.op == "call_function" and "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor)
+    }
     nodes = [
         replace(n, op="call_function", target=targets[n.name])
         if n.name in targets
         else replace(n, target=_OPERATORS[n.target])
-        if n.op == "call_function" and n.target in _OPERATORS
+        if n.op == "call_function" and n.target in _OPERATORS and n.name not in sizes
         else n
         for n in cap.snap.nodes
     ]

@@ -432,10 +432,14 @@ class Match:
             return spec.unwrap() if isinstance(spec, Success) else None
         return None
 
-    def values(self, name: str) -> tuple[int, ...] | None:
-        """The data of a bound constant when it is a small integer vector (zero points, say): the
-        program's, or an earlier rule's fill of one integer (``Fill(shape=(oc,), value=0)``)."""
+    def values(self, name: str) -> tuple[int | float, ...] | None:
+        """The data of a bound constant when it is a small integer vector (zero points, say) or a
+        number held as a 0-d tensor (an edge program lifts the ``1.0`` of ``x * 1.0`` so): the
+        program's, or an earlier rule's fill of one integer (``Fill(shape=(oc,), value=0)``); a
+        bound number as itself, ``(1.0,)``, so that one check reads ``x * 1.0`` in every form."""
         value = self.bindings.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return (value,)
         if isinstance(value, Source):  # the program's own: captured when small
             info = self.snap.constants.get(value.key)
             return info.values if info is not None else None
@@ -1207,6 +1211,8 @@ class Planner:
         return "parameter" if "parameter" in kinds else "buffer" if "buffer" in kinds else "constant"
 
     def _unique(self, name: str) -> str:
+        if not isinstance(name, str) or not name.isidentifier():  # (the program's code names it so)
+            raise ValueError(f"a new value's name must be a Python identifier, not {name!r}")
         fresh, i = name, 0
         while fresh in self._names:
             i += 1
@@ -1270,7 +1276,8 @@ class Planner:
         fxpure ships (``fxpure.families.SCHEMAS``) or of a family the match bound, or the
         ``Schema`` of any op (``MY_FAMILY.schemas[target]``, ``parse_schema(...)``). A constant
         bound as the program holds it (``Const("w")`` of a weight, no view of it) is read as it
-        is, under its own key; one computed from it is ``p.const(expr, name)``."""
+        is, under its own key; one computed from it is ``p.const(expr, name)``. A dtype may be given
+        by name (``dtype="float16"``)."""
         schema = target if isinstance(target, Schema) else SCHEMAS.get(target) or self._bound_schema(target)
         if schema is None:
             raise PatternError(f"no schema for {target}: pass its Schema, or use Planner.node (positional arguments)")
@@ -1325,6 +1332,8 @@ class Planner:
             if isinstance(value, Bound | WeightExpr):
                 kind = type(value).__name__
                 raise TypeError(f"{what}: {arg} is a {kind}, not a node: pass NodeRef(op.name), or p.const(expr, name)")
+            if isinstance(value, str) and q.kind == "dtype":  # a dtype by name, as GraphBuilder.call takes it
+                value = DTypeArg(name=value)
             out[arg] = value
             if q.kind != "tensor" or type(value) is NodeRef or (value is None and q.optional):
                 continue

@@ -133,8 +133,9 @@ class ConstantInfo:
     ``storage`` identifies the backing tensor so aliases are visible; ``source``
     is None for an existing tensor, or the expression of a derived one.
     ``values`` holds the data of a small integer vector (quantization zero
-    points, say; at most :data:`SMALL_VALUES` of them) so planners can check
-    it; None for anything else.
+    points, say; at most :data:`SMALL_VALUES` of them), or of a 0-d tensor
+    (a number an edge program lifts, ``x * 1.0``), so planners can check it;
+    None for anything else.
     """
 
     kind: ConstantKind
@@ -142,7 +143,7 @@ class ConstantInfo:
     spec: TensorSpec
     storage: str | None = None
     source: WeightExpr | None = None
-    values: tuple[int, ...] | None = None
+    values: tuple[int | float, ...] | None = None
 
 
 def refs(arg: Arg) -> Iterator[str]:

@@ -17,8 +17,8 @@ with ``lifted=False``, ``get_attr`` nodes, as in the program forms the adapters 
 What the builder does not do for you, as capture finds it in a real program: an edge program
 (``dialect="edge"``) holds no number where an op takes a tensor (``to_edge`` lifts ``y * 2.0`` as a
 0-d float32 buffer, and an int through a ``_to_dim_order_copy``), so build ``g.buffer("c", ())``
-there; a small integer vector (zero points) has known values only if given ``values=``, as capture
-records them (without, a rule finds them unknown and may take another path).
+there; a small integer vector (zero points), or such a 0-d number, has known values only if given
+``values=``, as capture records them (without, a rule finds them unknown and may take another path).
 """
 
 from __future__ import annotations
@@ -116,13 +116,13 @@ class GraphBuilder:
         *,
         kind: ConstantKind = "constant",
         key: str | None = None,
-        values: Sequence[int] | None = None,
+        values: Sequence[int | float] | None = None,
         storage: str | None = None,
         lifted: bool | None = None,
     ) -> NodeRef:
         """A constant tensor of ``kind``: a lifted placeholder, or ``get_attr`` when not lifted.
-        ``values``: the data of a small integer vector (zero points); ``storage``: give two
-        constants one storage to make them aliases."""
+        ``values``: the data of a small integer vector (zero points) or of a 0-d tensor (a number
+        ``to_edge`` lifted); ``storage``: give two constants one storage to make them aliases."""
         lift = self.lifted if lifted is None else lifted
         s = spec(*shape, dtype=dtype)
         self._consts.append(NodeSnapshot(name=name, op="placeholder" if lift else "get_attr", target=name, spec=s))
@@ -148,7 +148,7 @@ class GraphBuilder:
         dtype: str = "float32",
         *,
         key: str | None = None,
-        values: Sequence[int] | None = None,
+        values: Sequence[int | float] | None = None,
         storage: str | None = None,
     ) -> NodeRef:
         """A buffer (see :meth:`constant`)."""

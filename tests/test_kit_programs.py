@@ -18,8 +18,9 @@ from adapters.passes import RulesPass
 from adapters.validate import check_plans
 from fxpure.families import ADD, CONV, GETITEM, MUL, RELU, SPLIT
 from fxpure.linear import linear_of, linear_root
-from fxpure.pattern import ANY, Bound, Op, Planner, Var, rule
+from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Op, Planner, Scalar, Var, need, rule
 from fxpure.plan import RewritePlan, plan
+from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
 from fxpure.weights import Fill
 from tests.models import ScaledConv
@@ -382,3 +383,34 @@ def test_a_convert_pt2e_module_s_constants_have_their_tensors_specs() -> None:
     snap = adapters.capture(gm)
     held = [n for n in snap.nodes if n.op == "get_attr" and n.name in snap.constants]
     assert len(held) >= 4 and all(n.spec == snap.constants[n.name].spec for n in held)
+
+
+class TimesOne(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 1.0 + torch.relu(x) * 3.0
+
+
+def _one(match: Match) -> Reason | None:
+    return None if match.values("k") == (1.0,) else Declined(code="not-one", node="mul", detail="not times one")
+
+
+# x * 1.0 -> x, the number as the program holds it: a Python number, or a 0-d tensor on edge
+TIMES_ONE = rule(
+    "times-one",
+    Op(MUL, name="mul", commute=True, self=Var("x"), other=OneOf(Scalar("k"), Const("k"))),
+    need.check(_one, codes=("not-one",)),
+    plan=lambda p, mul, x: p.replace(mul, x),
+)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_rule_reads_the_number_an_edge_program_lifts_as_a_tensor(form: str) -> None:
+    # found by a hunt: on edge, the 1.0 of x * 1.0 is a lifted 0-d tensor whose value no rule could
+    # read (Match.values gave None), so a rule removing it fired on aten and never on edge
+    program, x = build(TimesOne().eval(), (torch.randn(2, 3),), form), (torch.randn(2, 3),)
+    want = run(program, x)
+    outcome = adapters.transform(program, [TIMES_ONE]).unwrap()
+    assert len(outcome.report.plans) == 1
+    assert [r.reason.code for r in outcome.report.rejections] == ["not-one"]
+    assert count(program, "mul") == 1
+    assert_close(run(program, x), want)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import operator
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from executorch.exir import to_edge
 from pyrsistent import pmap
 from torch import nn
 from torch.nn import functional as F
@@ -18,7 +20,9 @@ from torch.nn import functional as F
 import adapters
 import adapters.snap
 import fxpure
-from fxpure.plan import Rule
+from fxpure.families import CONV, MUL
+from fxpure.pattern import Bound, Const, Op, Planner, Scalar, Var, rule
+from fxpure.plan import RewritePlan, Rule
 from fxpure.rules import (
     RULES,
     concat_parallel_linears,
@@ -29,6 +33,8 @@ from fxpure.rules import (
     split_group_conv,
 )
 from fxpure.serial import to_data
+from fxpure.snapshot import NodeRef
+from fxpure.weights import Binary, Cast, Fill, WeightExpr
 from tests.models import ResNeXtish, randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run
 
@@ -761,6 +767,38 @@ def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reaso
     (declined,) = outcome.report.rejections
     assert declined.node == "bn" and declined.reason.code == "module-call"
     assert "torch.export" in declined.reason.message
+
+
+class PermutedMatmul(nn.Module):
+    """A product of a permuted input, which an edge program with a dynamic batch reshapes by sizes
+    it computes with Python's ``operator.mul``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.permute(0, 2, 1) @ self.w.T)
+
+
+def _keep(p: Planner, mul: Bound, x: NodeRef) -> RewritePlan:
+    return p.replace(mul, x)
+
+
+TIMES_ONE = rule("times-one", Op(MUL, name="mul", commute=True, self=Var("x"), other=Scalar("k")), plan=_keep)
+
+
+@pytest.mark.parametrize("module", [False, True])
+def test_size_arithmetic_of_an_exported_graph_is_no_candidate_of_a_rule_on_its_operator(module: bool) -> None:
+    # found by a hunt: a rule anchored at a mul was told the edge program's `s0 * 4` (a view's size)
+    # was "Python's mul (a symbolic_trace GraphModule)", declined module-call
+    x = (torch.randn(3, 6, 4),)
+    ep = torch.export.export(PermutedMatmul(), x, dynamic_shapes=({0: torch.export.Dim("b", min=2, max=64)},))
+    edge = to_edge(ep).exported_program()
+    program = edge.module() if module else edge
+    assert any(n.target is operator.mul for n in program.graph.nodes)  # (what the rule must not take)
+    outcome = adapters.transform(program, [TIMES_ONE]).unwrap()
+    assert (outcome.report.plans, outcome.report.rejections) == ((), ())
 
 
 class Functional(nn.Module):
@@ -1885,6 +1923,31 @@ def test_apply_refuses_plans_whose_fold_flushes_and_changes_nothing() -> None:
     error = adapters.apply(program, report).failure()
     assert (error.code, error.message) == ("weight-underflow", "linear_mul_weight loses a channel to float16 underflow")
     assert (program.graph_module.code, dict(program.state_dict)) == before
+
+
+def _stored_half(p: Planner, conv: Bound, w: WeightExpr) -> RewritePlan:
+    # a rule of a backend whose weights are half: the fold is rounded through float16, then cast back
+    scaled = Binary(op="mul", a=w, b=Fill(shape=(), value=1e-6, dtype="float32"))
+    return p.replace(
+        conv, p.respell(conv, weight=p.const(Cast(x=Cast(x=scaled, dtype="float16"), dtype="float32"), "w_s"))
+    )
+
+
+STORED_HALF = rule("stored-half", Op(CONV, name="conv", weight=Const("w")), plan=_stored_half)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_fold_rounded_through_float16_in_a_float32_program_is_judged_for_underflow(form: str) -> None:
+    # found by a hunt: the check looked for casts only where the program or a new constant was half,
+    # so the same flushing rule that was declined on a float16 program applied on a float32 one
+    # (1.7% off the exact fold)
+    model, x = nn.Conv2d(3, 4, 3, bias=False).eval(), (torch.randn(1, 3, 6, 6),)
+    program = build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [STORED_HALF]).unwrap()
+    assert [(r.rule, r.reason.code) for r in outcome.report.rejections] == [("stored-half", "weight-underflow")]
+    assert not outcome.report.plans
+    assert_close(run(program, x), want)
 
 
 def _opaque_clone(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:

@@ -219,7 +219,7 @@ def test_need_channels_of_a_scalar_constant_checks_nothing() -> None:
 
 
 def test_match_values_reads_small_integer_constants() -> None:
-    seen: list[tuple[tuple[int, ...] | None, ...]] = []
+    seen: list[tuple[tuple[int | float, ...] | None, ...]] = []
 
     def look(match: Match) -> Reason | None:
         seen.append((match.values("b"), match.values("w"), match.values("x"), match.values("nothing")))

@@ -1277,6 +1277,28 @@ def test_arguments_go_by_the_familys_names_and_errors_list_them_so() -> None:
         plan(_relu_graph(), [rule("c", RELU_X, plan=none_given)])
 
 
+def _named_const(name: str) -> Callable[[Planner, Bound], RewritePlan]:
+    def named(p: Planner, r: Bound) -> RewritePlan:  # (relu's input a constant of that name)
+        return p.replace(r, p.respell(r, self=p.const(Fill(shape=(2, 3), value=2.0, dtype="float32"), name)))
+
+    return named
+
+
+def test_a_dtype_is_given_by_name_and_a_new_values_name_must_be_an_identifier() -> None:
+    # found by a hunt: dtype="float16" reached the program as a string (each candidate declined
+    # plan-conflict when torch refused it), and p.const(e, "w.scaled") was declined per candidate
+    # with the whole plan printed, where other misuse of the planner raises
+    def cast(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+        return p.replace(r, p.call("aten._to_copy.default", name="h", spec=r.spec, self=x, dtype="float32"))
+
+    (made,) = plan(_relu_graph(), [rule("cast", RELU_X, plan=cast)]).plans[0].nodes
+    assert made.kwargs["dtype"] == DTypeArg(name="float32")
+    for name in ("w.scaled", "", "1w", "a b"):
+        message = f"a new value's name must be a Python identifier, not {name!r}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            plan(_relu_graph(), [rule("named", RELU_X, plan=_named_const(name))])
+
+
 def test_every_argument_is_checked_whatever_comes_before_it() -> None:
     def typo_after_a_node(p: Planner, conv: Bound, x: NodeRef) -> RewritePlan:
         return p.replace(conv, p.respell(conv, input=x, wieght=x))
