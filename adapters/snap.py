@@ -568,6 +568,8 @@ def _module_writes(w: _Writes, gm: torch.fx.GraphModule, n: torch.fx.Node, attrs
     training mode updates, where the graph reads them too; and, so far as anyone knows, every tensor
     it is given, for a module of no ``torch.nn`` type (a custom tracer's leaf runs any code)."""
     module, x = _attr(gm, str(n.target)), n.args[0] if n.args else None
+    if (type(module).__module__, type(module).__name__) == ("torch.export._unlift", "GuardsFn"):
+        return  # the shape guards ``ExportedProgram.module()`` checks its inputs against: it reads them
     if not type(module).__module__.startswith("torch.nn."):
         for given in n.all_input_nodes:
             w.write(n.name, given.name)

@@ -19,6 +19,9 @@ What the builder does not do for you, as capture finds it in a real program: an 
 0-d float32 buffer, and an int through a ``_to_dim_order_copy``), so build ``g.buffer("c", ())``
 there; a small integer vector (zero points), or such a 0-d number, has known values only if given
 ``values=``, as capture records them (without, a rule finds them unknown and may take another path).
+Nor does it check a node's target against what the program form allows: an edge program takes Core
+ATen ops (``aten.convolution``, not ``aten.conv2d`` or ``aten.linear``), and a plan writing another
+is declined ``op-not-allowed`` by the adapter, on the real program only.
 """
 
 from __future__ import annotations

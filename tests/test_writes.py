@@ -540,6 +540,14 @@ def test_what_writes_no_data_is_no_write_and_a_training_norm_is_one(mode: str) -
     assert_close(_runs(gm, (x,), times=3), _runs(reference, (x,), times=3))
 
 
+def test_the_guards_of_an_exported_programs_module_write_nothing() -> None:
+    # found by a hunt: ExportedProgram.module() calls its shape guards as a module of no torch.nn
+    # type, which was taken to write every input it is given (the program's input, in snap.written)
+    gm = torch.export.export(nn.Conv2d(3, 4, 3).eval(), (torch.randn(1, 3, 8, 8),)).module()
+    assert any(n.op == "call_module" and "guards" in str(n.target) for n in gm.graph.nodes)
+    assert adapters.snap.capture_program(gm).snap.written == frozenset()
+
+
 def test_an_edge_programs_ops_are_read_by_their_aten_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
     # an edge op's own schema is no torch.FunctionSchema: every edge call was read as a Python-level
     # call (by its name, through inspect.signature), a third of an edge program's capture
