@@ -722,8 +722,11 @@ class _Batch:
     def of(snap: GraphSnapshot) -> _Batch:
         """An empty batch on ``snap``: a new constant's name is also its key in the program, unique
         among nodes, keys and attributes; a derived constant already there is shared."""
-        used = set(snap.index) | snap.reserved | {c.key for c in snap.constants.values()}
-        by_expr = {info.source: name for name, info in snap.constants.items() if info.source is not None}
+        used, by_expr = set(snap.index) | snap.reserved, {}
+        for name, info in snap.constants.items():  # one walk of the persistent map (a slow one) for both
+            used.add(info.key)
+            if info.source is not None:
+                by_expr[info.source] = name
         return _Batch(snap=snap, used=used, by_expr=by_expr)
 
     def add(self, p: RewritePlan) -> PlanConflict | None:
@@ -1048,7 +1051,8 @@ def _finish(
             return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:
         return _conflict(bad.node, bad.detail)
-    held = {k for k in [*snap.constants, *added] if k in index}
+    held = index.keys() & snap.constant_names  # (a set operation, not a walk of the persistent map)
+    held.update(k for k in added if k in index)
     dead = _dead(nodes, users, index, held, prune, made)
     live = pvector([n for n in nodes if n.name not in dead] if dead else nodes)
     if dead:
@@ -1059,10 +1063,17 @@ def _finish(
         for d in dead:
             del users[d]
         index = {n.name: i for i, n in enumerate(live)}
-    constants = {k: v for k, v in [*snap.constants.items(), *added.items()] if k in held and k not in dead}
     # a later stage names nothing as a node or constant this one removed: the adapter commits the
-    # program's first snapshot against the last, matching by name
-    gone = {info.key for k, info in snap.constants.items() if k not in constants}
+    # program's first snapshot against the last, matching by name (one walk of the persistent map)
+    constants: dict[str, ConstantInfo] = {}
+    dropped: list[tuple[str, str]] = []
+    for k, v in snap.constants.items():
+        if k in held and k not in dead:
+            constants[k] = v
+        else:
+            dropped.append((k, v.key))
+    constants.update((k, v) for k, v in added.items() if k in held and k not in dead)
+    gone = {key for k, key in dropped if k not in constants}
     return Success(
         GraphSnapshot(
             nodes=live,
