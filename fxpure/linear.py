@@ -220,14 +220,15 @@ def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
         return False
     view, bias = (_node(snap, a) for a in node.args)
     bmm = _node(snap, view.args[0]) if view is not None and view.target in VIEW.targets and view.args else None
-    constant = bias is not None and _of_constants(snap, bias.name)
+    if bmm is None or bmm.target not in _BMMS or bias is None:  # (asked first: the walk up from the bias costs)
+        return False
     # (an add that promotes, a float16 output plus a float32 constant, is no bias of the float16 linear)
     same = (
         view is not None
         and view.tensor_spec is not None
         and view.tensor_spec.dtype == getattr(node.tensor_spec, "dtype", None)
     )
-    return constant and same and bmm is not None and bmm.target in _BMMS and is_linear(snap, bmm)
+    return same and _of_constants(snap, bias.name) and is_linear(snap, bmm)
 
 
 def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot) -> NodeSnapshot | None:
