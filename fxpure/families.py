@@ -9,7 +9,7 @@ copied from ``native_functions.yaml``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import final
 
@@ -35,9 +35,12 @@ class Family:
     schemas: Mapping[str, Schema]
     normalize: Normalizer | None = None
     commutes: tuple[str, str] | None = None
+    # ``targets``, found once (rules ask ``node.target in VIEW.targets`` of node after node)
+    _targets: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schemas", MappingProxyType(dict(self.schemas)))
+        object.__setattr__(self, "_targets", frozenset(self.schemas))
 
     def __repr__(self) -> str:
         """Its name and spellings: every schema whole would fill a near miss's bindings (``explain``)."""
@@ -46,7 +49,7 @@ class Family:
     @property
     def targets(self) -> frozenset[str]:
         """The canonical targets of every spelling."""
-        return frozenset(self.schemas)
+        return self._targets
 
     @property
     def params(self) -> frozenset[str]:
