@@ -684,7 +684,8 @@ def explain(args: argparse.Namespace) -> int:
 
 def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> int:
     """How far each rule got at one node: its reason (code, pattern path, message), the bindings
-    it had made, and how many pattern primitives matched."""
+    it had made, and how many pattern primitives matched; and the candidates of other nodes it is
+    part of (a conv a batch norm's fusion takes, or whose other reader declined it)."""
 
     from fxpure.pattern import attempts
     from fxpure.serial import to_data
@@ -692,10 +693,14 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     found = attempts(report, rules, node)
     if node not in report.before.index and not found:
         raise BadInput(f"no node {node!r} in the program")
+    # the candidates of other nodes it is part of: a plan that takes it, a reason that names it
+    plans = [p for p in report.plans if p.anchor != node and node in {*p.erase, *(old for old, _ in p.replace)}]
+    named = [r for r in report.rejections if r.node != node and r.reason.node == node]
     if as_json:
-        print(_json({"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}))
+        doc = {"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}
+        print(_json({**doc, "part_of": to_data([*plans, *named])}))
         return EXIT_OK
-    if not found:
+    if not found and not plans and not named:
         target = report.before.node(node).target
         print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
     for a in found:
@@ -706,6 +711,13 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
             print(f"  {a.reason.message}")
         bound = ", ".join(f"{k}={_shown(v)}" for k, v in a.bindings.items())
         print(f"  matched {a.depth} pattern primitives; bound: {bound or 'nothing'}")
+    for p in plans:
+        print(f"{node} is part of {p.rule}'s candidate at {p.anchor}: will rewrite")
+    for r in named:
+        print(
+            f"{node} is part of {r.rule}'s candidate at {r.node}: declined: {r.reason.code} at {r.reason.path or '-'}"
+        )
+        print(f"  {r.reason.message}")
     return EXIT_OK
 
 

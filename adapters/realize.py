@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 from collections import ChainMap
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Any, TypeVar, final
 import torch
 from returns.result import Failure, Result, Success
 from torch._export.verifier import SpecViolationError
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 from torch.fx.experimental import symbolic_shapes
@@ -715,7 +716,8 @@ def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
 
 def _materialize_new(cap: Captured, after: GraphSnapshot, memo: dict[object, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    on_meta = {k for k, t in cap.tensors.items() if t.is_meta}
+    # (or fake: a program exported under FakeTensorMode holds no data either)
+    on_meta = {k for k, t in cap.tensors.items() if t.is_meta or isinstance(t, FakeTensor)}
     # in graph order: the constants map's own order follows string hashes, which change per process
     derived = sorted((k for k, i in after.constants.items() if i.source is not None), key=after.index.__getitem__)
     for name in derived:
@@ -726,7 +728,8 @@ def _materialize_new(cap: Captured, after: GraphSnapshot, memo: dict[object, tor
         if meta:
             raise _ApplyError(
                 "meta-tensor",
-                f"{cap.snap.constants[meta[0]].key} is on the meta device: there is no data to compute {name} from"
+                f"{cap.snap.constants[meta[0]].key} is on the meta device (or fake): there is no data to compute"
+                f" {name} from"
                 " (load the weights first, or plan with dry_run=True)",
             )
         try:
@@ -1311,7 +1314,9 @@ def _ran(
         what = f"{node.name} (a copy once lowered)" if copied else node.name
         why = f"{what} would read a channels-last tensor and write one laid out otherwise"
         kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"
-        return ran, ("dim-order-changes", f"{why} (strides {ran.stride()}): {kernels}")
+        sizes = tuple(ran.shape)  # (a copy's strides are contiguous ones)
+        strides = tuple(math.prod(sizes[i + 1 :]) for i in range(len(sizes))) if copied else ran.stride()
+        return ran, ("dim-order-changes", f"{why} (strides {strides}): {kernels}")
     return ran, None
 
 

@@ -9,6 +9,7 @@ from typing import Any, cast
 import torch
 from pyrsistent import pmap
 from pyrsistent.typing import PMap
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -131,8 +132,9 @@ def _least_sizes(
 
 
 def _values(t: torch.Tensor) -> tuple[int | float, ...] | None:
-    """A small integer vector's data, or a 0-d tensor's number (``ConstantInfo.values``)."""
-    if t.dim() > 1 or t.numel() > SMALL_VALUES or t.is_meta or t.is_complex():
+    """A small integer vector's data, or a 0-d tensor's number (``ConstantInfo.values``); None for a
+    tensor of no data (on the meta device, or fake: a program exported under ``FakeTensorMode``)."""
+    if t.dim() > 1 or t.numel() > SMALL_VALUES or t.is_meta or t.is_complex() or isinstance(t, FakeTensor):
         return None
     if not t.is_floating_point():
         return tuple(int(v) for v in t.reshape(-1).tolist())

@@ -120,7 +120,7 @@ def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool
         read = f"{read} in a graph of its own, which may read it by its strides (fxpure does not look in)"
     else:
         read = f"{read} by its strides"
-    detail = f"{reader.name} ({reader.target}) reads {read}, which the replacement changes"
+    detail = f"{reader.name} ({reader.target}) reads {read}, which the replacement may change"
     return Declined(code=CODE, node=name, detail=detail, path=path)
 
 

@@ -92,7 +92,7 @@ from fxpure.snapshot import (
     ref_list,
     refs,
 )
-from fxpure.weights import EXPR_NODE, Source, WeightExpr, infer_spec, int_values, out_channels, sources
+from fxpure.weights import EXPR_NODE, Source, WeightExpr, infer_spec, known_values, out_channels, sources
 
 ONE: Literal["one"] = "one"
 ANY: Literal["any"] = "any"
@@ -443,7 +443,7 @@ class Match:
         if isinstance(value, Source):  # the program's own: captured when small
             info = self.snap.constants.get(value.key)
             return info.values if info is not None else None
-        return int_values(value) if isinstance(value, WeightExpr) else None
+        return known_values(value) if isinstance(value, WeightExpr) else None
 
 
 @final

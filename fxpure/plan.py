@@ -45,7 +45,7 @@ from fxpure.weights import (
     Unary,
     WeightExpr,
     infer_spec,
-    int_values,
+    known_values,
     sources,
     work_dtype,
 )
@@ -759,7 +759,7 @@ class _Batch:
             key = _fresh(module + name, self.used) if module else name
             # a get_attr graph holds parameters and plain tensors (buffers), no lifted constants
             kind = c.kind if snap.lifted or c.kind == "parameter" else "buffer"
-            info = ConstantInfo(kind=kind, key=key, spec=spec.unwrap(), source=c.expr, values=int_values(c.expr))
+            info = ConstantInfo(kind=kind, key=key, spec=spec.unwrap(), source=c.expr, values=known_values(c.expr))
             self.infos[name] = info
             op = "placeholder" if snap.lifted else "get_attr"
             self.new_constants.append(NodeSnapshot(name=name, op=op, target=name, spec=spec.unwrap()))

@@ -16,6 +16,7 @@ several constants is computed once. Nothing here computes data;
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
@@ -535,6 +536,28 @@ def int_values(expr: WeightExpr) -> tuple[int, ...] | None:
         return None
     n = math.prod(expr.shape)
     return (int(expr.value),) * n if n <= SMALL_VALUES else None
+
+
+# the struct formats that round a Python float as a tensor of the dtype stores it
+_STORED = {"float64": "d", "float32": "f", "float16": "e"}
+
+
+def known_values(expr: WeightExpr) -> tuple[int | float, ...] | None:
+    """What ``ConstantInfo.values`` would hold of the constant ``expr`` derives, were it captured:
+    :func:`int_values`, or the number a 0-d float ``Fill`` stores (as its dtype rounds it; None
+    for bfloat16 or NaN; one out of the dtype's range is infinite, as torch stores it).
+
+    >>> f16, vector = Fill(shape=(), value=0.1, dtype="float16"), Fill(shape=(2,), value=1.0, dtype="float32")
+    >>> known_values(f16), known_values(vector), known_values(Fill(shape=(), value=-1e9, dtype="float16"))
+    ((0.0999755859375,), None, (-inf,))
+    """
+    if not isinstance(expr, Fill) or expr.shape != () or expr.dtype not in _STORED:
+        return int_values(expr)
+    try:
+        (stored,) = struct.unpack(_STORED[expr.dtype], struct.pack(_STORED[expr.dtype], expr.value))
+    except OverflowError:
+        stored = math.copysign(math.inf, expr.value)
+    return (float(stored),) if stored == stored else None
 
 
 def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:

@@ -91,6 +91,24 @@ def test_a_candidate_an_earlier_rule_made_is_shown_with_the_node_it_came_from(tm
         assert "declined: depthwise-conv" in r.stdout.splitlines()[0]
 
 
+def test_explain_node_names_the_candidates_of_other_nodes_it_is_part_of(saved: dict[str, Path]) -> None:
+    # found by a hunt: the table said "output of conv2d is also used by relu" (the batch norm's
+    # fusion, declined), and --node conv2d said no rule considered conv2d
+    rules = ("--rules", "fuse-conv-bn")
+    declined = fxpure("explain", saved["declines"], *rules, "--node", "conv2d")
+    assert declined.returncode == 0, declined.stderr
+    first, message = declined.stdout.splitlines()[:2]
+    assert (
+        first
+        == "conv2d is part of fuse-conv-bn's candidate at batch_norm: declined: conv-output-shared at bn.input/conv"
+    )
+    assert message.startswith("  output of conv2d is also used by")
+    fused = fxpure("explain", saved["resnext"], *rules, "--node", "conv2d")
+    assert fused.stdout == "conv2d is part of fuse-conv-bn's candidate at batch_norm: will rewrite\n"
+    doc = json.loads(fxpure("explain", saved["resnext"], *rules, "--node", "conv2d", "--json").stdout)
+    assert [(p["rule"], p["anchor"]) for p in doc["part_of"]] == [("fuse-conv-bn", "batch_norm")]
+
+
 def test_apply_writes_through_a_symlink_and_refuses_what_is_no_file(saved: dict[str, Path], tmp_path: Path) -> None:
     import os
     import stat

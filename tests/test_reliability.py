@@ -1363,6 +1363,34 @@ def test_a_report_applies_to_its_program_saved_and_loaded_again(tmp_path: Path) 
     assert_close(run(loaded, x), run(program, x))
 
 
+class ScaledByBuffer(nn.Module):
+    """A conv, its batch norm (a 0-d integer buffer: its batch count) and a 0-d float scale."""
+
+    scale: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.register_buffer("scale", torch.rand(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.bn(self.conv(x)) * self.scale
+        return y
+
+
+def test_a_program_of_fake_weights_is_planned_without_reading_them() -> None:
+    # found by a review: capture read each 0-d constant's number (and each small integer vector's),
+    # which a program exported under FakeTensorMode has not: torch raised out of transform
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        program = torch.export.export(ScaledByBuffer().eval(), (torch.randn(1, 3, 8, 8),))
+    outcome = adapters.transform(program, [fuse_conv_bn(), fold_binary()], dry_run=True).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["fuse-conv-bn", "fold-binary"]
+    failure = adapters.transform(program, [fuse_conv_bn()]).failure()  # (no numbers to fold)
+    assert failure.code == "meta-tensor" and "is on the meta device (or fake)" in failure.message
+
+
 def test_plans_made_on_a_dynamic_program_are_refused_by_a_static_one_and_so_is_its_report() -> None:
     # the fused conv's value has the batch size the other program exported with: no size here. A
     # bare list of plans is taken as made on the program (conflict found only at that size), and

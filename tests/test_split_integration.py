@@ -176,6 +176,9 @@ def test_a_grouped_conv_on_a_channels_last_input_is_declined_and_the_pte_still_r
     manager = manager or to_edge(ep)  # (the aten program, transformed, then lowered)
     declined = {r.rule: r.reason.code for r in outcome.report.rejections}
     assert declined == {"split-group-conv": "dim-order-changes"}
+    # the strides the slice is written with, not the channels-last input's (a hunt found those)
+    written = x[0][:, : 4 // groups].contiguous().stride()
+    assert f"(strides {written})" in outcome.report.rejections[0].reason.message
     assert [p.rule for p in outcome.report.plans] == (["fuse-conv-bn"] if fused_first else [])
     convs = [n for n in manager.exported_program().graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
     assert [c.args[-1] for c in convs] == [groups]  # not split

@@ -231,7 +231,7 @@ LINEAR_TO_CONV2D = rule(
             layout.CODE,
         ),
     ),
-    need.check(_static_input, codes=(DYNAMIC,)),
+    need.check(_static_input, codes=(DYNAMIC,), at="x"),  # (located at the input it judges)
     plan=_plan,
     candidate=lambda root, snap: is_linear(snap, root.node),  # not attention's q @ k.T
 )

@@ -14,7 +14,7 @@ from typing import final
 
 from returns.result import Failure, Result, Success
 
-from fxpure.families import CONV, DEQUANTIZE_PER_TENSOR, QUANTIZE_PER_TENSOR, RELU, RELU_
+from fxpure.families import CONV, DEQUANTIZE, DEQUANTIZE_PER_TENSOR, QUANTIZE_PER_TENSOR, RELU, RELU_
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -103,6 +103,10 @@ PATTERN = Op(
         Op(replace(RELU | RELU_, noun=RELU.noun), name="relu", code=NOT_Q, shared="conv-output-shared", user=QUANTIZE),
     ),
 )
+
+
+# a candidate reads a dequantized input or weight: a float conv is none (no noise in a float program)
+CANDIDATE = OneOf(Op(CONV, input=Op(DEQUANTIZE, users=ANY)), Op(CONV, weight=Op(DEQUANTIZE, users=ANY)))
 
 
 def _dtype(op: Bound) -> str:
@@ -452,4 +456,5 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         need.compute("kernel", aligned, codes=("channel-alignment",)),
         plan=plan,
         fallback=FALLBACKS[fallback],
+        candidate=CANDIDATE,
     )

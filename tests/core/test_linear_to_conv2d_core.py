@@ -445,3 +445,4 @@ def test_a_linear_quantized_at_run_time_is_declined(computed: tuple[str, ...]) -
     (r,) = report.rejections
     assert (r.node, r.reason.code, r.reason.node) == ("lin", "dynamic-quantization", "lin")
     assert r.reason.message == "lin: its input x is quantized at run time (scale and zero point are computed)"
+    assert r.reason.path == "lin.input"  # (a hunt found the check's own function named there)

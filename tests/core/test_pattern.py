@@ -1299,6 +1299,27 @@ def test_a_dtype_is_given_by_name_and_a_new_values_name_must_be_an_identifier() 
             plan(_relu_graph(), [rule("named", RELU_X, plan=_named_const(name))])
 
 
+def test_a_number_an_earlier_rule_holds_as_a_0_d_constant_is_read_as_one_captured_would_be() -> None:
+    # found by a review: Match.values read the captured 1.0 of an edge program's x * 1.0, but not
+    # the same constant made by an earlier rule in the same plan (p.const(Fill(shape=(), ...)))
+    def times_one(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:  # relu(x) -> x * 1.0, as on edge
+        one = p.const(Fill(shape=(), value=1.0, dtype="float32"), "one")
+        return p.replace(r, p.call("aten.mul.Tensor", name="m", spec=r.spec, self=x, other=one))
+
+    def one(match: Match) -> Reason | None:
+        return None if match.values("k") == (1.0,) else Declined(code="not-one", node="m", detail="not one")
+
+    drop = rule(
+        "drop",
+        Op(MUL, name="m", self=Var("x"), other=Const("k")),
+        need.check(one, codes=("not-one",)),
+        plan=lambda p, m, x: p.replace(m, x),
+    )
+    report = plan(_relu_graph(), [rule("times-one", RELU_X, plan=times_one), drop])
+    assert ([p.rule for p in report.plans], report.rejections) == (["times-one", "drop"], ())
+    assert plan(_relu_graph(), [rule("times-one", RELU_X, plan=times_one)]).after.constants["one"].values == (1.0,)
+
+
 def test_every_argument_is_checked_whatever_comes_before_it() -> None:
     def typo_after_a_node(p: Planner, conv: Bound, x: NodeRef) -> RewritePlan:
         return p.replace(conv, p.respell(conv, input=x, wieght=x))
