@@ -691,16 +691,17 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     from fxpure.serial import to_data
 
     found = attempts(report, rules, node)
-    if node not in report.before.index and not found:
-        raise BadInput(f"no node {node!r} in the program")
-    # the candidates of other nodes it is part of: a plan that takes it, a reason that names it
-    plans = [p for p in report.plans if p.anchor != node and node in {*p.erase, *(old for old, _ in p.replace)}]
+    # the candidates of other nodes it is part of: a plan that takes it (or drops it, unread), a
+    # reason that names it; a node an earlier stage made counts (a later one's plan takes it)
+    plans = [p for p in report.plans if p.anchor != node and node in {*p.erase, *p.prune, *(o for o, _ in p.replace)}]
     named = [r for r in report.rejections if r.node != node and r.reason.node == node]
+    if node not in report.before.index and not (found or plans or named):
+        raise BadInput(f"no node {node!r} in the program")
     if as_json:
         doc = {"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}
         print(_json({**doc, "part_of": to_data([*plans, *named])}))
         return EXIT_OK
-    if not found and not plans and not named:
+    if not found and not plans and not named:  # (a node of the program: one it has not is refused above)
         target = report.before.node(node).target
         print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
     for a in found:

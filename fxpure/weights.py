@@ -538,8 +538,13 @@ def int_values(expr: WeightExpr) -> tuple[int, ...] | None:
     return (int(expr.value),) * n if n <= SMALL_VALUES else None
 
 
-# the struct formats that round a Python float as a tensor of the dtype stores it
-_STORED = {"float64": "d", "float32": "f", "float16": "e"}
+def _stored(value: float, fmt: str) -> float:
+    """``value`` rounded to the float format ``fmt`` (struct's ``d``, ``f``, ``e``), inf beyond it."""
+    try:
+        (out,) = struct.unpack(fmt, struct.pack(fmt, value))
+    except OverflowError:
+        return math.copysign(math.inf, value)
+    return float(out)
 
 
 def known_values(expr: WeightExpr) -> tuple[int | float, ...] | None:
@@ -551,12 +556,13 @@ def known_values(expr: WeightExpr) -> tuple[int | float, ...] | None:
     >>> known_values(f16), known_values(vector), known_values(Fill(shape=(), value=-1e9, dtype="float16"))
     ((0.0999755859375,), None, (-inf,))
     """
-    if not isinstance(expr, Fill) or expr.shape != () or expr.dtype not in _STORED:
+    if not isinstance(expr, Fill) or expr.shape != () or expr.dtype not in ("float64", "float32", "float16"):
         return int_values(expr)
-    try:
-        (stored,) = struct.unpack(_STORED[expr.dtype], struct.pack(_STORED[expr.dtype], expr.value))
-    except OverflowError:
-        stored = math.copysign(math.inf, expr.value)
+    if expr.dtype == "float64":
+        stored = expr.value
+    else:  # torch makes a float16 number a float32 one first, then rounds that: two roundings
+        stored = _stored(expr.value, "f")
+        stored = _stored(stored, "e") if expr.dtype == "float16" else stored
     return (float(stored),) if stored == stored else None
 
 

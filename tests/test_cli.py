@@ -341,6 +341,20 @@ def test_explain_quantized_conv(quantized: Path, edge: bool) -> None:
     assert r.stdout.splitlines()[-1] == want
 
 
+def test_explain_node_names_a_plan_that_drops_it_and_a_node_an_earlier_stage_made(
+    quantized: Path, tmp_path: Path
+) -> None:
+    # found by a review: the activation's dequantize a packed conv drops, unread, was "considered by
+    # no rule"; and a node only a stage's plan made was refused as no node of the program
+    dq = fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "dequantize_per_tensor")
+    assert dq.stdout == "dequantize_per_tensor is part of quantized-conv's candidate at conv2d: will rewrite\n"
+    assert fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "nothing").returncode == 2
+    path = tmp_path / "qlinear.pt2"
+    torch.export.save(pt2e(torch.nn.Sequential(torch.nn.Linear(8, 8)), (torch.randn(2, 8),)), path)
+    made = fxpure("explain", path, "--rules", "linear-to-conv2d,quantized-conv", "--node", "linear_conv_q")
+    assert made.stdout == "linear_conv_q is part of quantized-conv's candidate at linear_conv: will rewrite\n"
+
+
 def test_apply_quantized_conv_writes_the_vulkan_pte(quantized: Path, tmp_path: Path) -> None:
     out, pte = tmp_path / "out.pt2", tmp_path / "out.pte"
     r = fxpure("apply", quantized, "--rules", "quantized-conv", "--verify", "-o", out, "--pte", pte)

@@ -3,8 +3,10 @@ change together, and inputs are never touched."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+import pytest
 import torch
 
 from adapters.weights import Memo, materialize
@@ -22,6 +24,7 @@ from fxpure.weights import (
     Source,
     Unary,
     WeightExpr,
+    known_values,
 )
 
 W = Source(key="w", spec=TensorSpec(shape=(2, 3), dtype="float32"))
@@ -131,3 +134,18 @@ def test_a_per_channel_scale_from_a_weights_greatest_magnitude() -> None:
     q = torch.tensor([[-128, 5], [7, -3]], dtype=torch.int8)
     ints = materialize(MaxOver(x=Unary(op="abs", x=_src("q", q)), dims=(0,)), {"q": q}, Memo())
     assert ints.dtype == torch.int8 and ints.tolist() == [7, 5]  # |-128| wraps to -128 in int8, as in torch
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_the_number_a_0_d_fill_is_known_to_hold_is_the_one_it_computes_to(dtype: str) -> None:
+    # a review found float16 numbers rounded once (to 1.0009765625) where torch rounds to float32
+    # first, then to float16 (1.0): the plan's ConstantInfo.values then differed from the program's
+    values = [1.0004882812509095, 2.9802322388562674e-08, 0.1, -0.0, 65519.0, 65520.0, -1e9, 1e40, 5e-324]
+    for v in [
+        *values,
+        *(float(x) for x in torch.randn(200, dtype=torch.float64) * 10.0 ** torch.randint(-9, 7, (200,))),
+    ]:
+        fill = Fill(shape=(), value=v, dtype=dtype)
+        (known,) = known_values(fill) or (None,)
+        computed = materialize(fill, {}).item()
+        assert known is not None and (known, math.copysign(1, known)) == (computed, math.copysign(1, computed)), v

@@ -105,8 +105,11 @@ PATTERN = Op(
 )
 
 
-# a candidate reads a dequantized input or weight: a float conv is none (no noise in a float program)
-CANDIDATE = OneOf(Op(CONV, input=Op(DEQUANTIZE, users=ANY)), Op(CONV, weight=Op(DEQUANTIZE, users=ANY)))
+def _candidate(conv: Bound, snap: GraphSnapshot) -> bool:
+    """A conv of a program that dequantizes something: in a float program, no conv is a candidate
+    (its every conv declined ``not-quantized`` was noise); in a quantized one, each conv is, however
+    far from its dequantize (a clone, a view between them) and whether or not the quantizer took it."""
+    return any(snap.targets.get(t) for t in DEQUANTIZE.targets)
 
 
 def _dtype(op: Bound) -> str:
@@ -456,5 +459,5 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         need.compute("kernel", aligned, codes=("channel-alignment",)),
         plan=plan,
         fallback=FALLBACKS[fallback],
-        candidate=CANDIDATE,
+        candidate=_candidate,
     )
