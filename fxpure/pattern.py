@@ -602,8 +602,7 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
                 return st.bind(p.name, None, parent, role, path)
             expr = constant_expr(st.snap, value.name) if isinstance(value, NodeRef) else None
             if expr is None:
-                opaque, written = held(st.snap, value)
-                return not_constant(parent, role, value, path, opaque=opaque, written=written)
+                return not_constant(parent, role, value, path, how=held(st.snap, value))
             if isinstance(value, NodeRef) and value.name not in st.snap.constant_names:  # computed: dropped once unused
                 st.prune.extend(computed_by(st.snap, value.name))
             return st.bind(p.name, expr, parent, role, path)

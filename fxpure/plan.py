@@ -461,37 +461,37 @@ def constant_operand(snap: GraphSnapshot, node: str, role: str, arg: Arg) -> Res
     """
     expr = constant_expr(snap, arg.name) if isinstance(arg, NodeRef) else None
     if expr is None:
-        opaque, written = held(snap, arg)
-        return Failure(not_constant(node, role, arg, opaque=opaque, written=written))
+        return Failure(not_constant(node, role, arg, how=held(snap, arg)))
     return Success(expr)
 
 
-def held(snap: GraphSnapshot, value: Arg) -> tuple[bool, bool]:
-    """How the program holds ``value`` where it is no constant, as :func:`not_constant` takes it:
-    ``opaque`` (no plain data), ``written`` (a state tensor the program writes in place)."""
+def held(snap: GraphSnapshot, value: Arg) -> str:
+    """How the program holds ``value`` where it is no constant and no node computes it, as
+    :func:`not_constant` takes it ("" where a node does): held as no plain data (:attr:`GraphSnapshot.opaque`),
+    a state tensor the program writes in place, or an input the caller passes."""
     if not isinstance(value, NodeRef) or value.name not in snap.index:
-        return False, False
-    state = snap.node(value.name).op in ("placeholder", "get_attr")
-    return value.name in snap.opaque, state and value.name in snap.written
+        return ""
+    if value.name in snap.opaque:
+        return "held as a sparse, nested or subclass tensor: no data to fold"
+    op = snap.node(value.name).op
+    if op in ("placeholder", "get_attr") and value.name in snap.written:
+        return "which the program writes"
+    return "an input of the program" if op == "placeholder" and value.name not in snap.constant_names else ""
 
 
-def not_constant(
-    node: str, role: str, value: Arg, path: str = "", *, opaque: bool = False, written: bool = False
-) -> NotConstant:
+def not_constant(node: str, role: str, value: Arg, path: str = "", *, how: str = "") -> NotConstant:
     """Why operand ``role`` of ``node``, given as ``value``, is not a constant: a node computes it,
-    it is a number or absent, or (``opaque``) it is held as no plain data (:attr:`GraphSnapshot.opaque`),
-    or (``written``) it is a state tensor the program writes in place.
+    it is a number or absent, or (``how``, from :func:`held`) how the program holds it otherwise.
 
     >>> not_constant("bn", "running_mean", None).message
     'running_mean of bn is not a constant tensor (it is absent)'
-    >>> not_constant("lin", "weight", NodeRef("w"), "lin.weight", opaque=True)
+    >>> not_constant("lin", "weight", NodeRef("w"), "lin.weight", how="an input of the program")
     NotConstant(code='not-constant', node='lin', path='lin.weight', role='weight', \
-source='w, held as a sparse, nested or subclass tensor: no data to fold', computed=False)
+source='w, an input of the program', computed=False)
     >>> not_constant("lin", "weight", NodeRef("w")).message
     "weight of lin is not a constant (it is computed by 'w')"
     """
-    if isinstance(value, NodeRef) and (opaque or written):
-        how = "held as a sparse, nested or subclass tensor: no data to fold" if opaque else "which the program writes"
+    if isinstance(value, NodeRef) and how:
         return NotConstant(node=node, role=role, source=f"{value.name}, {how}", computed=False, path=path)
     if isinstance(value, NodeRef):
         return NotConstant(node=node, role=role, source=value.name, path=path)

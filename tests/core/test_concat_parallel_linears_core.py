@@ -271,8 +271,11 @@ def test_reasons_say_what_is_wrong() -> None:
     def reasons(**knobs: object) -> dict[str, str]:
         return {r.node: r.reason.message for r in plan(parallel(**knobs), [RULE]).rejections}  # type: ignore[arg-type]
 
-    assert reasons(weight_input=1)["lin1"] == "weight of lin1 is not a constant (it is computed by 'w1')"
-    assert reasons(bias_input=2)["lin2"] == "bias of lin2 is not a constant (it is computed by 'b2')"
+    # (an input of the program, named as one: no node computes it)
+    assert (
+        reasons(weight_input=1)["lin1"] == "weight of lin1 is not a constant tensor (it is w1, an input of the program)"
+    )
+    assert reasons(bias_input=2)["lin2"] == "bias of lin2 is not a constant tensor (it is b2, an input of the program)"
     assert reasons(dtypes={2: "float16"})["lin2"] == "lin2 computes in float16, its input is float32"
     assert reasons(outs=(6, "s5", 4))["lin1"] == "output of lin1 has symbolic shape (2, 3, 's5')"
     assert reasons(form="edge", flat_user=1)["lin1"] == "output of lin1 is also used by flat_relu1"

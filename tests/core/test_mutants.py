@@ -1092,7 +1092,7 @@ def test_every_primitive_binds_where_it_read_and_words_its_reason() -> None:
     computed = match(Op(ADD, other=Scalar("k")), snap, snap.node("add")).failure()
     assert computed == NotScalar(node="add", role="other", value="computed by 'x'", path="add.other")
     assert match(Op(ADD, self=Const("c")), snap, snap.node("add")).failure() == NotConstant(
-        node="add", role="self", source="x", path="add.self"
+        node="add", role="self", source="x, an input of the program", computed=False, path="add.self"
     )
     nowhere = match(Op(RELU), snap, snap.node("add")).failure()
     assert nowhere == Malformed(node="add", detail="aten.add.Tensor is not an anchor of this pattern")
@@ -1127,7 +1127,7 @@ def test_commute_tries_the_swap_only_when_asked_and_keeps_naming_the_reader() ->
     snap = g.build()
     fixed = Op(MUL, self=Const("c"), other=Var("v"))
     assert match(fixed, snap, snap.node("mul")).failure() == NotConstant(
-        node="mul", role="self", source="x", path="mul.self"
+        node="mul", role="self", source="x, an input of the program", computed=False, path="mul.self"
     )
     assert match(Op(MUL, commute=True, self=Const("c"), other=Var("v")), snap, snap.node("mul")).unwrap().bindings[
         "v"
@@ -1136,5 +1136,5 @@ def test_commute_tries_the_swap_only_when_asked_and_keeps_naming_the_reader() ->
     # order gets further here (c is a constant, x is not), so its reason is the one reported
     through = Op(RELU, self=Op(MUL, transparent=True, commute=True, self=Const("c"), other=Const("d")))
     assert match(through, snap, snap.node("relu")).failure() == NotConstant(
-        node="relu", role="self", source="x", path="relu.self/mul.self"
+        node="relu", role="self", source="x, an input of the program", computed=False, path="relu.self/mul.self"
     )
