@@ -149,6 +149,7 @@ def linear(
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=mm_nd),
         *([added] if bias_add else []),
         bmm(users),
+        noun="a linear",  # (whatever spelling: one noun, not the seven ops)
     )
 
 

@@ -158,15 +158,33 @@ class Var:
 @final
 @dataclass(frozen=True, slots=True, init=False)
 class OneOf:
-    """Alternatives, tried in order; on failure, the reason of the one that got furthest."""
+    """Alternatives, tried in order; on failure, the reason of the one that got furthest. Where
+    every alternative finds another op at the same node, ``wrong-op`` lists what each expected
+    ("not a linear or a matrix product or ..."), or says ``noun`` ("a linear") where one is given.
+
+    >>> from fxpure.families import ADD, MM, RELU
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> x = g.input("x", (2, 2))
+    >>> g.output(g.call("aten.relu.default", name="relu", self=g.call("aten.neg.default", name="neg", self=x)))
+    >>> snap = g.build()
+    >>> def why(p: OneOf) -> str:
+    ...     return match(Op(RELU, self=p), snap, snap.node("relu")).failure().message
+    >>> why(OneOf(Op(MM), Op(ADD)))
+    'self of relu comes from neg (aten.neg.default), not a matrix product or an addition'
+    >>> why(OneOf(Op(MM), Op(ADD), noun="a sum or product"))
+    'self of relu comes from neg (aten.neg.default), not a sum or product'
+    """
 
     alternatives: tuple[Pattern, ...]
     tops: tuple[Op, ...] = field(repr=False, compare=False)  # the Ops it may be anchored at: see roots
+    noun: str = ""
 
-    def __init__(self, *alternatives: Pattern) -> None:
+    def __init__(self, *alternatives: Pattern, noun: str = "") -> None:
         if len(alternatives) < 2:
             raise PatternError("OneOf needs two or more alternatives")
         object.__setattr__(self, "alternatives", alternatives)
+        object.__setattr__(self, "noun", noun)
         tops = (op for a in alternatives if isinstance(a, Op | OneOf) for op in roots(a))
         object.__setattr__(self, "tops", tuple(tops))
 
@@ -551,8 +569,9 @@ def _strict_equal(a: Arg, b: Arg) -> bool:
     return a == b
 
 
-def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Reason | None:
-    """Run alternatives on forks of ``st``; adopt the first that succeeds, else the furthest failure."""
+def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]], noun: str = "") -> Reason | None:
+    """Run alternatives on forks of ``st``; adopt the first that succeeds, else the furthest failure
+    (said as ``noun`` where every alternative expected another op at one node)."""
     options = list(tries)
     if len(options) == 1:  # no alternative: no fork (the state a fork would leave is the same)
         return options[0](st)
@@ -571,6 +590,8 @@ def _best(st: _State, tries: Iterable[Callable[[_State], Reason | None]]) -> Rea
     assert best is not None
     _adopt(st, best[0])
     if also and isinstance(best[1], WrongOp):
+        if noun and len(also) == len(options) - 1:
+            return replace(best[1], expected=noun)
         nouns = dict.fromkeys(n for e in (best[1].expected, *also) for n in e.split(" or "))
         return replace(best[1], expected=" or ".join(nouns))
     return best[1]
@@ -596,7 +617,7 @@ def _match(p: Pattern, value: Arg, parent: str, role: str, path: str, st: _State
         case Op():
             return _producer(p, value, parent, role, path, st)
         case OneOf():
-            return _best(st, (_alt(a, value, parent, role, path) for a in p.alternatives))
+            return _best(st, (_alt(a, value, parent, role, path) for a in p.alternatives), p.noun)
         case Const():
             if value is None and p.optional:
                 return st.bind(p.name, None, parent, role, path)
@@ -635,11 +656,20 @@ def _producer(p: Op, value: Arg, parent: str, role: str, path: str, st: _State) 
         if op is not None and op.target in p.family.schemas and p.family.schemas[op.target].tuple_output:
             node = op
     if node is None or node.op != "call_function" or node.target not in p.family.schemas:
-        producer, target = (node.name, node.target) if node is not None else (repr(value), "a literal")
+        producer, target = (node.name, _op_of(st.snap, node)) if node is not None else (repr(value), "a literal")
         return WrongOp(
             code=p.code, node=parent, role=role, producer=producer, target=target, expected=p.family.noun, path=here
         )
     return _op(p, node, here, st, reader=parent, seen_as=(parent, role) if p.transparent else None)
+
+
+def _op_of(snap: GraphSnapshot, node: NodeSnapshot) -> str:
+    """What computes ``node``: its target, or for a ``getitem`` of a tuple-output op, which output
+    of which op (``output 0 of aten.max_pool2d_with_indices.default``)."""
+    source = node.args[0] if node.target == "getitem" and len(node.args) == 2 else None
+    if type(source) is NodeRef and source.name in snap.index and isinstance(node.args[1], int):
+        return f"output {node.args[1]} of {snap.node(source.name).target}"
+    return node.target
 
 
 def _op(
@@ -756,7 +786,7 @@ def _consumer(p: Op, node: NodeSnapshot, uses: tuple[str, ...], path: str, st: _
 
 def _user_pattern(p: Pattern | None, user: NodeSnapshot, of: str, path: str, st: _State) -> Reason | None:
     if isinstance(p, OneOf):
-        return _best(st, (_user_alt(a, user, of, path) for a in p.alternatives))
+        return _best(st, (_user_alt(a, user, of, path) for a in p.alternatives), p.noun)
     assert isinstance(p, Op)  # checked when the rule is built
     here = f"{path}/{p.label}"
     if user.op != "call_function" or user.target not in p.family.schemas:

@@ -40,7 +40,7 @@ PATTERN = Op(
     out=0,
     out_code="bn-stats-used",
     training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=OneOf(LINEAR, SWAP, FLAT),
+    input=OneOf(LINEAR, SWAP, FLAT, noun="a linear (or a permute or flatten of one)"),
     weight=Const("gamma", optional=True),
     bias=Const("beta", optional=True),
     running_mean=Const("mean"),

@@ -458,3 +458,36 @@ def test_a_reader_of_the_linears_sizes_only_moves_to_the_new_linear(reader: str,
     sized = report.after.node("back").args[1]
     assert isinstance(sized, NodeRef) and report.after.node(sized.name).target == "aten.linear.default"
     assert "lin" not in report.after.index and calls(report.after)[-1] == reader.removeprefix("aten.")
+
+
+def test_a_batch_norm_of_no_linear_is_declined_naming_the_op_that_computes_its_input() -> None:
+    # every spelling of the linear (and its permute or flatten) misses the same node: one noun, not the
+    # list of the ops it may be spelled with; a tuple op's output read through getitem names the op
+    g = GraphBuilder(dialect="edge")
+    x = g.input("x", (2, F, 8, 8))
+    pool = g.node(
+        "aten.max_pool2d_with_indices.default",
+        (x, (2, 2)),
+        name="pool",
+        out=(spec(2, F, 4, 4), spec(2, F, 4, 4, dtype="int64")),
+    )
+    stats = {k: g.buffer(k, (F,)) for k in ("mean", "var")}
+    bn = g.call(
+        "aten._native_batch_norm_legit_no_training.default",
+        name="bn",
+        input=g.getitem(pool, 0, name="pooled", out=(2, F, 4, 4)),
+        weight=None,
+        bias=None,
+        running_mean=stats["mean"],
+        running_var=stats["var"],
+        momentum=0.1,
+        eps=1e-5,
+        out=(spec(2, F, 4, 4), spec(0), spec(0)),
+    )
+    g.output(g.getitem(bn, 0, out=(2, F, 4, 4)))
+    (rejection,) = plan(g.build(), [RULE]).rejections
+    assert (rejection.reason.code, rejection.reason.message) == (
+        "producer-not-linear",
+        "input of bn comes from pooled (output 0 of aten.max_pool2d_with_indices.default), "
+        "not a linear (or a permute or flatten of one)",
+    )

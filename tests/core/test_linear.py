@@ -719,3 +719,12 @@ def test_a_linear_takes_a_bmm_bias_add_only_when_asked() -> None:
     snap = _bmm_graph()
     assert isinstance(match(linear(), snap, snap.node("add")), Failure)
     assert "add" not in {o.family.name for o in _ops(linear())}
+
+
+def test_an_operand_no_spelling_of_a_linear_takes_is_said_not_to_be_a_linear() -> None:
+    # one noun where every spelling misses the same node, not the seven ops a linear may be spelled with
+    g = GraphBuilder()
+    g.output(g.call("aten.relu.default", name="relu", self=g.call("aten.neg.default", self=g.input("x", (2, 4)))))
+    snap = g.build()
+    failure = match(Op(RELU, self=linear()), snap, snap.node("relu")).failure()
+    assert failure.message == "self of relu comes from neg (aten.neg.default), not a linear"

@@ -39,6 +39,7 @@ from fxpure.pattern import (
     Match,
     OneOf,
     Op,
+    Pattern,
     PatternError,
     Planner,
     Scalar,
@@ -2154,3 +2155,20 @@ def test_bound_accessors_tell_an_argument_given_by_a_node_from_a_bug_in_the_rule
             reads[read](arg)
         assert not isinstance(wrong.value, NotLiteral)
     assert b.bool("transposed") is False
+
+
+def test_a_noun_says_what_alternatives_expected_only_where_each_expected_another_op() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    g.output(g.call("aten.relu.default", name="relu", self=g.call("aten.neg.default", name="neg", self=x)))
+    snap = g.build()
+
+    def why(*alternatives: Pattern) -> str:
+        return match(Op(RELU, self=OneOf(*alternatives, noun="a sum")), snap, snap.node("relu")).failure().message
+
+    assert why(Op(ADD), Op(SUB)) == "self of relu comes from neg (aten.neg.default), not a sum"
+    # a constant was also taken: the reasons stay those of the ops (the noun would say less than was tried)
+    assert (
+        why(Op(ADD), Op(SUB), Const("c"))
+        == "self of relu comes from neg (aten.neg.default), not an addition or a subtraction"
+    )
