@@ -365,7 +365,11 @@ SIGMOID = family("sigmoid", "a sigmoid", ["aten.sigmoid.default(Tensor self) -> 
 DROPOUT = family(
     "dropout",
     "a dropout",
-    [parse_schema("aten.dropout.default(Tensor input, float p, bool train) -> Tensor", rename={"input": "self"})],
+    [
+        parse_schema(f"aten.{op}.default(Tensor input, float p, bool train) -> Tensor", rename={"input": "self"})
+        # nn.Dropout, Dropout1d/2d/3d (channels), AlphaDropout, FeatureAlphaDropout
+        for op in ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+    ],
 )
 # what a spelling implies of an argument another spelling of its family has (a pattern may require a
 # value of it: see fxpure.pattern's lint); a memory format or dim order it does not have is unknown

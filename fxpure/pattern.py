@@ -47,7 +47,7 @@ from typing import Any, Literal, TypeAlias, cast, final
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import DEQUANTIZE, RELU, RELU_, SCHEMAS, Family
+from fxpure.families import CLONE, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family
 from fxpure.layout import SIZE_QUERIES
 from fxpure.plan import (
     RUNS_EXHAUSTED,
@@ -309,6 +309,17 @@ def dequantized(
     ``qparams`` match those too. Shared by default: two convs may read one dequantized weight.
     Transparent: a reason about its operands names the op that reads the dequantized value."""
     return Op.of(family, {"input": value, **qparams}, name=name, users=users, code=code, transparent=True)
+
+
+def idle(value: Pattern, *, code: str = "wrong-op", shared: str = "output-shared") -> tuple[Op, Op]:
+    """``value`` read through an op that returns it as it is, bound as ``idle``: a dropout in eval
+    mode (``train=False``; it goes with the match) or a copy (``clone``, and edge's
+    ``_clone_dim_order``, as ``to_edge`` spells an eval dropout), which :meth:`Planner.copied` keeps,
+    of the new value, in its layout. ``OneOf(value, *idle(value))`` takes all three."""
+    return (
+        Op(DROPOUT, name="idle", code=code, shared=shared, self=value, train=Lit(False)),
+        Op(CLONE, name="idle", code=code, shared=shared, self=value),
+    )
 
 
 # --- what a match binds ----------------------------------------------------------------------------
@@ -1274,6 +1285,15 @@ class Planner:
             )
         )
         return NodeRef(name)
+
+    def copied(self, value: NodeRef, suffix: str = "new") -> NodeRef:
+        """``value`` copied as the match's copy (bound as ``idle``, see :func:`idle`) copied the old
+        value, re-spelled as ``{idle}_{suffix}`` (its layout kept); ``value`` itself where the
+        match read no copy (none, or a dropout, which goes)."""
+        copy = self.match.bindings.get("idle")
+        if not isinstance(copy, Bound) or copy.node.target not in CLONE.targets:
+            return value
+        return self.respell(copy, name=f"{copy.name}_{suffix}", self=value)
 
     def requantize(self, value: NodeRef, like: NodeSnapshot, *, name: str, spec: TensorSpec) -> NodeRef:
         """``value`` (of ``spec``) quantized and dequantized again with the parameters of ``like``,

@@ -330,3 +330,66 @@ def test_a_batch_norm_after_a_fused_one_fuses_too(form: str) -> None:
     assert_sound(program, x, want)
     if edge is not None:
         assert_close(run_pte(edge.to_executorch().buffer, x), want)
+
+
+class _Between(nn.Module):
+    """A conv or linear, a dropout or a copy, then its batch norm."""
+
+    def __init__(self, kind: str, between: str) -> None:
+        super().__init__()
+        conv = kind == "conv"
+        self.op = nn.Conv2d(3, 6, 3) if conv else nn.Linear(8, 6)
+        self.between = between
+        self.drop = {"dropout": nn.Dropout(0.3), "dropout2d": nn.Dropout2d(0.3), "alpha": nn.AlphaDropout(0.3)}.get(
+            between, nn.Identity()
+        )
+        self.bn = nn.BatchNorm2d(6) if conv else nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.op(x)
+        y = y.clone(memory_format=torch.channels_last) if self.between == "channels-last" else self.drop(y)
+        out: torch.Tensor = self.bn(y)
+        return out
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(
+    ("kind", "between"),
+    [("conv", "dropout"), ("conv", "dropout2d"), ("conv", "channels-last"), ("linear", "dropout"), ("linear", "alpha")],
+)
+def test_a_batch_norm_after_a_dropout_or_a_copy_is_fused(kind: str, between: str, form: str) -> None:
+    # found by a hunt: Linear -> Dropout (eval) -> BatchNorm1d was declined producer-not-linear; so was a
+    # conv's in the aten forms (edge spells the dropout as a copy, or drops it); a copy stays, of the
+    # fused output, with its memory format
+    model = randomize_bn(_Between(kind, between)).eval()
+    x = (torch.randn(2, 3, 8, 8) if kind == "conv" else torch.randn(4, 8),)
+    want = run(build(model, x, "aten"), x)
+    program = build(model, x, form)
+    copies = count(program, "clone")
+    rule = fuse_conv_bn() if kind == "conv" else fuse_linear_bn()
+    outcome = adapters.transform(program, [rule]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert count(program, "batch_norm") == 0 and count(program, "dropout") == 0
+    assert count(program, "clone") == copies  # a copy kept, none added
+    assert_sound(program, x, want)
+    if between == "channels-last":
+        (got,) = run(program, x)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_dropout_in_training_mode_between_a_conv_and_its_batch_norm_is_declined() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.bn(torch.nn.functional.dropout(self.conv(x), 0.5, training=True))
+            return out
+
+    program = torch.export.export(M().eval(), (torch.randn(1, 3, 6, 6),))
+    (rejection,) = adapters.transform(program, [fuse_conv_bn()]).unwrap().report.rejections
+    assert (rejection.reason.code, rejection.reason.message) == (
+        "arg-mismatch",
+        "train of dropout is True, expected False",
+    )

@@ -45,7 +45,7 @@ from fxpure.families import (
     VIEW,
 )
 from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
-from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, need, rule
+from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
@@ -85,11 +85,7 @@ DIRECT = OneOf(
 # the output read through a dropout in eval mode, which returns it (BEiT's, DINOv2's layer scale:
 # ``gamma * dropout(dense(x))``): the dropout goes with the op; or through a copy (edge spells that
 # dropout as ``_clone_dim_order``): the copy stays, of the folded op's output, in its layout
-PRODUCER = OneOf(
-    *DIRECT.alternatives,
-    Op(DROPOUT, name="idle", self=DIRECT, train=Lit(False)),
-    Op(CLONE, name="idle", self=DIRECT),
-)
+PRODUCER = OneOf(*DIRECT.alternatives, *idle(DIRECT))
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
@@ -361,19 +357,11 @@ def _plan(
     affine = AFFINE[(kind, first)](_vector(c, work, dtype, scales=scales), float(alpha), work)
     if conv is not None:
         weight, bias = _folded(p, w, b, affine, conv, conv.ref("weight"), f"{conv.name}_{kind}")
-        return p.replace(bin, _copied(p, p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias)))
+        return p.replace(bin, p.copied(p.respell(conv, name=f"{conv.name}_{kind}", weight=weight, bias=bias), "folded"))
     lin = linear_of(p.match)
     old = lin.t.ref("self") if lin.t is not None else lin.op.ref("weight")
     weight, bias = _folded(p, w, b, affine, None, old, f"{lin.op.name}_{kind}")
-    return p.replace(bin, _copied(p, emit_linear(p, lin, weight, bias, suffix=kind)))
-
-
-def _copied(p: Planner, folded: NodeRef) -> NodeRef:
-    """The folded output, copied as the op read the old one where it read a copy of it."""
-    copy = p.match.bindings.get("idle")
-    if not isinstance(copy, Bound) or copy.node.target not in CLONE.targets:
-        return folded
-    return p.respell(copy, name=f"{copy.name}_folded", self=folded)
+    return p.replace(bin, p.copied(emit_linear(p, lin, weight, bias, suffix=kind), "folded"))
 
 
 FOLD_BINARY = rule(

@@ -5,26 +5,28 @@ from __future__ import annotations
 from returns.result import Result
 
 from fxpure.families import BATCH_NORM, CONV
-from fxpure.pattern import Bound, Const, Lit, Op, PatternRule, Planner, need, rule
+from fxpure.pattern import Bound, Const, Lit, OneOf, Op, PatternRule, Planner, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr
 from fxpure.weights import FLOAT_DTYPES, WeightExpr, fold_batch_norm
 
-# bn(conv(x, w, b?), gamma?, beta?, mean, var, training=False)[0]
+CONV_OP = Op(
+    CONV,
+    name="conv",
+    code="producer-not-conv",
+    shared="conv-output-shared",
+    weight=Const("w"),
+    bias=Const("b", optional=True),
+)
+# bn(conv(x, w, b?), gamma?, beta?, mean, var, training=False)[0], also through a dropout in eval mode
+# (it goes) or a copy (edge spells a linear's eval dropout so: it stays, of the fused conv's output)
 PATTERN = Op(
     BATCH_NORM,
     name="bn",
     out=0,
     out_code="bn-stats-used",
     training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=Op(
-        CONV,
-        name="conv",
-        code="producer-not-conv",
-        shared="conv-output-shared",
-        weight=Const("w"),
-        bias=Const("b", optional=True),
-    ),
+    input=OneOf(CONV_OP, *idle(CONV_OP, code="producer-not-conv", shared="conv-output-shared"), noun="a convolution"),
     weight=Const("gamma", optional=True),
     bias=Const("beta", optional=True),
     running_mean=Const("mean"),
@@ -54,17 +56,13 @@ def _plan(
         transposed=conv.bool("transposed"),
         groups=conv.int("groups"),
     )
-    return folded.map(
-        lambda wb: p.replace(
-            bn,
-            p.respell(
-                conv,
-                name=f"{conv.name}_bn",
-                weight=p.const(wb[0], f"{conv.name}_bn_weight"),
-                bias=p.const(wb[1], f"{conv.name}_bn_bias"),
-            ),
-        )
-    )
+
+    def emit(wb: tuple[WeightExpr, WeightExpr]) -> RewritePlan:
+        weight, bias = p.const(wb[0], f"{conv.name}_bn_weight"), p.const(wb[1], f"{conv.name}_bn_bias")
+        new = p.respell(conv, name=f"{conv.name}_bn", weight=weight, bias=bias)
+        return p.replace(bn, p.copied(new, "bn"))
+
+    return folded.map(emit)
 
 
 FUSE_CONV_BN = rule(
@@ -83,7 +81,7 @@ def fuse_conv_bn() -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(fuse_conv_bn().codes - GENERIC_CODES)
-    ['bn-stats-used', 'bn-training-mode', 'channel-mismatch', 'conv-output-shared', 'not-constant', \
-'producer-not-conv', 'runs-exhausted', 'symbolic-shape', 'unsupported-dtype']
+    ['arg-mismatch', 'bn-stats-used', 'bn-training-mode', 'channel-mismatch', 'conv-output-shared', \
+'not-constant', 'producer-not-conv', 'runs-exhausted', 'symbolic-shape', 'unsupported-dtype']
     """
     return FUSE_CONV_BN

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import ADD, BATCH_NORM, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
+from fxpure.families import ADD, BATCH_NORM, CLONE, DROPOUT, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
 from fxpure.linear import emit_linear, is_bias_add, linear, linear_of
-from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, need, rule
+from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr, Declined, Malformed, Reason
 from fxpure.snapshot import GraphSnapshot, NodeRef
@@ -33,14 +33,22 @@ SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_
 # reshape or view (edge: view_copy), or, as an aten program keeps it, y.flatten(0, 1)
 FLAT = Op(VIEW | FLATTEN, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
 
-# bn(linear(x, w, b?) | permute(linear(x, w, b?)), gamma?, beta?, mean, var, training=False)[0]
+# bn(linear(x, w, b?) | permute(linear(x, w, b?)), gamma?, beta?, mean, var, training=False)[0]; the
+# linear also read through a dropout in eval mode (it goes) or a copy (edge spells that dropout so: it
+# stays, of the fused linear's output)
 PATTERN = Op(
     BATCH_NORM,
     name="bn",
     out=0,
     out_code="bn-stats-used",
     training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=OneOf(LINEAR, SWAP, FLAT, noun="a linear (or a permute or flatten of one)"),
+    input=OneOf(
+        LINEAR,
+        SWAP,
+        FLAT,
+        *idle(LINEAR, code=NOT_LINEAR, shared=LINEAR_SHARED),
+        noun="a linear (or a permute or flatten of one)",
+    ),
     weight=Const("gamma", optional=True),
     bias=Const("beta", optional=True),
     running_mean=Const("mean"),
@@ -97,12 +105,12 @@ def _axes(bn: Bound, match: Match, perm: Bound | None = None, flat: Bound | None
 
 
 def _candidate(bn: Bound, snap: GraphSnapshot) -> bool:
-    """Every batch norm but one of an add (directly, or through the permute or reshape the pattern
-    takes) that is no linear's bias (:func:`fxpure.linear.is_bias_add`): such an add is no linear,
-    and its near miss as a bias add would read as if it were one."""
+    """Every batch norm but one of an add (directly, or through the permute, reshape, dropout or copy
+    the pattern takes) that is no linear's bias (:func:`fxpure.linear.is_bias_add`): such an add is
+    no linear, and its near miss as a bias add would read as if it were one."""
     x = bn.args.get("input")
     node = snap.node(x.name) if isinstance(x, NodeRef) and x.name in snap.index else None
-    if node is not None and node.target in SWAP.family.targets | FLAT.family.targets and node.args:
+    if node is not None and node.target in _BETWEEN and node.args:
         x = node.args[0]
         node = snap.node(x.name) if isinstance(x, NodeRef) and x.name in snap.index else None
     return node is None or node.target not in ADD.targets or is_bias_add(snap, node)
@@ -132,10 +140,12 @@ def _plan(
             new = p.respell(perm, name=f"{perm.name}_bn", self=new)
         if flat is not None:
             new = p.respell(flat, name=f"{flat.name}_bn", self=new)
-        return p.replace(bn, new)
+        return p.replace(bn, p.copied(new, "bn"))
 
     return folded.map(emit)
 
+
+_BETWEEN = SWAP.family.targets | FLAT.family.targets | DROPOUT.targets | CLONE.targets
 
 FUSE_LINEAR_BN = rule(
     NAME,

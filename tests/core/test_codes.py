@@ -43,6 +43,7 @@ from tests.core.test_fuzz import (
     _below,
     _bias,
     _binary,
+    _conv,
     _conv_args,
     _corrupt,
     _dequantized_weight,
@@ -332,6 +333,16 @@ def _odd_operand(gen: _Gen) -> None:
             gen.result(gen.call("aten.mul.Tensor", wide, self=y, other=gen.constant((c, 1, 1), "float32")), wide)
 
 
+def _idle(gen: _Gen) -> None:
+    """A dropout (in eval mode or, once in four, training) or a copy of the latest value, as a model's
+    ``nn.Dropout`` between a conv or linear and its batch norm is exported (edge: a copy)."""
+    x, xs = gen.act([2, 3, 4, 5])
+    if gen.flip():
+        gen.result(gen.call("aten.clone.default", xs, self=x), xs)
+        return
+    gen.result(gen.call("aten.dropout.default", xs, self=x, p=0.5, train=gen.flip(4)), xs)
+
+
 def _copied_operand(gen: _Gen) -> None:
     """A conv's output times a number as ``to_edge`` spells it: lifted (int64 or float32) and copied to
     the op's dtype (``_to_dim_order_copy``); sometimes the copy is read again (a graph output)."""
@@ -469,6 +480,8 @@ RARE: tuple[Callable[[_Gen], None], ...] = (
     _then(_odd_product, _scale),
     _then(_odd_linear, _batch_norm),
     _then(_odd_linear, _binary),
+    _then(_conv, _idle, _batch_norm),
+    _then(_linear, _idle, _batch_norm),
     _odd_linear,
     _shared_matmul,
     _then(_sequence, _linear, _swap, _batch_norm),
