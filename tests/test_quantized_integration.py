@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import torch
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
 from executorch.exir import to_edge
 from returns.result import Success
 from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import adapters
 from adapters.passes import QuantizedConvolutionPass
@@ -386,3 +388,38 @@ def test_a_dynamically_quantized_conv_keeps_its_int8_weight(form: str) -> None:
     report = adapters.transform(program, [quantized_conv()]).unwrap().report
     assert report.plans == () and [r.reason.code for r in report.rejections] == ["not-scalar"]
     assert count(program, "dequantize_per_channel") == 1 and torch.equal(program.module()(*x), want)
+
+
+class _Head(torch.nn.Module):
+    """Float convs, then a linear head: quantizing the head only leaves the convs float."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.Sequential(*[torch.nn.Conv2d(4, 4, 3, padding=1) for _ in range(3)])
+        self.head = torch.nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.convs(x).mean((2, 3)))
+        return out
+
+
+@pytest.mark.parametrize("how", ["head-only", "reference"])
+def test_a_float_conv_of_a_quantized_program_is_no_candidate_a_reference_quantized_one_is(how: str) -> None:
+    # found by a review: quantizing a model's linear head only made each of its float convs declined
+    # not-quantized again (noise); convert_pt2e's reference representation, which dequantizes by
+    # arithmetic (no dequantize op), had every conv dropped from the report (neither planned nor declined)
+    model, x = _Head().eval(), (torch.randn(1, 4, 8, 8),)
+    gm = torch.export.export(model, x).module()
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    quantizer = XNNPACKQuantizer()
+    quantizer = (
+        quantizer.set_module_type(torch.nn.Linear, config) if how == "head-only" else quantizer.set_global(config)
+    )
+    prepared = prepare_pt2e(gm, quantizer)
+    prepared(*x)
+    program = torch.export.export(convert_pt2e(prepared, use_reference_representation=how == "reference"), x)
+    report = adapters.transform(program, [quantized_conv()], dry_run=True).unwrap().report
+    convs = [n.name for n in program.graph.nodes if n.target == torch.ops.aten.conv2d.default]
+    assert len(convs) == 3 and report.plans == ()
+    declined = [(r.node, r.reason.code) for r in report.rejections]
+    assert declined == ([] if how == "head-only" else [(c, "not-quantized") for c in convs])

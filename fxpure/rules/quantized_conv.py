@@ -33,7 +33,7 @@ from fxpure.pattern import (
 )
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, NotScalar, Reason, SymbolicShape, UnsupportedDtype
-from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, ref_list
 from fxpure.weights import Dequantize, Fill, PadTo, Permute, Reshape, SumOver, WeightExpr, infer_spec
 
 NAME = "quantized-conv"
@@ -106,10 +106,40 @@ PATTERN = Op(
 
 
 def _candidate(conv: Bound, snap: GraphSnapshot) -> bool:
-    """A conv of a program that dequantizes something: in a float program, no conv is a candidate
-    (its every conv declined ``not-quantized`` was noise); in a quantized one, each conv is, however
-    far from its dequantize (a clone, a view between them) and whether or not the quantizer took it."""
-    return any(snap.targets.get(t) for t in DEQUANTIZE.targets)
+    """A conv that reads, a few nodes up its input or weight, a dequantize or an integer value the
+    program holds or computes (``convert_pt2e``'s reference representation dequantizes by
+    arithmetic), or a weight that is no constant (an operand of a control-flow branch, which may be
+    either): a float conv is no candidate, also beside quantized ops (declining each
+    ``not-quantized`` was noise, 54 in one model), and an integer input of the program (an image's
+    ``uint8``) counts for nothing."""
+    weight = conv.args.get("weight")
+    w = weight.name if isinstance(weight, NodeRef) and weight.name in snap.index else None
+    if w is not None and w not in snap.constant_names and snap.node(w).op == "placeholder":
+        return True
+    level, seen = [a.name for a in (conv.args.get("input"), weight) if isinstance(a, NodeRef)], set[str]()
+    for _ in range(_UP):  # the nodes one, two, ... steps up
+        up: list[str] = []
+        for name in level:
+            if name in seen or name not in snap.index:
+                continue
+            seen.add(name)
+            node, spec = snap.node(name), snap.node(name).tensor_spec
+            if node.target in DEQUANTIZE.targets:
+                return True
+            if (
+                spec is not None
+                and spec.dtype in _INTEGERS
+                and (node.op != "placeholder" or name in snap.constant_names)
+            ):
+                return True
+            if node.op == "call_function":
+                up.extend(ref_list(node))
+        level = up
+    return False
+
+
+_UP = 5  # steps up a conv's operands (a reference dequantize: to float, mul, sub, to float, then int8)
+_INTEGERS = frozenset({"int8", "uint8", "int16", "int32"})
 
 
 def _dtype(op: Bound) -> str:

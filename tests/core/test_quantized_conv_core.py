@@ -308,22 +308,56 @@ def test_what_is_not_a_quantized_conv_gets_no_fallback() -> None:
         assert report.plans == () and len(report.rejections) == 1
 
 
-@pytest.mark.parametrize("quantized", [False, True])
-def test_a_conv_of_a_float_program_is_no_candidate(quantized: bool) -> None:
+@pytest.mark.parametrize("reads", ["float", "image", "clone", "float-beside", "reference", "branch"])
+def test_a_float_conv_is_no_candidate_a_quantized_one_however_spelled_is(reads: str) -> None:
     # found by a hunt: every conv of a float program was declined not-quantized (54 in one model)
-    # when all rules ran. In a program that dequantizes, every conv still is one, however far from
-    # its dequantize (a review found a conv reading clones of both dropped by a first version)
+    # when all rules ran. A conv reading a dequantize a few nodes up is a candidate (a review found
+    # a conv reading clones of both dropped by a first version), as is one reading values computed
+    # from an integer constant (convert_pt2e's reference representation, where a second version
+    # dropped every conv) and one whose weight is no constant (a torch.cond branch's operand, which
+    # that version dropped from in-subgraph); a float conv beside a dequantize (a model quantizing
+    # its linears only) or reading an integer input of the program (an image) is not
     g = GraphBuilder()
-    x, w = g.input("x", (1, 4, 6, 6)), g.parameter("w", (4, 4, 1, 1))
-    if quantized:
-        params: tuple[Arg, ...] = (0.1, 0, -128, 127, DTypeArg("int8"))
-        xq = g.input("xq", (1, 4, 6, 6), "int8")
-        dq = g.node("quantized_decomposed.dequantize_per_tensor.default", (xq, *params), name="dq", out=(1, 4, 6, 6))
-        x = g.call("aten.clone.default", self=dq, out=(1, 4, 6, 6))
-    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 4, 6, 6)))
+    shape, params = (1, 4, 6, 6), (0.1, 0, -128, 127, DTypeArg("int8"))
+    x, w = g.input("x", shape, "uint8" if reads == "image" else "float32"), g.parameter("w", (4, 4, 1, 1))
+    if reads == "image":
+        x = g.call(
+            "aten.div.Tensor",
+            self=g.call("aten._to_copy.default", self=x, dtype="float32", out=shape),
+            other=255.0,
+            out=shape,
+        )
+    if reads in ("clone", "float-beside"):
+        dq = g.node(
+            "quantized_decomposed.dequantize_per_tensor.default",
+            (g.input("xq", shape, "int8"), *params),
+            name="dq",
+            out=shape,
+        )
+        if reads == "clone":
+            x = g.call("aten.clone.default", self=dq, out=shape)
+        else:
+            g.output(dq)
+    if reads == "reference":  # (w_int8.to(float32) - zero_point) * scale, as convert_pt2e spells it
+        wq = g.constant("wq", (4, 4, 1, 1), "int8")
+        w = g.call(
+            "aten.mul.Tensor",
+            self=g.call(
+                "aten.sub.Tensor",
+                self=g.call("aten._to_copy.default", self=wq, dtype="float32", out=(4, 4, 1, 1)),
+                other=0.0,
+                out=(4, 4, 1, 1),
+            ),
+            other=0.01,
+            out=(4, 4, 1, 1),
+        )
+    if reads == "branch":
+        w = g.input("w_operand", (4, 4, 1, 1))
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=shape))
     report = plan(g.build(), [quantized_conv()])
     assert report.plans == ()
-    assert [(r.node, r.reason.code) for r in report.rejections] == ([("conv", "not-quantized")] if quantized else [])
+    declined = reads in ("clone", "reference", "branch")
+    assert [(r.node, r.reason.code) for r in report.rejections] == ([("conv", "not-quantized")] if declined else [])
 
 
 @pytest.mark.parametrize("written", ["dqw0", "dqx0"])
