@@ -695,23 +695,34 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     # reason that names it; a node an earlier stage made counts (a later one's plan takes it)
     plans = [p for p in report.plans if p.anchor != node and node in {*p.erase, *p.prune, *(o for o, _ in p.replace)}]
     named = [r for r in report.rejections if r.node != node and r.reason.node == node]
-    if node not in report.before.index and not (found or plans or named):
+    # the plan that made it, where a stage did (by the name it gave it: one renamed against a clash is
+    # not found), and the node is no part of the program as given
+    made = [p for p in report.plans if node in {*(n.name for n in p.nodes), *(c.name for c in p.constants)}]
+    made = made if node not in report.before.index else []
+    if node not in report.before.index and not (found or plans or named or made):
         raise BadInput(f"no node {node!r} in the program")
     if as_json:
         doc = {"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}
-        print(_json({**doc, "part_of": to_data([*plans, *named])}))
+        print(_json({**doc, "part_of": to_data([*plans, *named]), "made_by": to_data(made)}))
         return EXIT_OK
-    if not found and not plans and not named:  # (a node of the program: one it has not is refused above)
+    if not found and not plans and not named and not made:  # (a node of the program: one it has not is refused above)
         target = report.before.node(node).target
         print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
+    fallbacks = {(p.rule, p.anchor): p.instead_of for p in report.plans if p.instead_of is not None}
     for a in found:
         outcome = "will rewrite" if a.reason is None else f"declined: {a.reason.code} at {a.reason.path or '-'}"
-        made = "" if a.anchor == node else f", made from {node} by an earlier rule"
-        print(f"{a.rule} at {a.anchor}{made}: {outcome}")
-        if a.reason is not None:
-            print(f"  {a.reason.message}")
+        instead = fallbacks.get((a.rule, a.anchor)) if a.reason is None else None
+        if instead is not None:  # the rule's fallback plan, for the reason its pattern gave
+            outcome = f"will rewrite by fallback, instead of {instead.code} at {instead.path or '-'}"
+        whence = "" if a.anchor == node else f", made from {node} by an earlier rule"
+        print(f"{a.rule} at {a.anchor}{whence}: {outcome}")
+        said = a.reason if a.reason is not None else instead
+        if said is not None:
+            print(f"  {said.message}")
         bound = ", ".join(f"{k}={_shown(v)}" for k, v in a.bindings.items())
         print(f"  matched {a.depth} pattern primitives; bound: {bound or 'nothing'}")
+    for p in made:
+        print(f"{node} is made by {p.rule}'s plan at {p.anchor}")
     for p in plans:
         print(f"{node} is part of {p.rule}'s candidate at {p.anchor}: will rewrite")
     for r in named:

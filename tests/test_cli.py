@@ -341,6 +341,16 @@ def test_explain_quantized_conv(quantized: Path, edge: bool) -> None:
     assert r.stdout.splitlines()[-1] == want
 
 
+def test_explain_node_says_a_fallback_and_the_reason_it_stands_in_for(quantized: Path) -> None:
+    # found by a review: --node said "will rewrite" and listed the packing pattern's bindings, as if
+    # the conv were packed; the table says it gets the float fallback (channel-alignment)
+    lines = fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "conv2d_1").stdout.splitlines()
+    assert lines[:2] == [
+        "quantized-conv at conv2d_1: will rewrite by fallback, instead of channel-alignment at conv",
+        "  conv2d_1: depthwise output channels is 6, not a multiple of 4",
+    ]
+
+
 def test_explain_node_names_a_plan_that_drops_it_and_a_node_an_earlier_stage_made(
     quantized: Path, tmp_path: Path
 ) -> None:
@@ -351,8 +361,18 @@ def test_explain_node_names_a_plan_that_drops_it_and_a_node_an_earlier_stage_mad
     assert fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "nothing").returncode == 2
     path = tmp_path / "qlinear.pt2"
     torch.export.save(pt2e(torch.nn.Sequential(torch.nn.Linear(8, 8)), (torch.randn(2, 8),)), path)
-    made = fxpure("explain", path, "--rules", "linear-to-conv2d,quantized-conv", "--node", "linear_conv_q")
-    assert made.stdout == "linear_conv_q is part of quantized-conv's candidate at linear_conv: will rewrite\n"
+    rules = ("--rules", "linear-to-conv2d,quantized-conv")
+    made = fxpure("explain", path, *rules, "--node", "linear_conv_q")
+    assert made.stdout == (
+        "linear_conv_q is made by linear-to-conv2d's plan at linear\n"
+        "linear_conv_q is part of quantized-conv's candidate at linear_conv: will rewrite\n"
+    )
+    # (a second review: one no later plan takes was still refused)
+    kept = fxpure("explain", path, *rules, "--node", "linear_nchw_q")
+    assert kept.stdout == "linear_nchw_q is made by linear-to-conv2d's plan at linear\n"
+    doc = json.loads(fxpure("explain", path, *rules, "--node", "linear_nchw_q", "--json").stdout)
+    assert [(p["rule"], p["anchor"]) for p in doc["made_by"]] == [("linear-to-conv2d", "linear")]
+    assert doc["attempts"] == [] and doc["part_of"] == []
 
 
 def test_apply_quantized_conv_writes_the_vulkan_pte(quantized: Path, tmp_path: Path) -> None:
