@@ -113,13 +113,13 @@ class Declines(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)  # conv output also used
-        self.lin, self.b2 = nn.Linear(4, 4), nn.BatchNorm1d(4)  # BN after a linear layer
+        self.b2, self.lin = nn.BatchNorm1d(4), nn.Linear(4, 4)  # BN after a mean (no conv), then a linear
         self.c3, self.b3 = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)  # fused normally
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.c1(x)
         z = self.b1(y) + y
-        v = self.b2(self.lin(z.mean(dim=(2, 3))))
+        v = self.lin(self.b2(z.mean(dim=(2, 3))))
         out: torch.Tensor = self.b3(self.c3(z))
         return out, v
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from returns.result import Result
 
 from fxpure.families import BATCH_NORM, CONV
+from fxpure.linear import is_bias_add, is_linear
 from fxpure.pattern import Bound, Const, Lit, OneOf, Op, PatternRule, Planner, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr
+from fxpure.rules.fuse_linear_bn import read_by
+from fxpure.snapshot import GraphSnapshot
 from fxpure.weights import FLOAT_DTYPES, WeightExpr, fold_batch_norm
 
 CONV_OP = Op(
@@ -65,6 +68,13 @@ def _plan(
     return folded.map(emit)
 
 
+def _candidate(bn: Bound, snap: GraphSnapshot) -> bool:
+    """Every batch norm but one of a linear (``fuse-linear-bn``'s to fuse or decline; read as that
+    rule reads it, through a permute, reshape, dropout or copy)."""
+    node = read_by(bn, snap)
+    return node is None or not (is_linear(snap, node) or is_bias_add(snap, node))
+
+
 FUSE_CONV_BN = rule(
     "fuse-conv-bn",
     PATTERN,
@@ -72,6 +82,7 @@ FUSE_CONV_BN = rule(
     need.dtype("w", FLOAT_DTYPES),
     need.channels("mean", of="w", conv="conv"),
     plan=_plan,
+    candidate=_candidate,
     repeat=True,  # a batch norm after a fused one (conv, bn, bn) fuses in the next run
 )
 

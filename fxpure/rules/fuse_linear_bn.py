@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import ADD, BATCH_NORM, CLONE, DROPOUT, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
+from fxpure.families import ADD, BATCH_NORM, CLONE, CONV, DROPOUT, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
 from fxpure.linear import emit_linear, is_bias_add, linear, linear_of
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr, Declined, Malformed, Reason
-from fxpure.snapshot import GraphSnapshot, NodeRef
+from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.weights import FLOAT_DTYPES, WeightExpr, fold_batch_norm
 
 NAME = "fuse-linear-bn"
@@ -104,16 +104,27 @@ def _axes(bn: Bound, match: Match, perm: Bound | None = None, flat: Bound | None
     return Declined(code=AXIS, node=bn.name, detail=detail, path=match.sites["perm" if perm else "bn"].path)
 
 
-def _candidate(bn: Bound, snap: GraphSnapshot) -> bool:
-    """Every batch norm but one of an add (directly, or through the permute, reshape, dropout or copy
-    the pattern takes) that is no linear's bias (:func:`fxpure.linear.is_bias_add`): such an add is
-    no linear, and its near miss as a bias add would read as if it were one."""
+def read_by(bn: Bound, snap: GraphSnapshot) -> NodeSnapshot | None:
+    """What the batch norm ``bn`` normalises, looked at through the ops this rule's pattern reads a
+    linear through (a permute, reshape, flatten, dropout or copy; a few at most): the node that
+    computes it, None for no node (an input, a constant)."""
     x = bn.args.get("input")
-    node = snap.node(x.name) if isinstance(x, NodeRef) and x.name in snap.index else None
-    if node is not None and node.target in _BETWEEN and node.args:
-        x = node.args[0]
+    for _ in range(3):
         node = snap.node(x.name) if isinstance(x, NodeRef) and x.name in snap.index else None
-    return node is None or node.target not in ADD.targets or is_bias_add(snap, node)
+        if node is None or node.target not in _BETWEEN or not node.args:
+            return node
+        x = node.args[0]
+    return None
+
+
+def _candidate(bn: Bound, snap: GraphSnapshot) -> bool:
+    """Every batch norm but one of a conv (``fuse-conv-bn``'s to fuse or decline), or of an add (read
+    directly or through what the pattern takes) that is no linear's bias (:func:`fxpure.linear.is_bias_add`):
+    such an add is no linear, and its near miss as a bias add would read as if it were one."""
+    node = read_by(bn, snap)
+    return node is None or not (
+        node.target in CONV.targets or (node.target in ADD.targets and not is_bias_add(snap, node))
+    )
 
 
 def _plan(

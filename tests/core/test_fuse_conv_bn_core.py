@@ -306,3 +306,40 @@ def test_a_size_read_of_the_conv_is_answered_by_the_fused_conv() -> None:
     assert verify(after).unwrap() == after
     (no,) = plan(conv_bn(conv_reader="aten.select.int"), [fuse_conv_bn()]).rejections  # its values: the conv stays
     assert (no.reason.code, no.reason.message) == ("conv-output-shared", "output of conv is also used by width")
+
+
+@pytest.mark.parametrize("linear_first", [False, True])
+@pytest.mark.parametrize("producer", ["conv", "linear", "linear-dropout", "relu"])
+def test_each_batch_norm_rule_reports_its_own_batch_norms_only(producer: str, linear_first: bool) -> None:
+    # run together (RULES), each batch norm after a linear was declined producer-not-conv by
+    # fuse-conv-bn while fuse-linear-bn fused it, and each after a conv the other way round: a batch
+    # norm is the candidate of the rule of its producer; of both where it is neither's
+    from fxpure.rules import fuse_linear_bn
+
+    g = GraphBuilder()
+    x = g.input("x", (2, 4))
+    if producer == "conv":
+        x = g.call("aten.view.default", self=x, size=(2, 4, 1, 1), out=(2, 4, 1, 1))
+        y = g.call("aten.conv2d.default", name="p", input=x, weight=g.parameter("w", (4, 4, 1, 1)), out=(2, 4, 1, 1))
+    elif producer == "relu":
+        y = g.call("aten.relu.default", name="p", self=x, out=(2, 4))
+    else:
+        y = g.call("aten.linear.default", name="p", input=x, weight=g.parameter("w", (4, 4)), bias=None, out=(2, 4))
+        if producer == "linear-dropout":
+            y = g.call("aten.dropout.default", self=y, p=0.5, train=True, out=(2, 4))
+    stats = {k: g.buffer(k, (4,)) for k in ("running_mean", "running_var")}
+    bn_args = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5, cudnn_enabled=False)
+    out = (2, 4, 1, 1) if producer == "conv" else (2, 4)
+    g.output(g.call("aten.batch_norm.default", name="bn", input=y, **stats, **bn_args, out=out))
+    rules = [fuse_conv_bn(), fuse_linear_bn()]
+    report = plan(g.build(), rules[::-1] if linear_first else rules)
+    outcomes = {*((p.rule, "plan") for p in report.plans), *((r.rule, r.reason.code) for r in report.rejections)}
+    assert (
+        outcomes
+        == {
+            "conv": {("fuse-conv-bn", "plan")},
+            "linear": {("fuse-linear-bn", "plan")},
+            "linear-dropout": {("fuse-linear-bn", "arg-mismatch")},  # (a dropout in training mode)
+            "relu": {("fuse-conv-bn", "producer-not-conv"), ("fuse-linear-bn", "producer-not-linear")},
+        }[producer]
+    )
