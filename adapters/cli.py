@@ -701,18 +701,25 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     made = made if node not in report.before.index else []
     if node not in report.before.index and not (found or plans or named or made):
         raise BadInput(f"no node {node!r} in the program")
+    # a rule's fallback plan, for the reason its pattern gave: "will rewrite" read as the rule's own rewrite
+    fallbacks = {(p.rule, p.anchor): p.instead_of for p in report.plans if p.instead_of is not None}
     if as_json:
-        doc = {"schema": "fxpure.attempts/1", "node": node, "attempts": to_data(list(found))}
+        tried = []
+        for a in found:
+            data = to_data(a)
+            assert isinstance(data, dict)  # (a record)
+            instead = fallbacks.get((a.rule, a.anchor)) if a.reason is None else None
+            tried.append({**data, "instead_of": to_data(instead)})
+        doc = {"schema": "fxpure.attempts/1", "node": node, "attempts": tried}
         print(_json({**doc, "part_of": to_data([*plans, *named]), "made_by": to_data(made)}))
         return EXIT_OK
     if not found and not plans and not named and not made:  # (a node of the program: one it has not is refused above)
         target = report.before.node(node).target
         print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
-    fallbacks = {(p.rule, p.anchor): p.instead_of for p in report.plans if p.instead_of is not None}
     for a in found:
         outcome = "will rewrite" if a.reason is None else f"declined: {a.reason.code} at {a.reason.path or '-'}"
         instead = fallbacks.get((a.rule, a.anchor)) if a.reason is None else None
-        if instead is not None:  # the rule's fallback plan, for the reason its pattern gave
+        if instead is not None:
             outcome = f"will rewrite by fallback, instead of {instead.code} at {instead.path or '-'}"
         whence = "" if a.anchor == node else f", made from {node} by an earlier rule"
         print(f"{a.rule} at {a.anchor}{whence}: {outcome}")
@@ -722,7 +729,7 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
         bound = ", ".join(f"{k}={_shown(v)}" for k, v in a.bindings.items())
         print(f"  matched {a.depth} pattern primitives; bound: {bound or 'nothing'}")
     for p in made:
-        print(f"{node} is made by {p.rule}'s plan at {p.anchor}")
+        print(f"{node} is made by {p.rule}'s {'fallback ' if p.instead_of is not None else ''}plan at {p.anchor}")
     for p in plans:
         print(f"{node} is part of {p.rule}'s candidate at {p.anchor}: will rewrite")
     for r in named:

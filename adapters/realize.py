@@ -1310,7 +1310,9 @@ def _ran(
     if order == _dim_order(ran) and _channels_last(ran) and node.target not in _LEGALIZED:
         layout.add(node.name)  # (a value a later node reads)
     # an aten op other than a view runs as what to_edge makes of it (a linear decomposes): not judged here
-    if (dialect == "edge" or copied) and order != _dim_order(reads[first]):
+    # (a dim order op, ``_clone_dim_order`` say, is there to change it: ``x.contiguous()`` lowered)
+    converts = node.target.startswith("dim_order_ops.")
+    if (dialect == "edge" or copied) and order != _dim_order(reads[first]) and not converts:
         what = f"{node.name} (a copy once lowered)" if copied else node.name
         why = f"{what} would read a channels-last tensor and write one laid out otherwise"
         kernels = "ExecuTorch's portable kernels want one dim order for an op's input and output"

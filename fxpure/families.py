@@ -362,7 +362,7 @@ GETITEM = family("getitem", "a tuple projection", ["getitem(Any self, int index)
 SIGMOID = family("sigmoid", "a sigmoid", ["aten.sigmoid.default(Tensor self) -> Tensor"])
 # ops that may return their input unchanged; every spelling names its tensor ``self`` (a dropout's
 # ``input`` too), so that ``DROPOUT | CLONE | CAST`` reads it by one name
-DROPOUT = family(
+_DROPOUTS = family(
     "dropout",
     "a dropout",
     [
@@ -380,6 +380,11 @@ CLONE = family(
     "a clone",
     [
         parse_schema("aten.clone.default(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", fixed=_BLOCKS),
+        # (``x.contiguous()`` as an aten program may keep it: a copy, or ``x`` where it is contiguous already)
+        parse_schema(
+            "aten.contiguous.default(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)",
+            fixed=_BLOCKS,
+        ),
         "dim_order_ops._clone_dim_order.default(Tensor self, *, bool non_blocking=False, int[]? dim_order=None)"
         " -> Tensor",
     ],
@@ -479,6 +484,8 @@ def in_place(f: Family) -> Family:
 
 
 MUL_, DIV_, ADD_, SUB_, RELU_ = in_place(MUL), in_place(DIV), in_place(ADD), in_place(SUB), in_place(RELU)
+# and in place (``inplace=True``), which in eval mode writes nothing (capture counts no write)
+DROPOUT = replace(_DROPOUTS | in_place(_DROPOUTS), name="dropout", noun="a dropout")
 
 
 RSUB = family(

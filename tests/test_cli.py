@@ -349,6 +349,9 @@ def test_explain_node_says_a_fallback_and_the_reason_it_stands_in_for(quantized:
         "quantized-conv at conv2d_1: will rewrite by fallback, instead of channel-alignment at conv",
         "  conv2d_1: depthwise output channels is 6, not a multiple of 4",
     ]
+    doc = json.loads(fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "conv2d_1", "--json").stdout)
+    ((attempt),) = doc["attempts"]
+    assert attempt["reason"] is None and attempt["instead_of"]["code"] == "channel-alignment"
 
 
 def test_explain_node_names_a_plan_that_drops_it_and_a_node_an_earlier_stage_made(

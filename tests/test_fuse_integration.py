@@ -341,14 +341,16 @@ class _Between(nn.Module):
         conv = kind == "conv"
         self.op = nn.Conv2d(3, 6, 3) if conv else nn.Linear(8, 6)
         self.between = between
-        self.drop = {"dropout": nn.Dropout(0.3), "dropout2d": nn.Dropout2d(0.3), "alpha": nn.AlphaDropout(0.3)}.get(
-            between, nn.Identity()
-        )
+        drops = {"dropout": nn.Dropout(0.3), "dropout2d": nn.Dropout2d(0.3), "alpha": nn.AlphaDropout(0.3)}
+        self.drop = {**drops, "inplace": nn.Dropout(0.3, inplace=True)}.get(between, nn.Identity())
         self.bn = nn.BatchNorm2d(6) if conv else nn.BatchNorm1d(6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x)
-        y = y.clone(memory_format=torch.channels_last) if self.between == "channels-last" else self.drop(y)
+        if self.between in ("channels-last", "contiguous"):  # (the latter of a channels-last conv output)
+            y = y.clone(memory_format=torch.channels_last) if self.between == "channels-last" else y.contiguous()
+        else:
+            y = self.drop(y)
         out: torch.Tensor = self.bn(y)
         return out
 
@@ -356,14 +358,20 @@ class _Between(nn.Module):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(
     ("kind", "between"),
-    [("conv", "dropout"), ("conv", "dropout2d"), ("conv", "channels-last"), ("linear", "dropout"), ("linear", "alpha")],
+    [
+        *(("conv", b) for b in ("dropout", "dropout2d", "inplace", "channels-last", "contiguous")),
+        *(("linear", b) for b in ("dropout", "alpha", "inplace")),
+    ],
 )
 def test_a_batch_norm_after_a_dropout_or_a_copy_is_fused(kind: str, between: str, form: str) -> None:
     # found by a hunt: Linear -> Dropout (eval) -> BatchNorm1d was declined producer-not-linear; so was a
     # conv's in the aten forms (edge spells the dropout as a copy, or drops it); a copy stays, of the
-    # fused output, with its memory format
+    # fused output, with its memory format. A review: an in-place dropout and ``contiguous`` (aten)
+    # were no such op, and edge's copy to contiguous was declined dim-order-changes
     model = randomize_bn(_Between(kind, between)).eval()
     x = (torch.randn(2, 3, 8, 8) if kind == "conv" else torch.randn(4, 8),)
+    if between == "contiguous":
+        x = (x[0].to(memory_format=torch.channels_last),)
     want = run(build(model, x, "aten"), x)
     program = build(model, x, form)
     copies = count(program, "clone")

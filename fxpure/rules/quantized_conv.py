@@ -106,40 +106,37 @@ PATTERN = Op(
 
 
 def _candidate(conv: Bound, snap: GraphSnapshot) -> bool:
-    """A conv that reads, a few nodes up its input or weight, a dequantize or an integer value the
-    program holds or computes (``convert_pt2e``'s reference representation dequantizes by
-    arithmetic), or a weight that is no constant (an operand of a control-flow branch, which may be
-    either): a float conv is no candidate, also beside quantized ops (declining each
-    ``not-quantized`` was noise, 54 in one model), and an integer input of the program (an image's
-    ``uint8``) counts for nothing."""
-    weight = conv.args.get("weight")
-    w = weight.name if isinstance(weight, NodeRef) and weight.name in snap.index else None
-    if w is not None and w not in snap.constant_names and snap.node(w).op == "placeholder":
-        return True
-    level, seen = [a.name for a in (conv.args.get("input"), weight) if isinstance(a, NodeRef)], set[str]()
-    for _ in range(_UP):  # the nodes one, two, ... steps up
+    """A conv that reads a dequantize a few nodes up its input or weight, or an int8 constant up its
+    weight (``convert_pt2e``'s reference representation dequantizes by arithmetic): a float conv is no
+    candidate, also beside quantized ops (declining each ``not-quantized`` was noise, 54 in one model);
+    an integer input of the program (an image) or index buffer says nothing of it. A conv of a
+    control-flow branch reading values the program dequantizes outside it is no candidate either (the
+    branch holds no dequantize)."""
+    return _reads(snap, conv.args.get("input"), weights=False) or _reads(snap, conv.args.get("weight"), weights=True)
+
+
+def _reads(snap: GraphSnapshot, arg: Arg, *, weights: bool) -> bool:
+    """A dequantize a few steps up ``arg`` (a clone, a view between them), or for ``weights`` also an
+    int8 or uint8 value the program holds or computes (not one it is given), more steps up (a
+    reference weight per channel: transpose, mul, to float, sub, to int32, transpose, clamp, int8)."""
+    level, seen = [arg.name] if isinstance(arg, NodeRef) else [], set[str]()
+    for _ in range(8 if weights else 4):  # the nodes one, two, ... steps up
         up: list[str] = []
         for name in level:
             if name in seen or name not in snap.index:
                 continue
             seen.add(name)
-            node, spec = snap.node(name), snap.node(name).tensor_spec
+            node = snap.node(name)
             if node.target in DEQUANTIZE.targets:
                 return True
-            if (
-                spec is not None
-                and spec.dtype in _INTEGERS
-                and (node.op != "placeholder" or name in snap.constant_names)
-            ):
+            spec = node.tensor_spec
+            given = node.op == "placeholder" and name not in snap.constant_names
+            if weights and spec is not None and spec.dtype in ("int8", "uint8") and not given:
                 return True
             if node.op == "call_function":
                 up.extend(ref_list(node))
         level = up
     return False
-
-
-_UP = 5  # steps up a conv's operands (a reference dequantize: to float, mul, sub, to float, then int8)
-_INTEGERS = frozenset({"int8", "uint8", "int16", "int32"})
 
 
 def _dtype(op: Bound) -> str:

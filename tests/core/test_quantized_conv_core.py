@@ -312,11 +312,11 @@ def test_what_is_not_a_quantized_conv_gets_no_fallback() -> None:
 def test_a_float_conv_is_no_candidate_a_quantized_one_however_spelled_is(reads: str) -> None:
     # found by a hunt: every conv of a float program was declined not-quantized (54 in one model)
     # when all rules ran. A conv reading a dequantize a few nodes up is a candidate (a review found
-    # a conv reading clones of both dropped by a first version), as is one reading values computed
-    # from an integer constant (convert_pt2e's reference representation, where a second version
-    # dropped every conv) and one whose weight is no constant (a torch.cond branch's operand, which
-    # that version dropped from in-subgraph); a float conv beside a dequantize (a model quantizing
-    # its linears only) or reading an integer input of the program (an image) is not
+    # a conv reading clones of both dropped by a first version), as is one whose weight is computed
+    # from an int8 constant (convert_pt2e's reference representation, where a second version
+    # dropped every conv); a float conv beside a dequantize (a model quantizing its linears only),
+    # reading an integer input of the program (an image) or a weight the program is given (a
+    # torch.cond branch's operand too: a third version's noise) is not
     g = GraphBuilder()
     shape, params = (1, 4, 6, 6), (0.1, 0, -128, 127, DTypeArg("int8"))
     x, w = g.input("x", shape, "uint8" if reads == "image" else "float32"), g.parameter("w", (4, 4, 1, 1))
@@ -356,7 +356,7 @@ def test_a_float_conv_is_no_candidate_a_quantized_one_however_spelled_is(reads: 
     g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=shape))
     report = plan(g.build(), [quantized_conv()])
     assert report.plans == ()
-    declined = reads in ("clone", "reference", "branch")
+    declined = reads in ("clone", "reference")
     assert [(r.node, r.reason.code) for r in report.rejections] == ([("conv", "not-quantized")] if declined else [])
 
 
