@@ -463,3 +463,33 @@ def test_a_batch_norm_reshaped_as_the_linears_output_fuses(form: str, dynamic: b
     for batch in (2, 3) if dynamic else (2,):
         y = (torch.randn(batch, 5, 8),)
         assert_close(run(program, y), [model(*y)])
+
+
+class _DroppedThenMoved(nn.Module):
+    """A linear on [B, T, F], its dropout (or a copy), then moved to [B, F, T] or flattened, then BatchNorm1d."""
+
+    def __init__(self, how: str, between: str) -> None:
+        super().__init__()
+        self.lin, self.bn, self.how = nn.Linear(5, 6), nn.BatchNorm1d(6), how
+        self.between = nn.Dropout(0.2, inplace=between == "inplace") if between != "copy" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        y = self.between(y) if self.between is not None else y.clone()
+        out: torch.Tensor = self.bn(y.transpose(1, 2) if self.how == "transpose" else y.flatten(0, 1))
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+@pytest.mark.parametrize("between", ["dropout", "inplace", "copy"])
+@pytest.mark.parametrize("how", ["transpose", "flatten"])
+def test_a_dropout_or_copy_before_the_permute_or_flatten_fuses(how: str, between: str, form: str) -> None:
+    # found by a review: linear -> dropout -> transpose -> BatchNorm1d (a common ordering) was declined
+    model, x = randomize_bn(_DroppedThenMoved(how, between)).eval(), (torch.randn(2, 4, 5),)
+    want = [model(*x).detach()]
+    ep = torch.export.export(copy.deepcopy(model), x)
+    program: Program = ep.module() if form == "gm" else ep if form == "aten" else to_edge(ep).exported_program()
+    report = adapters.transform(program, [fuse_linear_bn()]).unwrap().report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert count(program, "batch_norm") == 0 and count(program, "dropout") == 0
+    assert_sound(program, x, want)

@@ -27,28 +27,24 @@ AXIS = "bn-axis-mismatch"
 
 # the linear in any spelling (a bmm's bias add too), read by the batch norm (or the permute) only
 LINEAR = linear("lin", code=NOT_LINEAR, shared=LINEAR_SHARED, bias_add=True)
+# the linear, or read through a dropout in eval mode (it goes) or a copy (edge spells that dropout so:
+# it stays, of the fused linear's output)
+READ = OneOf(LINEAR, *idle(LINEAR, code=NOT_LINEAR, shared=LINEAR_SHARED), noun="a linear")
 # the op that moves a [B, T, F] linear output to [B, F, T]: permute (edge: permute_copy) or transpose
-SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
+SWAP = Op(PERMUTE | TRANSPOSE_DIMS, name="perm", code=NOT_LINEAR, shared=LINEAR_SHARED, self=READ)
 # a model's flatten of a [B, T, F] linear output to [B * T, F] (BatchNorm1d over the features): a
 # reshape or view (edge: view_copy), or, as an aten program keeps it, y.flatten(0, 1)
-FLAT = Op(VIEW | FLATTEN, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, self=LINEAR)
+FLAT = Op(VIEW | FLATTEN, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, self=READ)
 
-# bn(linear(x, w, b?) | permute(linear(x, w, b?)), gamma?, beta?, mean, var, training=False)[0]; the
-# linear also read through a dropout in eval mode (it goes) or a copy (edge spells that dropout so: it
-# stays, of the fused linear's output)
+# bn(linear(x, w, b?) | permute(linear(x, w, b?)) | flatten(...), gamma?, beta?, mean, var,
+# training=False)[0], the linear read directly or through a dropout or copy
 PATTERN = Op(
     BATCH_NORM,
     name="bn",
     out=0,
     out_code="bn-stats-used",
     training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=OneOf(
-        LINEAR,
-        SWAP,
-        FLAT,
-        *idle(LINEAR, code=NOT_LINEAR, shared=LINEAR_SHARED),
-        noun="a linear (or a permute or flatten of one)",
-    ),
+    input=OneOf(*READ.alternatives, SWAP, FLAT, noun="a linear (or a permute or flatten of one)"),
     weight=Const("gamma", optional=True),
     bias=Const("beta", optional=True),
     running_mean=Const("mean"),
@@ -146,12 +142,12 @@ def _plan(
 
     def emit(wb: tuple[WeightExpr, WeightExpr]) -> RewritePlan:
         weight, bias = p.const(wb[0], f"{base}_bn_weight"), p.const(wb[1], f"{base}_bn_bias")
-        new = emit_linear(p, lin, weight, bias, suffix="bn")
+        new = p.copied(emit_linear(p, lin, weight, bias, suffix="bn"), "bn")  # (the copy reads the linear)
         if perm is not None:
             new = p.respell(perm, name=f"{perm.name}_bn", self=new)
         if flat is not None:
             new = p.respell(flat, name=f"{flat.name}_bn", self=new)
-        return p.replace(bn, p.copied(new, "bn"))
+        return p.replace(bn, new)
 
     return folded.map(emit)
 
