@@ -362,13 +362,14 @@ GETITEM = family("getitem", "a tuple projection", ["getitem(Any self, int index)
 SIGMOID = family("sigmoid", "a sigmoid", ["aten.sigmoid.default(Tensor self) -> Tensor"])
 # ops that may return their input unchanged; every spelling names its tensor ``self`` (a dropout's
 # ``input`` too), so that ``DROPOUT | CLONE | CAST`` reads it by one name
+# nn.Dropout, Dropout1d/2d/3d (channels), AlphaDropout, FeatureAlphaDropout
+_DROPPED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
 _DROPOUTS = family(
     "dropout",
     "a dropout",
     [
         parse_schema(f"aten.{op}.default(Tensor input, float p, bool train) -> Tensor", rename={"input": "self"})
-        # nn.Dropout, Dropout1d/2d/3d (channels), AlphaDropout, FeatureAlphaDropout
-        for op in ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+        for op in _DROPPED
     ],
 )
 # what a spelling implies of an argument another spelling of its family has (a pattern may require a
@@ -485,7 +486,8 @@ def in_place(f: Family) -> Family:
 
 MUL_, DIV_, ADD_, SUB_, RELU_ = in_place(MUL), in_place(DIV), in_place(ADD), in_place(SUB), in_place(RELU)
 # and in place (``inplace=True``), which in eval mode writes nothing (capture counts no write)
-DROPOUT = replace(_DROPOUTS | in_place(_DROPOUTS), name="dropout", noun="a dropout")
+_IN_PLACE = [f"aten.{op}_.default(Tensor(a!) self, float p, bool train) -> Tensor(a!)" for op in _DROPPED]
+DROPOUT = replace(_DROPOUTS | family("dropout_", "a dropout in place", _IN_PLACE), name="dropout", noun="a dropout")
 
 
 RSUB = family(

@@ -78,7 +78,7 @@ def test_every_rule_in_order_leaves_only_the_matmuls_that_are_no_linears(form: s
     model = HandWritten().eval()
     program, want = build(model, ARGS, form), _outputs(model, ARGS)
     report = _transform(program, [m() for m in RULES.values()]).report
-    assert [r.rule for r in report.rejections] == ["fuse-conv-bn"]  # its batch norm reads no conv
+    assert report.rejections == ()  # (its batch norm reads a linear: no candidate of fuse-conv-bn)
     assert_sound(program, ARGS, want)
     # q @ k.T, attention @ v and the batched weight's product; every linear is a conv now
     assert count(program, "matmul") == 3 and count(program, "conv2d") == 3  # q, k, v joined: one
