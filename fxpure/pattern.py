@@ -313,8 +313,8 @@ def dequantized(
 
 def idle(value: Pattern, *, code: str = "wrong-op", shared: str = "output-shared") -> tuple[Op, Op]:
     """``value`` read through an op that returns it as it is, bound as ``idle``: a dropout in eval
-    mode (``train=False``; it goes with the match) or a copy (``clone``, and edge's
-    ``_clone_dim_order``, as ``to_edge`` spells an eval dropout), which :meth:`Planner.copied` keeps,
+    mode (``train=False``, in place too; it goes with the match) or a copy (``clone``, ``contiguous``,
+    and edge's ``_clone_dim_order``, as ``to_edge`` spells an eval dropout), which :meth:`Planner.copied` keeps,
     of the new value, in its layout. ``OneOf(value, *idle(value))`` takes all three."""
     return (
         Op(DROPOUT, name="idle", code=code, shared=shared, self=value, train=Lit(False)),
