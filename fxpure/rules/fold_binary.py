@@ -126,7 +126,7 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     chain of them: ``to_edge`` writes a pair after each in-place op) after a matmul, or the add of a
     ``bmm``'s bias; or a dtype copy of one (on edge, ``to_edge`` writes the promotion of
     ``conv_fp16 * c_fp32`` so: a candidate, declined as the aten form's is reported); or an eval
-    dropout of one, or a copy (``clone``, edge's ``_clone_dim_order``)."""
+    dropout of one, or a copy (the ops :func:`fxpure.pattern.idle` takes)."""
     node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
