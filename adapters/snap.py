@@ -291,7 +291,7 @@ def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset
 def capture_program(program: Program) -> Captured:
     """Snapshot a program and keep the live tensors and input specs beside it (with the cyclic
     collector paused, as ``plan`` does: a snapshot is many small records that form no cycles)."""
-    with no_cyclic_gc():
+    with no_cyclic_gc(keep=True):
         return _capture(program)
 
 

@@ -246,9 +246,11 @@ def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot) -> NodeSnapshot | 
 
 def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None) -> bool:
     """``t`` is the transpose of a 2-D weight computed from constants alone."""
-    # computed from constants by at most 8 nodes besides the transpose, which reads the weight alone
-    # (cheap, asked first: attention's k.T reaches an input soon)
-    if t is None or not _of_constants(snap, t.name, most=9):
+    # a 2-D result (cheapest, asked first: attention's k.T is 4-D), computed from constants by at most 8
+    # nodes besides the transpose, which reads the weight alone (attention's k.T reaches an input soon)
+    if t is None or (t.tensor_spec is not None and len(t.tensor_spec.shape) != 2):
+        return False
+    if not _of_constants(snap, t.name, most=9):
         return False
     # the transpose as linear() matches it, each spelling and its dims in one place
     found = match(_WEIGHT_TRANSPOSE, snap, t)

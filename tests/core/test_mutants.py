@@ -305,6 +305,39 @@ def test_plan_pauses_the_cyclic_collector_and_restores_it_as_it_was() -> None:
         gc.enable()
 
 
+class Holds:
+    """A hand-written rule that keeps what it made while it planned (a container the collector tracks)."""
+
+    name = "holds"
+
+    def __init__(self) -> None:
+        self.made: list[list[int]] = []
+
+    def anchors(self, snap: GraphSnapshot) -> list[NodeSnapshot]:
+        return [n for n in snap.nodes if n.op == "call_function"]
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        self.made.extend([i] for i in range(2000))
+        return Success(RewritePlan(rule=self.name, anchor=node.name))
+
+
+def test_plan_moves_what_it_made_to_the_oldest_generation_unscanned() -> None:
+    gc.collect()
+    holds = Holds()
+    plan(conv_relu(), [holds])
+    # no young collection waits to scan the 4,000 lists: they are in the oldest generation
+    assert gc.get_count()[0] < 1000
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(holds.made[0]) in oldest and id(holds.made[-1]) in oldest
+    gc.freeze()  # a process that froze objects (before a fork, say): they stay frozen
+    try:
+        frozen = gc.get_freeze_count()
+        plan(conv_relu(), [Holds()])
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
 def test_explain_a_hand_written_and_a_pattern_rule() -> None:
     snap = conv_relu()
     attempt = explain(snap, HandWritten(), snap.node("relu"))
