@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -412,12 +413,18 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
     attrs: dict[str, list[str]] = {}  # a get_attr target -> its nodes (a module's buffers it updates)
     for n in gm.graph.find_nodes(op="get_attr"):
         attrs.setdefault(str(n.target), []).append(n.name)
+    plain = _NO_WRITES
     for n in gm.graph.nodes:
         if n.op == "call_module":
             _module_writes(w, gm, n, attrs)
             continue
         if n.op not in ("call_function", "call_method"):
             continue
+        try:
+            if n.op == "call_function" and plain.get(n.target, False):
+                continue
+        except TypeError:  # an unhashable target (aliases below says why it is skipped)
+            pass
         target = n.target if n.op == "call_function" else _method(str(n.target))
         # an edge op holds the aten op it stands for (its own schema is no torch.FunctionSchema)
         target = aten if isinstance(aten := getattr(target, "_op", None), torch._ops.OpOverload) else target
@@ -445,6 +452,11 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
         try:
             returns_alias, args = aliases(target)
         except TypeError:  # an unhashable target: no schema to read
+            continue
+        if not returns_alias and not args and n.op == "call_function" and not _updated_stats(n, target):
+            # nothing read is aliased or written (a batch norm's mode is per node: it is never plain)
+            with contextlib.suppress(TypeError):
+                plain[n.target] = _STATS[target] is None
             continue
         unchanged = bool(args) and _idle(n, target)
         viewed: list[str] = []
@@ -598,6 +610,8 @@ def _method(name: str) -> torch._ops.OpOverload | None:
     return getattr(packet, "default" if "default" in overloads else overloads[0]) if overloads else None
 
 
+# call_function targets (as the graph holds them) whose calls alias and write nothing: most ops
+_NO_WRITES: dict[Any, bool] = {}
 _STATS: dict[Any, tuple[tuple[str, int], tuple[tuple[int, str, bool], ...]] | None] = {}
 # a norm that updates its running stats in place when it computes batch statistics, without its
 # schema saying so (``aten.batch_norm``, ``native_batch_norm``, ``instance_norm``): the flag that
