@@ -197,6 +197,11 @@ def test_state_a_strict_export_keeps_unnamed_goes_unless_a_named_key_ties_it() -
     assert "a.weight" in program.state_dict and "b.weight" in program.state_dict
     assert "spare.weight" not in program.state_dict and "bna.num_batches_tracked" not in program.state_dict
     assert_close(run(program, x), want)
+    # one that plans nothing changes nothing, those keys too (README: "Nothing left behind")
+    program = torch.export.export(model, x, strict=True)
+    keys = sorted(program.state_dict)
+    assert not adapters.transform(program, [fuse_conv_bn()]).unwrap().changed
+    assert sorted(program.state_dict) == keys and "spare.weight" in keys
 
 
 def _respelled(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
