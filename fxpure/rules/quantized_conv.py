@@ -108,11 +108,10 @@ PATTERN = Op(
 def _candidate(conv: Bound, snap: GraphSnapshot) -> bool:
     """A conv that reads a dequantize a few nodes up its input or weight, or an int8 value the program
     holds or computes up its weight (``convert_pt2e``'s reference representation dequantizes by
-    arithmetic): a float conv is no
-    candidate, also beside quantized ops (declining each ``not-quantized`` was noise, 54 in one model);
-    an integer input of the program (an image) or index buffer says nothing of it. A conv of a
-    control-flow branch reading values the program dequantizes outside it is no candidate either (the
-    branch holds no dequantize)."""
+    arithmetic): a float conv is no candidate, also beside quantized ops (declining each
+    ``not-quantized`` was noise, 54 in one model); an integer input of the program (an image) or
+    index buffer says nothing of it. A conv of a control-flow branch reading values the program
+    dequantizes outside it is no candidate either (the branch holds no dequantize)."""
     return _reads(snap, conv.args.get("input"), weights=False) or _reads(snap, conv.args.get("weight"), weights=True)
 
 
