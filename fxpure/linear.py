@@ -31,7 +31,7 @@ from fxpure.families import (
     VIEW,
     family,
 )
-from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, match
+from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, When, match
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
@@ -41,7 +41,13 @@ _SWAPS = ((0, 1), (1, 0), (-2, -1), (-1, -2), (0, -1), (-1, 0), (-2, 1), (1, -2)
 
 
 def _parts(
-    name: str, input: Pattern | None, weight: Pattern | None, bias: Pattern | None, code: str, shared: str
+    name: str,
+    input: Pattern | None,
+    weight: Pattern | None,
+    bias: Pattern | None,
+    code: str,
+    shared: str,
+    weight_in_out: Pattern | None = None,
 ) -> tuple[Pattern, Pattern, Pattern, OneOf, Op]:
     x = input if input is not None else Var("x")
     w = weight if weight is not None else Const("w")
@@ -62,6 +68,8 @@ def _parts(
             Op(TRANSPOSE_DIMS, name=f"{name}_t", users=ANY, code=code, shared=shared, self=w, dim0=Lit(a), dim1=Lit(b))
             for a, b in _SWAPS
         ),
+        # (the weight stored (in, out), read as it is: GPT-2's Conv1D, ``x @ W``)
+        *([weight_in_out] if weight_in_out is not None else []),
     )
     flat = Op(VIEW, name=f"{name}_in", users=ANY, code=code, self=x)
     return x, w, b, t, flat
@@ -81,7 +89,15 @@ def _products(
     return addmm, Op(MM, name=name, users=users, code=code, shared=shared, user=user, self=x, mat2=t)
 
 
-def _bmm(name: str, x: Pattern, t: OneOf, code: str, shared: str, user: Op | None = None) -> Op:
+def _bmm(
+    name: str,
+    x: Pattern,
+    t: OneOf,
+    code: str,
+    shared: str,
+    user: Op | None = None,
+    when: When | None = None,
+) -> Op:
     """``bmm(x, view(expand(W.T)))``: the weight's transpose broadcast over the batch, as
     decompositions and ``to_edge`` spell a linear on an input that is not contiguous (the input's
     own expand and view stay the ``x`` it reads)."""
@@ -93,6 +109,7 @@ def _bmm(name: str, x: Pattern, t: OneOf, code: str, shared: str, user: Op | Non
         code=code,
         shared=shared,
         user=user,
+        when=when,
         self=x,
         mat2=Op(VIEW, name=f"{name}_tv", users=ANY, code=code, shared=shared, self=expand),
     )
@@ -108,6 +125,7 @@ def linear(
     code: str = "wrong-op",
     shared: str = "output-shared",
     bias_add: bool = False,
+    weight_in_out: Pattern | None = None,
 ) -> OneOf:
     """``y = x @ W.T + b`` in any spelling, as the operand of another op. Binds the product as
     ``name`` (``linear``, ``addmm``, ``mm``, ``matmul`` or ``bmm``), the weight transpose as ``{name}_t`` and the
@@ -122,19 +140,26 @@ def linear(
     also the add of a constant after a ``bmm``'s reshape, its bias (:func:`is_bias_add`), bound as
     ``{name}_bias``, for a rule whose candidates read a linear (:func:`is_linear`, or such an add):
     where every add can meet the pattern (a batch norm's input, say) its near misses would read as
-    if an add were a linear. Use :func:`linear_root` to anchor a rule at the linear itself.
+    if an add were a linear. ``weight_in_out``: a pattern for a weight stored (in, out) that
+    ``addmm``, ``mm``, ``matmul`` and ``bmm`` read as it is, with no transpose (GPT-2's ``Conv1D``,
+    ``addmm(b, x, W)``; ``x @ W``); where it matches, ``weight`` and ``{name}_t`` are unbound (and
+    :attr:`Linear.in_out` is true). Use :func:`linear_root` to anchor a rule at the linear itself.
 
     >>> [a.family.name for a in linear().alternatives]
     ['linear', 'addmm', 'mm', 'matmul', 'view', 'view', 'view']
     >>> [a.family.name for a in linear(bias_add=True).alternatives][-2:]
     ['add', 'view']
     """
-    x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
+    x, w, b, t, flat = _parts(name, input, weight, bias, code, shared, weight_in_out)
     addmm, mm = _products(name, x, b, t, users, code, shared)
     addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared)
+    in_out = weight_in_out is not None
+    # a matmul or bmm of two activations (attention's q @ k.T) is no linear: a wrong op
+    of_weight = When(lambda snap, node: is_linear(snap, node, in_out=in_out), "of a weight")
 
     def bmm(users: Users) -> Op:
-        return Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=_bmm(name, x, t, code, shared))
+        product = _bmm(name, x, t, code, shared, when=of_weight)
+        return Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=product)
 
     # bmm has no bias: the add of one after it is the linear's
     added = Op(
@@ -144,7 +169,7 @@ def linear(
         Op(LINEAR, name=name, users=users, code=code, shared=shared, input=x, weight=w, bias=b),
         addmm,
         mm,
-        Op(MATMUL, name=name, users=users, code=code, shared=shared, self=x, other=t),
+        Op(MATMUL, name=name, users=users, code=code, shared=shared, when=of_weight, self=x, other=t),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=addmm_nd),
         Op(VIEW, name=f"{name}_out", users=users, code=code, shared=shared, self=mm_nd),
         *([added] if bias_add else []),
@@ -161,12 +186,14 @@ def linear_root(
     bias: Pattern | None = None,
     code: str = "wrong-op",
     shared: str = "output-shared",
+    weight_in_out: Pattern | None = None,
 ) -> OneOf:
     """The same linear as :func:`linear`, anchored at its product (``linear``, ``addmm``, ``mm``,
     ``matmul`` or ``bmm``): the reshape after a rank > 2 product is matched as its one user,
     ``{name}_out``; a ``bmm``'s bias, added after that, is not matched (nor bound). A rule anchored
-    here takes :func:`is_linear` as its ``candidate``."""
-    x, w, b, t, flat = _parts(name, input, weight, bias, code, shared)
+    here takes :func:`is_linear` as its ``candidate`` (with ``in_out=True`` where it gives
+    ``weight_in_out``)."""
+    x, w, b, t, flat = _parts(name, input, weight, bias, code, shared, weight_in_out)
     out = Op(VIEW, name=f"{name}_out", code=code, shared=shared)
     addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared, user=out)
     addmm, mm = _products(name, x, b, t, ONE, code, shared)
@@ -181,14 +208,17 @@ def linear_root(
     )
 
 
-def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) -> bool:
     """Whether the product ``node`` may be a linear's: every ``linear``, ``addmm`` and ``mm`` (a
     rule says why one is not), but a ``matmul`` only where it reads a transpose (two dims
     swapped) of a 2-D weight, ``x @ W.T``: a weight being a value computed from constants alone
     (a parameter, a dequantized one, a slice of one; a rule says if it cannot take it). A
     ``matmul`` of two activations (attention's ``q @ k.T``) or of a batch of matrices is no
-    linear, and no candidate. ``rule(candidate=lambda root, snap: is_linear(snap, root.node))`` for
-    a rule anchored at :func:`linear_root`.
+    linear: no candidate, and a wrong op to :func:`linear` (``When``).
+    ``rule(candidate=lambda root, snap: is_linear(snap, root.node))`` for a rule anchored at
+    :func:`linear_root`. ``in_out``: a weight stored (in, out) counts too, read
+    as it is (``x @ W``, a 2-D weight computed from constants), for a rule whose pattern takes one
+    (``weight_in_out``).
 
     >>> from fxpure.testing import GraphBuilder
     >>> g = GraphBuilder()
@@ -202,10 +232,11 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     (True, False)
     """
     if node.target in _BMMS:
-        return _broadcast_weight(snap, node) is not None
+        return _broadcast_weight(snap, node, in_out) is not None
     if node.target not in _MATMULS:
         return node.target in _PRODUCTS
-    return _is_weight_t(snap, _node(snap, MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None)))
+    other = _node(snap, MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None))
+    return _is_weight_t(snap, other, in_out)
 
 
 def _node(snap: GraphSnapshot, arg: object) -> NodeSnapshot | None:
@@ -232,26 +263,29 @@ def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     return same and _of_constants(snap, bias.name) and is_linear(snap, bmm)
 
 
-def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot) -> NodeSnapshot | None:
+def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot, in_out: bool = False) -> NodeSnapshot | None:
     """The transpose of a 2-D weight that ``bmm`` reads broadcast over its batch, ``view(expand(W.T))``
-    with the matrix's sizes kept, else None."""
+    with the matrix's sizes kept (``in_out``: or the weight itself, stored (in, out)), else None."""
     view = _node(snap, BMM.bind(snap, bmm).map(lambda a: a.get("mat2")).value_or(None))
     expand = _node(snap, view.args[0]) if view is not None and view.target in VIEW.targets and view.args else None
     t = _node(snap, expand.args[0]) if expand is not None and expand.target in EXPAND.targets and expand.args else None
-    if t is None or view is None or expand is None or not _is_weight_t(snap, t):
+    if t is None or view is None or expand is None or not _is_weight_t(snap, t, in_out):
         return None
     sizes = [n.tensor_spec.shape[-2:] if n.tensor_spec is not None else None for n in (t, expand, view)]
     return t if sizes[0] is not None and sizes[0] == sizes[1] == sizes[2] else None
 
 
-def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None) -> bool:
-    """``t`` is the transpose of a 2-D weight computed from constants alone."""
+def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None, in_out: bool = False) -> bool:
+    """``t`` is the transpose of a 2-D weight computed from constants alone (``in_out``: or any 2-D
+    value computed from constants, a weight stored (in, out))."""
     # a 2-D result (cheapest, asked first: attention's k.T is 4-D), computed from constants by at most 8
     # nodes besides the transpose, which reads the weight alone (attention's k.T reaches an input soon)
     if t is None or (t.tensor_spec is not None and len(t.tensor_spec.shape) != 2):
         return False
     if not _of_constants(snap, t.name, most=9):
         return False
+    if in_out:
+        return t.tensor_spec is not None
     # the transpose as linear() matches it, each spelling and its dims in one place
     found = match(_WEIGHT_TRANSPOSE, snap, t)
     w = found.unwrap().bindings.get("w") if isinstance(found, Success) else None
@@ -307,10 +341,31 @@ class Linear:
         return self.outer.spec
 
     @property
+    def in_out(self) -> bool:
+        """The product reads its weight stored (in, out) as it is (a pattern's ``weight_in_out``):
+        no node holds the weight (out, in)."""
+        return self.t is None and self.op.node.target not in LINEAR.targets
+
+    @property
     def weight(self) -> NodeRef:
         """The weight node (out, in): what the transpose reads where the spelling has one. A
-        planner that keeps it passes it to :func:`emit_linear`."""
+        planner that keeps it passes it to :func:`emit_linear`. ValueError for a weight stored
+        (in, out) (:attr:`in_out`): give :func:`emit_linear` a new constant, the transpose of it."""
+        if self.in_out:
+            raise ValueError(f"{self.op.name} reads its weight stored (in, out): no node holds it (out, in)")
         return self.t.ref("self") if self.t is not None else self.op.ref("weight")
+
+    def stored_spec(self, snap: GraphSnapshot) -> TensorSpec | None:
+        """The spec of the weight as the product reads it, (in, out): the transpose's, or the
+        weight's where it is stored so."""
+        if self.t is not None:
+            return self.t.spec
+        read = (
+            self.t_expand.args["self"]
+            if self.t_expand is not None
+            else self.op.args.get("mat2", self.op.args.get("other"))
+        )
+        return snap.node(read.name).tensor_spec if isinstance(read, NodeRef) and read.name in snap.index else None
 
 
 def linear_of(m: Match, name: str = "lin") -> Linear:
@@ -421,7 +476,7 @@ def _emit_bmm(
 ) -> NodeRef:
     """``emit_linear`` of a ``bmm``: the new weight's transpose broadcast as the old one was, the
     product, its reshape, and the bias added after it (a new ``add`` where there was none)."""
-    assert lin.t is not None and lin.t_expand is not None and lin.t_view is not None  # (emit_linear asked)
+    assert lin.t_expand is not None and lin.t_view is not None  # (emit_linear asked)
 
     def sized(node: Bound, source: NodeRef) -> NodeRef:
         # ``node`` (a view or expand) on ``source``, its last size out_features
@@ -430,8 +485,8 @@ def _emit_bmm(
             size = (*size[:-1], out_features)
         return p.respell(node, name=f"{node.name}_{suffix}", spec=spec, self=source, size=size)
 
-    op, t = lin.op, lin.t
-    new_t = p.respell(t, name=f"{t.name}_{suffix}", spec=_features(t.spec, out_features), self=weight)
+    op = lin.op
+    new_t = _transposed(p, lin, weight, _features(lin.stored_spec(p.match.snap), out_features), suffix)
     mat2 = sized(lin.t_view, sized(lin.t_expand, new_t))
     result = p.respell(op, name=f"{op.name}_{suffix}", spec=_features(op.spec, out_features), mat2=mat2)
     if lin.view_out is not None:
@@ -444,6 +499,16 @@ def _emit_bmm(
     return p.call(
         "aten.add.Tensor", name=f"{op.name}_{suffix}_bias", spec=spec, self=result, other=bias, provenance=op.name
     )
+
+
+def _transposed(p: Planner, lin: Linear, weight: NodeRef, spec: TensorSpec | None, suffix: str) -> NodeRef:
+    """The new weight (out, in) as the product reads it, (in, out): the linear's transpose re-spelled
+    on it, or, for a weight that was stored (in, out), a new transpose."""
+    if lin.t is not None:
+        return p.respell(lin.t, name=f"{lin.t.name}_{suffix}", spec=spec, self=weight)
+    target = "aten.permute_copy.default" if p.dialect == "edge" else "aten.permute.default"
+    name = f"{lin.op.name}_{suffix}_t"
+    return p.call(target, name=name, spec=spec, self=weight, dims=(1, 0), provenance=lin.op.name)
 
 
 def emit_linear(
@@ -463,11 +528,12 @@ def emit_linear(
     the spelling has one, re-spelled on it), ``in_features`` when that value's last size is another
     than the linear's input's (ValueError if an existing node's is and ``in_features`` does not say
     so); a ``bmm`` reads its input as it is (ValueError for ``input``). Returns the node that carries
-    the result (the new ``outer``)."""
-    op, t = lin.op, lin.t
+    the result (the new ``outer``); the weight of a linear that read it stored (in, out) is read
+    through a new transpose."""
+    op = lin.op
     name = f"{op.name}_{suffix}"
     _check_width(p, lin, input, in_features)
-    if t is None:  # aten.linear
+    if lin.t is None and not lin.in_out:  # aten.linear
         x = op.args["input"] if input is None else input
         result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
     elif lin.t_expand is not None and lin.t_view is not None:  # bmm: the weight broadcast again, the bias added
@@ -481,13 +547,13 @@ def emit_linear(
             "aten.linear.default", name=name, spec=spec, input=x, weight=weight, bias=bias, provenance=op.name
         )
     else:
-        w_spec = t.spec
+        w_spec = lin.stored_spec(p.match.snap)
         t_spec = (
             TensorSpec(shape=(w_spec.shape[0], out_features), dtype=w_spec.dtype) if w_spec and out_features else None
         )
         if w_spec and in_features:
             t_spec = TensorSpec(shape=(in_features, *(t_spec or w_spec).shape[1:]), dtype=w_spec.dtype)
-        new_t = p.respell(t, name=f"{t.name}_{suffix}", spec=t_spec or w_spec, self=weight)
+        new_t = _transposed(p, lin, weight, t_spec or w_spec, suffix)
         spec = _features(op.spec, out_features)
         x = op.args["mat1"] if op.node.target.startswith("aten.addmm") else op.args["self"]
         if input is not None:

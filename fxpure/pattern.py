@@ -11,7 +11,8 @@ primitive          matches                                   fails with
                    schema name; inner nodes single-use       ``OutputShared`` (another reader),
                    (``users=ANY`` to share); ``out=i``       ``TupleUsed`` (another element read),
                    projects a tuple output; ``user=`` its    ``Malformed`` (arguments do not fit)
-                   one consumer; ``commute=True``
+                   one consumer; ``commute=True``; ``when=``
+                   only the calls a ``When`` takes
 ``Const(name)``    a constant (or an earlier rule's          ``NotConstant``
                    derived one); ``optional=True``: or None
 ``Scalar(name)``   a Python number                           ``NotScalar``
@@ -190,6 +191,17 @@ class OneOf:
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class When:
+    """Which calls of an op's family the op matches: those where ``test(snap, node)`` holds;
+    ``text`` completes the family's noun in the reason for another (``When(is_linear, "of a
+    weight")``: "comes from bmm (aten.bmm.default), not a batched matrix product of a weight")."""
+
+    test: Callable[[GraphSnapshot, NodeSnapshot], bool] = field(compare=False)
+    text: str
+
+
+@final
 @dataclass(frozen=True, slots=True, init=False)
 class Op:
     """A node of ``family`` whose arguments (by schema name) match sub-patterns; a plain value is
@@ -199,7 +211,10 @@ class Op:
     (all its users must: checked after its arguments); ``commute=True`` tries the family's two
     commuting arguments both ways. ``code``/``shared``/``out_code`` name the three reasons.
     ``transparent=True``: reasons about its operands name the node and argument that read it
-    (a dequantized weight that is not a constant is "weight of conv", not "input of dq")."""
+    (a dequantized weight that is not a constant is "weight of conv", not "input of dq").
+    ``when``: which calls of the family an operand's op matches (:class:`When`); another is a
+    wrong op, with ``code``, as a call of another family is (a rule's ``candidate`` chooses its
+    root's calls)."""
 
     family: Family
     name: str | None
@@ -212,6 +227,7 @@ class Op:
     shared: str
     out_code: str
     transparent: bool
+    when: When | None
 
     def __init__(
         self,
@@ -227,6 +243,7 @@ class Op:
         shared: str = "output-shared",
         out_code: str = "tuple-output-used",
         transparent: bool = False,
+        when: When | None = None,
         **args: Pattern | Arg,
     ) -> None:
         for key, value in (
@@ -247,6 +264,7 @@ class Op:
             ("shared", shared),
             ("out_code", out_code),
             ("transparent", transparent),
+            ("when", when),
         ):
             object.__setattr__(self, key, value)
 
@@ -270,6 +288,7 @@ class Op:
         shared: str = "output-shared",
         out_code: str = "tuple-output-used",
         transparent: bool = False,
+        when: When | None = None,
     ) -> Op:
         """An Op whose argument patterns come in a mapping (for helpers that build patterns)."""
         op = Op(
@@ -283,6 +302,7 @@ class Op:
             shared=shared,
             out_code=out_code,
             transparent=transparent,
+            when=when,
         )
         object.__setattr__(op, "args", _wrap(arguments))
         return op
@@ -666,10 +686,22 @@ def _producer(p: Op, value: Arg, parent: str, role: str, path: str, st: _State) 
         op = st.snap.node(source.name) if type(source) is NodeRef and source.name in st.snap.index else None
         if op is not None and op.target in p.family.schemas and p.family.schemas[op.target].tuple_output:
             node = op
-    if node is None or node.op != "call_function" or node.target not in p.family.schemas:
+    if (
+        node is None
+        or node.op != "call_function"
+        or node.target not in p.family.schemas
+        or (p.when is not None and not p.when.test(st.snap, node))
+    ):
         producer, target = (node.name, _op_of(st.snap, node)) if node is not None else (repr(value), "a literal")
+        of = f" {p.when.text}" if p.when is not None and node is not None and node.target in p.family.schemas else ""
         return WrongOp(
-            code=p.code, node=parent, role=role, producer=producer, target=target, expected=p.family.noun, path=here
+            code=p.code,
+            node=parent,
+            role=role,
+            producer=producer,
+            target=target,
+            expected=p.family.noun + of,
+            path=here,
         )
     return _op(p, node, here, st, reader=parent, seen_as=(parent, role) if p.transparent else None)
 

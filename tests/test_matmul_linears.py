@@ -101,7 +101,39 @@ def test_a_batch_norm_after_a_product_with_a_batch_of_matrices_is_declined_not_f
     model, x = Batched().eval(), (torch.randn(8),)
     program, want = build(model, x, "aten"), _outputs(model, x)
     report = _transform(program, [fuse_linear_bn()]).report
-    assert report.plans == () and [r.reason.code for r in report.rejections] == ["unsupported-rank"]
+    assert report.plans == ()  # (until 2026-12-05 declined unsupported-rank, at the weight)
+    assert [(r.reason.code, r.reason.path) for r in report.rejections] == [("producer-not-linear", "bn.input/lin")]
+    assert_close(run(program, x), want)
+
+
+@pytest.mark.parametrize("form", ["aten", "gm", "edge"])
+def test_a_batch_norm_after_attentions_scores_is_no_linears(form: str) -> None:
+    # q @ k.T (matmul, on edge bmm) reads no weight: no linear. Until 2026-12-05 fuse-linear-bn
+    # matched it as one and declined not-constant at k, deep in the pattern, as if k were a weight
+    class Scores(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.bn = nn.Linear(8, 8), nn.BatchNorm1d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.bn(self.q(x) @ x.transpose(1, 2))
+            return out
+
+    model, x = Scores().eval(), (torch.randn(2, 4, 8),)
+    program, want = build(model, x, form), _outputs(model, x)
+    report = _transform(program, [fuse_linear_bn()]).report
+    assert report.plans == ()
+    (r,) = report.rejections
+    assert r.reason.code == "producer-not-linear"
+    if form == "edge":  # the bmm, behind the reshape a batched product's output takes
+        assert r.reason.path == "bn.input/lin_out.self/lin"
+        assert "comes from aten_bmm_default (aten.bmm.default), not a matrix product plus bias" in r.reason.message
+        assert "or a batched matrix product of a weight" in r.reason.message
+    else:
+        assert r.reason.path == "bn.input/lin"
+        assert r.reason.message.endswith(
+            "comes from matmul (aten.matmul.default), not a linear (or a permute or flatten of one)"
+        )
     assert_close(run(program, x), want)
 
 

@@ -2,7 +2,8 @@
 fast path is the convolution: Qualcomm HTP).
 
 Every exported spelling of a linear (``linear``; ``permute_copy`` + ``addmm``/``mm``, wrapped in
-``view_copy`` reshapes for a rank > 2 input; ``x @ W.T``) on a rank 2, 3 or 4 input. The weight becomes a
+``view_copy`` reshapes for a rank > 2 input; ``x @ W.T``; a weight stored (in, out) and read as it
+is, GPT-2's ``Conv1D`` ``addmm(b, x, W)`` and ``x @ W``) on a rank 2, 3 or 4 input. The weight becomes a
 derived constant ``(O, I, 1, 1)``: from a parameter, an earlier rule's derived constant, or the
 integer weight behind a dequantize, re-spelled for the 4D weight with the same per-channel
 parameters (axis 0 is still the output channels). The activations move with permute, unsqueeze
@@ -24,7 +25,7 @@ from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var
 from fxpure.plan import RewritePlan, constant_expr
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
 from fxpure.snapshot import Arg, Dim, NodeRef, TensorSpec
-from fxpure.weights import Reshape, WeightExpr
+from fxpure.weights import Permute, Reshape, WeightExpr
 
 NAME = "linear-to-conv2d"
 RANKS = (2, 3, 4)
@@ -51,8 +52,11 @@ VIEW_OPS: Mapping[tuple[str, str], str] = {
     ("edge", "permute"): "aten.permute_copy.default",
 }
 
-# x @ W.T + b in any spelling; W a constant or dequantize(W_int); b any (O,) tensor or none
-PATTERN = linear_root(weight=OneOf(Const("w"), dequantized(Const("wq"), name="dqw")), bias=Var("b"))
+# x @ W.T + b in any spelling; W a constant or dequantize(W_int), or a constant W_io stored (in, out)
+# (GPT-2's Conv1D: addmm(b, x, W_io); x @ W_io); b any (O,) tensor or none
+PATTERN = linear_root(
+    weight=OneOf(Const("w"), dequantized(Const("wq"), name="dqw")), bias=Var("b"), weight_in_out=Const("w_io")
+)
 
 
 def _moved(shape: tuple[Dim, ...], step: Step) -> tuple[Dim, ...]:
@@ -86,8 +90,8 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     spec = match.snap.node(x.name).tensor_spec if x is not None else None
     # the flattened input, when the reshapes are the model's (a bmm's input is its own, a batch of matrices)
     at_x = sites["lin_in" if not own and "lin_in" in sites else "x"].path
-    w = match.spec("w") or match.spec("wq")
-    at_w = sites["w" if "w" in sites else "wq"].path
+    w = match.spec("w") or match.spec("wq") or _swapped(match.spec("w_io"))
+    at_w = sites[next(k for k in ("w", "wq", "w_io") if k in sites)].path
     dq = match.bindings.get("dqw")  # a dequantized weight is re-spelled with its own spec
     if x is None or spec is None or w is None or out is None or (isinstance(dq, Bound) and dq.spec is None):
         return Failure(Malformed(node=node, detail="input, weight or output has no known shape", path=at_x))
@@ -120,16 +124,26 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     return Success(_Site(lin, x, own, spec, out)) if reason is None else Failure(reason)
 
 
+def _swapped(spec: TensorSpec | None) -> TensorSpec | None:
+    """A 2-D weight's spec (in, out) as (out, in) (any other rank as it is: declined as it is)."""
+    return TensorSpec(shape=spec.shape[::-1], dtype=spec.dtype) if spec is not None and len(spec.shape) == 2 else spec
+
+
 def _1x1(spec: TensorSpec | None) -> tuple[int, ...]:
     """A static (O, I) weight's shape as (O, I, 1, 1)."""
     assert spec is not None  # checked by _site
     return (*(d for d in spec.shape if isinstance(d, int)), 1, 1)
 
 
-def _weight(p: Planner, lin: Linear, w: WeightExpr | None, wq: WeightExpr | None, dqw: Bound | None) -> NodeRef:
+def _weight(
+    p: Planner, lin: Linear, w: WeightExpr | None, wq: WeightExpr | None, dqw: Bound | None, w_io: WeightExpr | None
+) -> NodeRef:
     """The (O, I, 1, 1) weight: a derived constant, or a new dequantize of the reshaped integer weight."""
     if w is not None:
         return p.const(Reshape(x=w, shape=_1x1(p.match.spec("w"))), f"{lin.op.name}_weight_1x1")
+    if w_io is not None:  # stored (in, out): its transpose
+        shape = _1x1(_swapped(p.match.spec("w_io")))
+        return p.const(Reshape(x=Permute(x=w_io, dims=(1, 0)), shape=shape), f"{lin.op.name}_weight_1x1")
     assert wq is not None and dqw is not None and dqw.spec is not None  # bound together; _site checked the spec
     shape = _1x1(p.match.spec("wq"))
     int_w = p.const(Reshape(x=wq, shape=shape), f"{dqw.ref('input').name}_1x1", kind="buffer")
@@ -182,6 +196,7 @@ def _plan(
     w: WeightExpr | None = None,
     wq: WeightExpr | None = None,
     dqw: Bound | None = None,
+    w_io: WeightExpr | None = None,
 ) -> RewritePlan:
     # x -> to NCHW -> conv2d(W.reshape(O, I, 1, 1), b) -> back to x's layout (the model's own reshape after)
     lin, spec, out, own = site.lin, site.spec, site.out, site.own
@@ -192,7 +207,7 @@ def _plan(
     if dq is not None:
         nchw = p.requantize(nchw, dq, name=f"{base}_nchw", spec=TensorSpec(shape=conv_in, dtype=spec.dtype))
     conv_spec = TensorSpec(shape=(conv_in[0], out.shape[-1], *conv_in[2:]), dtype=out.dtype)
-    conv = _conv(p, nchw, _weight(p, lin, w, wq, dqw), b, f"{base}_conv", conv_spec)
+    conv = _conv(p, nchw, _weight(p, lin, w, wq, dqw, w_io), b, f"{base}_conv", conv_spec)
     if q is not None:
         conv = p.requantize(conv, q, name=f"{base}_conv", spec=conv_spec)
     result, _ = _steps(p, conv, conv_spec.shape, out.dtype, FROM_NCHW[rank], f"{base}_back")
@@ -233,7 +248,7 @@ LINEAR_TO_CONV2D = rule(
     ),
     need.check(_static_input, codes=(DYNAMIC,), at="x"),  # (located at the input it judges)
     plan=_plan,
-    candidate=lambda root, snap: is_linear(snap, root.node),  # not attention's q @ k.T
+    candidate=lambda root, snap: is_linear(snap, root.node, in_out=True),  # not attention's q @ k.T
 )
 
 

@@ -27,7 +27,7 @@ from fxpure.reasons import Reason
 from fxpure.rules.linear_to_conv2d import linear_to_conv2d
 from fxpure.snapshot import GraphSnapshot, NodeRef, TensorSpec
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Fill
+from fxpure.weights import Fill, Source
 from tests.core.test_linear_to_conv2d_core import linear as graph
 from tests.core.test_linear_to_conv2d_core import with_symbolic_sizes
 
@@ -569,6 +569,10 @@ def test_x_matmul_a_transposed_weight_is_a_linear_emitted_as_one(new_bias: bool)
 def test_a_matmul_is_a_linear_only_of_a_transposed_matrix_constant(kind: dict[str, Any], expected: bool) -> None:
     snap = _matmul(**kind)
     assert is_linear(snap, snap.node("lin")) is expected
+    # where a rule takes a weight stored (in, out): any 2-D constant (x @ W, x @ relu(W)) too, still
+    # no activation, no batch of matrices
+    stored = expected or (kind.get("w_shape") in ((8, 6), (8, 8)))
+    assert is_linear(snap, snap.node("lin"), in_out=True) is stored
     # every linear, addmm and mm is one (a rule says why not); no other op is
     other = graph(spelling="addmm", dialect="edge", lead=(2,))
     assert is_linear(other, other.node("lin")) and not is_linear(snap, snap.node("relu"))
@@ -728,3 +732,45 @@ def test_an_operand_no_spelling_of_a_linear_takes_is_said_not_to_be_a_linear() -
     snap = g.build()
     failure = match(Op(RELU, self=linear()), snap, snap.node("relu")).failure()
     assert failure.message == "self of relu comes from neg (aten.neg.default), not a linear"
+
+
+@pytest.mark.parametrize(
+    ("spelling", "dialect", "rank", "transpose"),
+    [
+        ("io", "edge", 2, "aten.permute_copy.default"),
+        ("io", "edge", 3, "aten.permute_copy.default"),
+        ("io", "aten", 3, "aten.permute.default"),
+        ("io-matmul", "aten", 3, ""),  # emitted as aten.linear: no transpose
+    ],
+)
+def test_a_weight_stored_in_out_is_read_where_asked_and_emitted_through_a_new_transpose(
+    spelling: str, dialect: str, rank: int, transpose: str
+) -> None:
+    # GPT-2's Conv1D: addmm(b, x, W), W (in, out); a matmul x @ W
+    snap = graph(spelling=spelling, dialect=dialect, lead=(2, 5)[: rank - 1], bias="none")
+    assert isinstance(match(linear_root(), snap, snap.node("lin")), Failure)  # only where a rule asks
+    m = _match(snap, linear_root(weight_in_out=Const("w_io")))
+    lin = linear_of(m)
+    assert lin.in_out and lin.t is None and m.bindings["w_io"] == Source(key="w", spec=spec(8, 6))
+    assert lin.stored_spec(snap) == spec(8, 6) and "w" not in m.bindings
+    with pytest.raises(ValueError, match="lin reads its weight stored \\(in, out\\): no node holds it"):
+        _ = lin.weight
+    p = Planner("t", m)
+    out = emit_linear(p, lin, NodeRef("w2"), NodeRef("b2"), out_features=4)
+    made = p.finish([]).nodes
+    product = next(n for n in made if n.name == "lin_new")
+    if not transpose:
+        assert [n.name for n in made] == ["lin_new"] and out.name == "lin_new"
+        assert (product.target, product.args) == ("aten.linear.default", (NodeRef("x"), NodeRef("w2"), NodeRef("b2")))
+        return
+    t = made[0]
+    assert (t.name, t.target, t.args, t.spec, t.provenance) == (
+        "lin_new_t",
+        transpose,
+        (NodeRef("w2"), (1, 0)),
+        spec(8, 4),
+        "lin",
+    )
+    x = NodeRef("x" if rank == 2 else "lin_in")  # (the flattening reshape, as it is)
+    assert (product.target, product.args) == ("aten.addmm.default", (NodeRef("b2"), x, NodeRef("lin_new_t")))
+    assert out.name == ("lin_new" if rank == 2 else "lin_out_new")

@@ -13,7 +13,7 @@ from fxpure import NodeRef, plan, snapshot, verify
 from fxpure.rules.linear_to_conv2d import linear_to_conv2d
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Reshape, Source
+from fxpure.weights import Permute, Reshape, Source
 
 RULE = linear_to_conv2d()
 VIEW = {"aten": "aten.view.default", "edge": "aten.view_copy.default"}
@@ -22,7 +22,9 @@ PERMUTE = {"aten": "aten.permute.default", "edge": "aten.permute_copy.default"}
 
 def linear(
     *,
-    spelling: str = "linear",  # "linear" | "addmm" (permute + addmm/mm, reshaped around for rank > 2) | "t"
+    # "linear" | "addmm" (permute + addmm/mm, reshaped around for rank > 2) | "t" | "io" (addmm/mm reading
+    # the weight stored (in, out) as it is: GPT-2's Conv1D) | "io-matmul" (x @ W, W stored (in, out))
+    spelling: str = "linear",
     dialect: str = "aten",
     lifted: bool = True,
     lead: tuple[int | str, ...] = (2, 5),
@@ -40,7 +42,10 @@ def linear(
     g = GraphBuilder(dialect=dialect, lifted=lifted)
     for size, low in (least or {}).items():
         g.size(size, least=low)
-    w_shape: tuple[int | str, ...] = (features,) if weight == "vector" else (out, features)
+    stored = spelling.startswith("io")
+    w_shape: tuple[int | str, ...] = (
+        (features,) if weight == "vector" else (features, out) if stored else (out, features)
+    )
     w = _weight(g, weight, w_shape, axis)
     b: Arg = None
     if bias == "scalar":
@@ -53,6 +58,10 @@ def linear(
     extra: list[Arg] = []
     if spelling == "linear":
         y = g.call("aten.linear.default", name="lin", out=y_shape, input=x, weight=w, bias=b)
+    elif spelling == "io-matmul":
+        y = g.call("aten.matmul.default", name="lin", out=y_shape, self=x, other=w)
+    elif spelling == "io":
+        y = _product(g, dialect, x, w, b, (*lead, features), out, beta)
     else:
         t = (
             g.call("aten.t.default", name="lin_t", out=(features, out), self=w)
@@ -392,14 +401,40 @@ def test_sizes_of_the_removed_reshapes_go_with_them() -> None:
     assert {"sym_size", "mul"} <= set(kept.index) and "lin_in" not in kept.index
 
 
-def test_a_product_whose_weight_is_not_transposed_is_not_a_linear() -> None:
-    g = GraphBuilder()
-    w, b = g.parameter("w", (8, 6)), g.parameter("b", (6,))
-    y = g.call("aten.addmm.default", name="lin", out=(2, 6), self=b, mat1=g.input("x", (2, 8)), mat2=w)
-    g.output(y)
-    (r,) = plan(g.build(), [RULE]).rejections
-    assert (r.reason.code, r.reason.path) == ("wrong-op", "lin.mat2/lin_t")
-    assert "mat2 of lin comes from w" in r.reason.message
+@pytest.mark.parametrize("rank", [2, 3, 4])
+@pytest.mark.parametrize(
+    ("spelling", "dialect", "bias"),
+    [(s, d, b) for s, d in (("io", "aten"), ("io", "edge")) for b in ("param", "none")]
+    + [("io-matmul", "aten", "none")],
+)
+def test_a_weight_stored_in_out_is_transposed_into_the_conv_weight(
+    spelling: str, dialect: str, rank: int, bias: str
+) -> None:
+    # GPT-2's Conv1D: addmm(b, x, W) with W (in, out), reshaped around for rank > 2; x @ W in aten
+    g = linear(spelling=spelling, dialect=dialect, lead=LEAD[rank], bias=bias)
+    report = plan(g, [RULE])
+    assert report.rejections == () and len(report.plans) == 1
+    after = verify(report.after).unwrap()
+    conv = after.node("lin_conv")
+    assert conv.args[1:3] == (NodeRef("lin_weight_1x1"), NodeRef("b") if bias == "param" else None)
+    w = after.constants["lin_weight_1x1"]
+    stored = Source(key="w", spec=spec(8, 6))
+    assert (w.source, w.spec) == (Reshape(x=Permute(x=stored, dims=(1, 0)), shape=(6, 8, 1, 1)), spec(6, 8, 1, 1))
+    assert after.node(after.outputs[0]).spec == g.node(g.outputs[0]).spec
+    assert {"w", "lin", "lin_in", "lin_out"}.isdisjoint(after.index)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "code", "path"),
+    [("io", "wrong-op", "lin.mat2/lin_t"), ("io-matmul", None, None)],
+)
+def test_a_product_of_two_activations_is_no_linear(spelling: str, code: str | None, path: str | None) -> None:
+    # mm of two activations: a candidate (every mm is), declined as no transpose (the first of the
+    # ways a weight is read, each missed at mat2); a matmul of them: no candidate
+    g = linear(spelling=spelling, weight="input", bias="none", lead=(2,))
+    report = plan(g, [RULE])
+    assert report.plans == ()
+    assert [(r.reason.code, r.reason.path) for r in report.rejections] == ([(code, path)] if code else [])
 
 
 def test_a_quantized_linear_keeps_dequantize_conv_quantize_around_its_views() -> None:

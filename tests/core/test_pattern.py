@@ -44,6 +44,7 @@ from fxpure.pattern import (
     Planner,
     Scalar,
     Var,
+    When,
     explain,
     match,
     need,
@@ -173,6 +174,30 @@ def test_each_primitive_fails_with_its_code_and_path(knobs: dict[str, object], c
     reason = only_rejection(scaled(**knobs), SCALE_RULE)  # type: ignore[arg-type]
     assert (reason.code, reason.path, reason.node) == (code, path, node)
     assert code in SCALE_RULE.codes and reason.message
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_an_op_matches_only_the_calls_its_when_takes_else_it_is_a_wrong_op(groups: int) -> None:
+    # When narrows a family: here to ungrouped convs; a grouped one is a wrong op, said so, with
+    # the op's own code, where it is (the rule's root is chosen by candidate, not by When)
+    ungrouped = When(lambda snap, node: node.args[-1] == 1, "without groups")
+    conv = Op(CONV, name="conv", code="not-ungrouped", when=ungrouped, input=Var("x"), weight=Const("w"),
+              bias=Const("b", optional=True))  # fmt: skip
+    pattern = Op(MUL, name="mul", commute=True, self=conv, other=Scalar("s"))
+    snap = scaled(groups=groups, w_shape=(4, 3 // groups, 3, 3))
+    found = match(pattern, snap, snap.node("mul"))
+    if groups == 1:
+        assert found.unwrap().bindings["conv"].name == "conv"  # type: ignore[union-attr]
+        return
+    reason = found.failure()
+    assert (reason.code, reason.path, reason.node) == ("not-ungrouped", "mul.self/conv", "mul")
+    assert reason.message == "self of mul comes from conv (aten.conv2d.default), not a convolution without groups"
+    relu = scaled(producer="relu")  # a call of another family: as without When
+    other = match(pattern, relu, relu.node("mul")).failure()
+    assert (other.code, other.message) == (
+        "not-ungrouped",
+        "self of mul comes from conv (aten.relu.default), not a convolution",
+    )
 
 
 @pytest.mark.parametrize("order", ["conv-first", "scale-first"])
