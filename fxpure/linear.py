@@ -32,6 +32,7 @@ from fxpure.families import (
     family,
 )
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, When, match
+from fxpure.plan import MAX_DEPTH
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
 # a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
@@ -153,9 +154,10 @@ def linear(
     x, w, b, t, flat = _parts(name, input, weight, bias, code, shared, weight_in_out)
     addmm, mm = _products(name, x, b, t, users, code, shared)
     addmm_nd, mm_nd = _products(name, flat, b, t, ONE, code, shared)
-    in_out = weight_in_out is not None
-    # a matmul or bmm of two activations (attention's q @ k.T) is no linear: a wrong op
-    of_weight = When(lambda snap, node: is_linear(snap, node, in_out=in_out), "of a weight")
+    # a matmul or bmm of two activations (attention's q @ k.T) or of a batch of matrices is no
+    # linear: a wrong op. One of a weight computed further up than is_linear looks, or of one
+    # stored (in, out), is, here: its weight pattern says whether it takes that weight, and why not
+    of_weight = When(lambda snap, node: _is_linear(snap, node, True, MAX_DEPTH + 1), "of a weight")
 
     def bmm(users: Users) -> Op:
         product = _bmm(name, x, t, code, shared, when=of_weight)
@@ -231,12 +233,17 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) 
     >>> is_linear(snap, snap.node("lin")), is_linear(snap, snap.node("qk"))
     (True, False)
     """
+    return _is_linear(snap, node, in_out, 9)
+
+
+def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int) -> bool:
+    """``is_linear``, its weight computed from constants by at most ``most`` nodes (with the transpose)."""
     if node.target in _BMMS:
-        return _broadcast_weight(snap, node, in_out) is not None
+        return _broadcast_weight(snap, node, in_out, most) is not None
     if node.target not in _MATMULS:
         return node.target in _PRODUCTS
     other = _node(snap, MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None))
-    return _is_weight_t(snap, other, in_out)
+    return _is_weight_t(snap, other, in_out, most)
 
 
 def _node(snap: GraphSnapshot, arg: object) -> NodeSnapshot | None:
@@ -263,26 +270,26 @@ def is_bias_add(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     return same and _of_constants(snap, bias.name) and is_linear(snap, bmm)
 
 
-def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot, in_out: bool = False) -> NodeSnapshot | None:
+def _broadcast_weight(snap: GraphSnapshot, bmm: NodeSnapshot, in_out: bool, most: int) -> NodeSnapshot | None:
     """The transpose of a 2-D weight that ``bmm`` reads broadcast over its batch, ``view(expand(W.T))``
     with the matrix's sizes kept (``in_out``: or the weight itself, stored (in, out)), else None."""
     view = _node(snap, BMM.bind(snap, bmm).map(lambda a: a.get("mat2")).value_or(None))
     expand = _node(snap, view.args[0]) if view is not None and view.target in VIEW.targets and view.args else None
     t = _node(snap, expand.args[0]) if expand is not None and expand.target in EXPAND.targets and expand.args else None
-    if t is None or view is None or expand is None or not _is_weight_t(snap, t, in_out):
+    if t is None or view is None or expand is None or not _is_weight_t(snap, t, in_out, most):
         return None
     sizes = [n.tensor_spec.shape[-2:] if n.tensor_spec is not None else None for n in (t, expand, view)]
     return t if sizes[0] is not None and sizes[0] == sizes[1] == sizes[2] else None
 
 
-def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None, in_out: bool = False) -> bool:
+def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None, in_out: bool, most: int) -> bool:
     """``t`` is the transpose of a 2-D weight computed from constants alone (``in_out``: or any 2-D
-    value computed from constants, a weight stored (in, out))."""
+    value computed from constants, a weight stored (in, out)), by at most ``most`` nodes."""
     # a 2-D result (cheapest, asked first: attention's k.T is 4-D), computed from constants by at most 8
     # nodes besides the transpose, which reads the weight alone (attention's k.T reaches an input soon)
     if t is None or (t.tensor_spec is not None and len(t.tensor_spec.shape) != 2):
         return False
-    if not _of_constants(snap, t.name, most=9):
+    if not _of_constants(snap, t.name, most=most):
         return False
     if in_out:
         return t.tensor_spec is not None

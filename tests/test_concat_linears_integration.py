@@ -140,6 +140,21 @@ class Nested(nn.Module):
         return self.b(x), torch.relu(self.c(a)), self.d(a)
 
 
+class HandWritten(nn.Module):
+    """Projections written ``x @ W`` on weights stored (in, out), one with a bias added, beside an
+    ``nn.Linear`` of the same input: one group of four."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.wq, self.wk = nn.Parameter(torch.randn(16, 16, generator=g)), nn.Parameter(torch.randn(16, 8, generator=g))
+        self.wv, self.bv = nn.Parameter(torch.randn(16, 8, generator=g)), nn.Parameter(torch.randn(8, generator=g))
+        self.g = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x @ self.wq, torch.relu(x @ self.wk), torch.addmm(self.bv, x, self.wv), self.g(x)
+
+
 # name -> (model, input shape, linears joined per group)
 MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...], tuple[int, ...]]] = {
     "mha": (Attention, (2, 5, 32), (3,)),
@@ -212,6 +227,22 @@ def test_joins_every_group_keeps_numerics_and_runs_in_executorch(name: str, form
     assert outcome.report.rejections == ()
     assert len(outcome.report.plans) == len(groups)
     assert products(p) == before - sum(n - 1 for n in groups)
+    want = eager(model, x)
+    assert_sound(p, x, want)
+    if manager is not None:
+        assert_close(run_pte(manager.to_executorch().buffer, x), want)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_projections_on_weights_stored_in_out_join_with_a_linear(form: str) -> None:
+    # x @ W and addmm(b, x, W) with W (in, out): the joined weight holds their transposes
+    torch.manual_seed(0)
+    model, x = HandWritten().eval(), (torch.randn(6, 16),)
+    manager = edge(model, x, form) if form == "edge" else None
+    p = manager.exported_program() if manager is not None else program(model, x, form)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert outcome.report.rejections == () and len(outcome.report.plans) == 1
+    assert [n.meta["val"].shape[-1] for n in parts(p)] == [16, 8, 8, 4]
     want = eager(model, x)
     assert_sound(p, x, want)
     if manager is not None:

@@ -171,3 +171,61 @@ def test_a_transpose_several_products_read_is_left_to_each(form: str) -> None:
     report = _transform(program, [linear_to_conv2d()]).report
     assert len(report.plans) == 2 and report.rejections == ()  # x's, and y's joined one
     assert_close(run(program, TIED), want)
+
+
+def _chain(w: torch.Tensor, n: int) -> torch.Tensor:
+    for i in range(n):
+        w = w * 1.01 if i % 2 == 0 else w + 0.01
+    return w
+
+
+@pytest.mark.parametrize(("form", "transposed"), [("aten", False), ("aten", True), ("edge", True)])
+def test_a_batch_norm_after_a_linear_whose_weight_takes_many_ops_is_fused(form: str, transposed: bool) -> None:
+    # x @ f(W).T, f nine ops: a linear, though further up than is_linear looks for a candidate (found
+    # by a review of 2026-12-05: the linear pattern's test of a weight stopped at 9 nodes, and declined
+    # producer-not-linear what the commit before fused). transposed: a non-contiguous input, which
+    # to_edge spells bmm
+    class Chained(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.w, self.bn = nn.Parameter(torch.randn(6, 8, generator=g) * 0.3), nn.BatchNorm1d(6)
+            assert self.bn.running_mean is not None and self.bn.running_var is not None
+            self.bn.running_mean.normal_(generator=g)
+            self.bn.running_var.uniform_(0.5, 2.0, generator=g)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if transposed:
+                y: torch.Tensor = self.bn((x.transpose(1, 2) @ _chain(self.w, 9).T).transpose(1, 2))
+                return y
+            out: torch.Tensor = self.bn(x @ _chain(self.w, 9).T)
+            return out
+
+    model, x = Chained().eval(), (torch.randn(3, 8, 5) if transposed else torch.randn(4, 8),)
+    program, want = build(model, x, form), _outputs(model, x)
+    report = _transform(program, [fuse_linear_bn()]).report
+    assert len(report.plans) == 1 and report.rejections == ()
+    assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_batch_norm_after_x_at_a_weight_stored_in_out_says_the_weight_is_not_transposed(form: str) -> None:
+    # fuse-linear-bn takes no weight stored (in, out); that product is still a linear (linear-to-conv2d
+    # converts it), and the reason says what it misses, in both forms (for a while aten said "not a linear")
+    class Stored(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.bn = nn.Parameter(torch.randn(8, 6)), nn.BatchNorm1d(6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.bn(x @ self.w)
+            return out
+
+    model, x = Stored().eval(), (torch.randn(4, 8),)
+    program = build(model, x, form)
+    (r,) = _transform(program, [fuse_linear_bn()]).report.rejections
+    role, product = ("other", "matmul") if form == "aten" else ("mat2", "aten_mm_default")
+    assert (r.reason.code, r.reason.message) == (
+        "producer-not-linear",
+        f"{role} of {product} comes from p_w (p_w), not a permute or a transpose",
+    )

@@ -6,7 +6,8 @@ its output cut back along the last dim.
 
 A multi-anchor rule: a candidate is a node read as the input by two or more linears, in any
 spelling ``fxpure.linear`` knows (aten ``linear``; edge ``permute_copy`` + ``addmm``/``mm``,
-wrapped in ``view_copy`` for rank > 2; edge with ``linear`` preserved). Any number of them,
+wrapped in ``view_copy`` for rank > 2; edge with ``linear`` preserved; a weight stored (in, out),
+``x @ W``, GPT-2's ``Conv1D``, joins as its transpose). Any number of them,
 of any output sizes, with or without bias, join. A linear of the group that cannot join is
 rejected at its own product node with its reason, and the others still join if two or more
 remain; the shared input ends as the plan or as a rejection (``too-few-linears``, say).
@@ -32,11 +33,11 @@ from fxpure import layout
 from fxpure.families import ADDMM, BMM, EXPAND, FLATTEN, LINEAR, MATMUL, MM, VIEW
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, is_linear, linear_of, linear_root
-from fxpure.pattern import Match, Planner, Var, match
+from fxpure.pattern import Const, Match, Planner, Var, match
 from fxpure.plan import RUNS_EXHAUSTED, RewritePlan
 from fxpure.reasons import GENERIC_CODES, Declined, Malformed, OutputShared, Reason, SymbolicShape
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, snapshot
-from fxpure.weights import Concat, Fill, WeightExpr
+from fxpure.weights import Concat, Fill, Permute, WeightExpr, infer_spec
 
 NAME = "concat-parallel-linears"
 
@@ -46,10 +47,11 @@ SPLIT_OP: Mapping[str, str] = {"aten": "aten.split_with_sizes.default", "edge": 
 PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets | BMM.targets
 MATMULS = ADDMM.targets | MM.targets
 
-# a linear in any spelling, its weight and bias unchecked: which input it reads
-FOUND = linear_root(weight=Var("w"), bias=Var("b"))
+# a linear in any spelling (its weight also stored (in, out), x @ W), its weight and bias unchecked:
+# which input it reads
+FOUND = linear_root(weight=Var("w"), bias=Var("b"), weight_in_out=Var("w_io"))
 # the same linear with a constant weight and bias: one that can join
-JOINS = linear_root()
+JOINS = linear_root(weight_in_out=Const("w_io"))
 
 CODES = GENERIC_CODES | {
     RUNS_EXHAUSTED,
@@ -130,7 +132,11 @@ def _join(node: NodeSnapshot, joins: Result[Match, Reason], x: TensorSpec) -> Re
     if isinstance(joins, Failure):
         return Failure(joins.failure())  # not-constant: a weight or bias computed at run time, say
     m = joins.unwrap()
-    lin, w, b, w_spec = linear_of(m), m.bindings["w"], m.bindings.get("b"), m.spec("w")
+    lin, w, b, w_spec = linear_of(m), m.bindings.get("w"), m.bindings.get("b"), m.spec("w")
+    stored = m.bindings.get("w_io")
+    if isinstance(stored, WeightExpr):  # (in, out): its transpose joins
+        w = Permute(x=stored, dims=(1, 0))
+        w_spec = infer_spec(w).value_or(None)
     assert isinstance(w, WeightExpr) and (b is None or isinstance(b, WeightExpr))  # Const binds expressions
     out = lin.spec
     # a slice of the joined output has other strides than the linear's own output
@@ -284,7 +290,7 @@ def _find(snap: GraphSnapshot) -> _Found:
     groups: dict[str, list[NodeSnapshot]] = {}
     joins: dict[str, Result[Match, Reason]] = {}
     values = _Values(snap)
-    products = [n for n in snap.calls(PRODUCTS) if is_linear(snap, n)]  # not attention's q @ k.T
+    products = [n for n in snap.calls(PRODUCTS) if is_linear(snap, n, in_out=True)]  # not attention's q @ k.T
     # a product whose input no other product can share is matched not at all (each match costs)
     inputs = [(n, {values.of(x) for x in _inputs(snap, n)}) for n in products]
     readers = Counter(v for _, vs in inputs for v in vs)

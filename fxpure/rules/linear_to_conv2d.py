@@ -249,6 +249,9 @@ LINEAR_TO_CONV2D = rule(
     need.check(_static_input, codes=(DYNAMIC,), at="x"),  # (located at the input it judges)
     plan=_plan,
     candidate=lambda root, snap: is_linear(snap, root.node, in_out=True),  # not attention's q @ k.T
+    # a linear whose output a later linear's flattening view reads (aten, through a GELU: GPT-2's
+    # MLP) is layout-sensitive until that linear is a conv, whose permute reads any layout
+    repeat=True,
 )
 
 
@@ -258,6 +261,6 @@ def linear_to_conv2d() -> PatternRule:
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(linear_to_conv2d().codes - GENERIC_CODES)
     ['arg-mismatch', 'bias-not-per-channel', 'dynamic-quantization', 'layout-sensitive-reader', 'not-constant', \
-'output-shared', 'symbolic-shape', 'unsupported-rank', 'wrong-op', 'zero-size']
+'output-shared', 'runs-exhausted', 'symbolic-shape', 'unsupported-rank', 'wrong-op', 'zero-size']
     """
     return LINEAR_TO_CONV2D

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fxpure import NodeRef, plan, snapshot, verify
+from fxpure.plan import MAX_RUNS
 from fxpure.rules.linear_to_conv2d import linear_to_conv2d
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot
 from fxpure.testing import GraphBuilder, spec
@@ -481,3 +482,33 @@ def test_a_linear_quantized_at_run_time_is_declined(computed: tuple[str, ...]) -
     assert (r.node, r.reason.code, r.reason.node) == ("lin", "dynamic-quantization", "lin")
     assert r.reason.message == "lin: its input x is quantized at run time (scale and zero point are computed)"
     assert r.reason.path == "lin.input"  # (a hunt found the check's own function named there)
+
+
+def _gelu_chain(n: int) -> GraphSnapshot:
+    """n GPT-2 Conv1Ds in a row in aten, each ``view(addmm(b, view(x, (-1, 8)), W), (2, 5, 8))`` then
+    a GELU: each one's output reaches the next one's flattening view through the GELU."""
+    g = GraphBuilder()
+    x = g.input("x", (2, 5, 8))
+    for i in range(n):
+        w, b = g.parameter(f"w{i}", (8, 8)), g.parameter(f"b{i}", (8,))
+        flat = g.call("aten.view.default", name=f"in{i}", self=x, size=(-1, 8), out=(10, 8))
+        y = g.call("aten.addmm.default", name=f"lin{i}", self=b, mat1=flat, mat2=w, out=(10, 8))
+        y = g.call("aten.view.default", name=f"out{i}", self=y, size=(2, 5, 8), out=(2, 5, 8))
+        x = g.node("aten.gelu.default", (y,), name=f"gelu{i}", out=(2, 5, 8))
+    g.output(x)
+    return g.build()
+
+
+@pytest.mark.parametrize("n", [3, MAX_RUNS + 2])
+def test_a_linear_a_later_linears_view_reads_converts_once_that_one_is_a_conv(n: int) -> None:
+    # the view reading a linear's output merges dims, which a conv's permuted output may not allow:
+    # declined until the later linear (whose own view it is) is a conv; one more per run
+    report = plan(_gelu_chain(n), [RULE])
+    stages = [[p.anchor for p in s] for s in report.stages if s]
+    assert stages == [[f"lin{i}"] for i in reversed(range(n))][:MAX_RUNS]
+    left = [(r.node, r.reason.code) for r in report.rejections]
+    if n <= MAX_RUNS:
+        assert left == [] and verify(report.after).unwrap()
+        return
+    # after MAX_RUNS runs: the next would convert lin1; lin0 still waits for it
+    assert left == [("lin0", "layout-sensitive-reader"), ("lin1", "runs-exhausted")]
