@@ -197,7 +197,7 @@ class When:
     ``text`` completes the family's noun in the reason for another (``When(is_linear, "of a
     weight")``: "comes from bmm (aten.bmm.default), not a batched matrix product of a weight")."""
 
-    test: Callable[[GraphSnapshot, NodeSnapshot], bool] = field(compare=False)
+    test: Callable[[GraphSnapshot, NodeSnapshot], bool]
     text: str
 
 
