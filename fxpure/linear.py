@@ -291,8 +291,8 @@ def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None, in_out: bool, most
         return False
     if not _of_constants(snap, t.name, most=most):
         return False
-    if in_out:
-        return t.tensor_spec is not None
+    if in_out and t.tensor_spec is not None:  # a 2-D constant (without a known shape, a transpose below)
+        return True
     # the transpose as linear() matches it, each spelling and its dims in one place
     found = match(_WEIGHT_TRANSPOSE, snap, t)
     w = found.unwrap().bindings.get("w") if isinstance(found, Success) else None

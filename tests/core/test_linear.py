@@ -578,6 +578,18 @@ def test_a_matmul_is_a_linear_only_of_a_transposed_matrix_constant(kind: dict[st
     assert is_linear(other, other.node("lin")) and not is_linear(snap, snap.node("relu"))
 
 
+@pytest.mark.parametrize("in_out", [False, True])
+def test_a_transpose_of_unknown_shape_is_still_a_weights(in_out: bool) -> None:
+    # (a rule taking a weight stored (in, out) too: a value of unknown rank may still be W.T, whose
+    # rule then says what it does not know, malformed-node, rather than skip it unreported)
+    g = GraphBuilder()
+    x, w = g.input("x", (2, 3, 8)), g.parameter("w", (6, 8))
+    t = g.node("aten.t.default", (w,), name="lin_t")
+    g.output(g.call("aten.matmul.default", name="lin", self=x, other=t, out=(2, 3, 6)))
+    snap = g.build()
+    assert snap.node("lin_t").spec is None and is_linear(snap, snap.node("lin"), in_out=in_out)
+
+
 def test_a_matmul_and_its_transpose_are_read_by_argument_name() -> None:
     # a pass may write arguments as keywords (other=, dim0=): they are the same linear
     g = GraphBuilder()
