@@ -47,9 +47,9 @@ SPLIT_OP: Mapping[str, str] = {"aten": "aten.split_with_sizes.default", "edge": 
 PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets | BMM.targets
 MATMULS = ADDMM.targets | MM.targets
 
-# a linear in any spelling (its weight also stored (in, out), x @ W), its weight and bias unchecked:
-# which input it reads
-FOUND = linear_root(weight=Var("w"), bias=Var("b"), weight_in_out=Var("w_io"))
+# a linear in any spelling, its weight and bias unchecked: which input it reads; or one whose weight
+# is stored (in, out), x @ W, that weight a constant (a product of two activations is no linear)
+FOUND = linear_root(weight=Var("w"), bias=Var("b"), weight_in_out=Const("w_io"))
 # the same linear with a constant weight and bias: one that can join
 JOINS = linear_root(weight_in_out=Const("w_io"))
 

@@ -720,3 +720,20 @@ def test_views_of_views_join_however_deep_and_each_chain_goes_whole(depth: int) 
     assert len(report.plans) == 1 and report.rejections == ()
     after = verify(report.after).unwrap()
     assert all(after.users[n.name] for n in after.nodes if n.op == "call_function")
+
+
+@pytest.mark.parametrize("malformed", [False, True])
+def test_a_product_of_two_activations_beside_linears_of_its_input_is_no_member(malformed: bool) -> None:
+    # mm(x, y): no linear, where a weight stored (in, out) would be one (x @ W); nor is mm(x, t()) of
+    # a malformed transpose (found by the fuzz: it was declined wrong-op, no code of the rule's)
+    g = GraphBuilder()
+    x, y = g.input("x", (2, 8)), g.input("y", (8, 4))
+    w1, w2, w3 = g.parameter("w1", (6, 8)), g.parameter("w2", (4, 8)), g.parameter("w3", (8, 5))
+    a = g.call("aten.linear.default", name="a", input=x, weight=w1, out=(2, 6))
+    b = g.call("aten.linear.default", name="b", input=x, weight=w2, out=(2, 4))
+    other = g.node("aten.t.default", (), name="t", out=(8, 4)) if malformed else y
+    c = g.call("aten.mm.default", name="c", self=x, mat2=other, out=(2, 4))
+    d = g.call("aten.mm.default", name="d", self=x, mat2=w3, out=(2, 5))  # x @ W: a member
+    g.output(a, b, c, d)
+    report = plan(g.build(), [RULE])
+    assert report.rejections == () and [len(p.replace) for p in report.plans] == [3]
