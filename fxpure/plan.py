@@ -22,6 +22,7 @@ from fxpure.snapshot import (
     ConstantKind,
     DTypeArg,
     GraphSnapshot,
+    KnownConstants,
     NodeRef,
     NodeSnapshot,
     Opaque,
@@ -499,7 +500,25 @@ source='w, an input of the program', computed=False)
     return NotConstant(node=node, role=role, source=shown, computed=False, path=path)
 
 
-def _fresh(name: str, used: set[str]) -> str:
+@final
+@dataclass(slots=True)
+class _Taken:
+    """The names a new node or constant, or a new constant's key, must not take: the snapshot's
+    nodes, reserved names and constant keys, and those the rewrite gave so far (no set of them all
+    is built: a rewrite of a few nodes costs in proportion)."""
+
+    snap: GraphSnapshot
+    given: set[str] = field(default_factory=set)
+
+    def __contains__(self, name: str) -> bool:
+        snap = self.snap
+        return name in self.given or name in snap.index or name in snap.reserved or name in snap.constant_keys
+
+    def add(self, name: str) -> None:
+        self.given.add(name)
+
+
+def _fresh(name: str, used: _Taken) -> str:
     candidate, i = name, 0
     while candidate in used:
         i += 1
@@ -707,7 +726,7 @@ class _Batch:
     """Working state of one ``rewrite`` call (local, never escapes)."""
 
     snap: GraphSnapshot
-    used: set[str]
+    used: _Taken
     redirect: dict[str, str] = field(default_factory=dict)
     before: dict[int, list[NodeSnapshot]] = field(default_factory=dict)
     new_constants: list[NodeSnapshot] = field(default_factory=list)
@@ -722,12 +741,7 @@ class _Batch:
     def of(snap: GraphSnapshot) -> _Batch:
         """An empty batch on ``snap``: a new constant's name is also its key in the program, unique
         among nodes, keys and attributes; a derived constant already there is shared."""
-        used, by_expr = set(snap.index) | snap.reserved, {}
-        for name, info in snap.constants.items():  # one walk of the persistent map (a slow one) for both
-            used.add(info.key)
-            if info.source is not None:
-                by_expr[info.source] = name
-        return _Batch(snap=snap, used=used, by_expr=by_expr)
+        return _Batch(snap=snap, used=_Taken(snap), by_expr=dict(snap.derived))
 
     def add(self, p: RewritePlan) -> PlanConflict | None:
         snap, local, specs = self.snap, {}, {}
@@ -994,7 +1008,8 @@ def _rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphS
             out.append(_renamed(n, names) if n.name in readers else n)
     out.extend(nodes[last:])
     made = {m.name for ms in before.values() for m in ms}
-    return _finish(snap, out, batch.infos, batch.erase, batch.prune, made)
+    changed = (made | readers | {c.name for c in batch.new_constants}) - erase  # the records not of ``snap``
+    return _finish(snap, out, batch.infos, batch.erase, batch.prune, made, changed)
 
 
 def planned_on(report: RewriteReport) -> Iterator[tuple[GraphSnapshot, tuple[RewritePlan, ...]]]:
@@ -1037,6 +1052,55 @@ def _dead(
     return dead
 
 
+def _derived(
+    snap: GraphSnapshot, nodes: list[NodeSnapshot], changed: set[str], erased: set[str]
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int], dict[str, tuple[str, ...]]] | None:
+    """``derive(nodes)`` found from ``snap``'s, in proportion to what changed: ``nodes`` are those
+    of ``snap`` less ``erased``, the records named ``changed`` new (or remade, their arguments
+    renamed). None where ``derive`` would find something wrong (a name twice, a node read before it
+    is defined or erased while read): it is left to say what."""
+    index = {n.name: i for i, n in enumerate(nodes)}
+    if len(index) != len(nodes):
+        return None
+    users, targets = dict(snap.users), dict(snap.targets)
+    old_index, old_nodes = snap.index, snap.nodes
+    gone = erased | changed  # records out of the graph (a changed one comes back in below)
+    read: set[str] = set()  # the names whose readers change
+    calls: set[str] = set()  # the targets whose calls change
+    for name in gone:
+        at = old_index.get(name)
+        if at is not None:
+            old = old_nodes[at]
+            read.update(old._reads)
+            if old.op == "call_function":
+                calls.add(old.target)
+    for name in erased:
+        if any(u not in gone for u in users.pop(name)):
+            return None
+    new_readers: dict[str, list[str]] = {}
+    new_calls: dict[str, list[str]] = {}
+    for name in changed:
+        at = index[name]
+        n = nodes[at]
+        users.setdefault(name, ())  # (a new node: its readers, if any, are new too)
+        for r in dict.fromkeys(n._reads):
+            if index.get(r, at) >= at:
+                return None
+            new_readers.setdefault(r, []).append(name)
+        if n.op == "call_function":
+            new_calls.setdefault(n.target, []).append(name)
+    key = index.__getitem__
+    for r in read - erased | new_readers.keys():
+        users[r] = tuple(sorted([*(u for u in users[r] if u not in gone), *new_readers.get(r, ())], key=key))
+    for t in calls | new_calls.keys():
+        kept = sorted([*(u for u in targets.get(t, ()) if u not in gone), *new_calls.get(t, ())], key=key)
+        if kept:
+            targets[t] = tuple(kept)
+        else:
+            targets.pop(t, None)
+    return users, index, targets
+
+
 def _finish(
     snap: GraphSnapshot,
     nodes: list[NodeSnapshot],
@@ -1044,8 +1108,13 @@ def _finish(
     erased: set[str],
     prune: set[str],
     made: set[str],
+    changed: set[str],
 ) -> Result[GraphSnapshot, PlanConflict]:
-    users, index, targets, bad = derive(nodes)
+    # a few changes are patched into ``snap``'s users and targets; many (a node in eight, about
+    # where patching each costs more than a pass over every node) are derived anew
+    few = 8 * (len(changed) + len(erased)) <= len(nodes)
+    found = _derived(snap, nodes, changed, erased & snap.index.keys()) if few else None
+    users, index, targets, bad = derive(nodes) if found is None else (*found, None)
     for name in erased:
         if users.get(name):
             return _conflict(name, f"erased but still read by {users[name][0]}")
@@ -1064,20 +1133,29 @@ def _finish(
             del users[d]
         index = {n.name: i for i, n in enumerate(live)}
     # a later stage names nothing as a node or constant this one removed: the adapter commits the
-    # program's first snapshot against the last, matching by name (one walk of the persistent map)
-    constants: dict[str, ConstantInfo] = {}
-    dropped: list[tuple[str, str]] = []
-    for k, v in snap.constants.items():
-        if k in held and k not in dead:
-            constants[k] = v
-        else:
-            dropped.append((k, v.key))
-    constants.update((k, v) for k, v in added.items() if k in held and k not in dead)
-    gone = {key for k, key in dropped if k not in constants}
+    # program's first snapshot against the last, matching by name
+    kept = held - dead
+    old, dropped = snap.constants, snap.constant_names - kept
+    new = {k: v for k, v in added.items() if k in kept}
+    gone = {old[k].key for k in dropped}
+    constants, derived = old, snap.derived
+    if dropped or new:  # (the persistent map changed where it changes, not walked)
+        edit, derived = old.evolver(), dict(derived)
+        for k in dropped:
+            edit.remove(k)
+            source = old[k].source
+            if source is not None and derived.get(source) == k:
+                del derived[source]
+        for k, v in new.items():
+            edit.set(k, v)
+            if v.source is not None:
+                derived[v.source] = k
+        constants, derived = edit.persistent(), MappingProxyType(derived)
+    keys = snap.constant_keys | {v.key for v in new.values()} if new else snap.constant_keys
     return Success(
         GraphSnapshot(
             nodes=live,
-            constants=pmap(constants),
+            constants=constants,
             dialect=snap.dialect,
             lifted=snap.lifted,
             users=MappingProxyType(users),
@@ -1087,6 +1165,7 @@ def _finish(
             least_sizes=snap.least_sizes,
             written=snap.written,
             opaque=snap.opaque,
+            known=KnownConstants(frozenset(kept), keys, derived),
         )
     )
 

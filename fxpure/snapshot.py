@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, TypeAlias, final
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, final
 
 import pyrsistent
 from pyrsistent import pmap, pvector
@@ -175,6 +175,16 @@ def _collect(args: Iterable[Arg], out: list[str]) -> list[str]:
 
 
 @final
+class KnownConstants(NamedTuple):
+    """What :class:`GraphSnapshot` derives from its constants: their names, their keys, and the
+    derived ones by expression."""
+
+    names: frozenset[str]
+    keys: frozenset[str]
+    derived: Mapping[WeightExpr, str]
+
+
+@final
 @dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class GraphSnapshot:
     """A whole graph: nodes in topological order, users, constants, dialect.
@@ -208,9 +218,27 @@ class GraphSnapshot:
     # the names of ``constants``, found once: a membership test far cheaper than the persistent
     # map's (a walk up from a node, is it computed from constants alone, asks it of each node met)
     constant_names: frozenset[str] = field(init=False, compare=False, hash=False, repr=False)
+    # the keys of ``constants`` (after a rewrite, also those of the constants it dropped, which
+    # ``reserved`` holds too): what a new constant's key must not be
+    constant_keys: frozenset[str] = field(init=False, compare=False, hash=False, repr=False)
+    # the derived constants by their expression: a rewrite deriving one again reads that one
+    derived: Mapping[WeightExpr, str] = field(init=False, compare=False, hash=False, repr=False)
+    # the three fields above, where the caller found them (a rewrite, from the snapshot it rewrote,
+    # in proportion to its changes): else one walk of ``constants`` finds them
+    known: InitVar[KnownConstants | None] = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "constant_names", frozenset(self.constants))
+    def __post_init__(self, known: KnownConstants | None) -> None:
+        if known is None:
+            names, keys, derived = set(), set(), {}
+            for name, info in self.constants.items():  # one walk of the persistent map (a slow one)
+                names.add(name)
+                keys.add(info.key)
+                if info.source is not None:
+                    derived[info.source] = name
+            known = KnownConstants(frozenset(names), frozenset(keys), MappingProxyType(derived))
+        object.__setattr__(self, "constant_names", known.names)
+        object.__setattr__(self, "constant_keys", known.keys)
+        object.__setattr__(self, "derived", known.derived)
 
     def least(self, dim: Dim) -> int:
         """The least value ``dim`` can take: itself when static, else what the program declares
@@ -352,4 +380,9 @@ def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
         return Failure(InvalidSnapshot(node="<graph>", detail="name index disagrees with node order"))
     if targets != dict(snap.targets):
         return Failure(InvalidSnapshot(node="<graph>", detail="target index disagrees with the nodes"))
+    infos = dict(snap.constants.items())
+    if snap.constant_names != infos.keys() or not {i.key for i in infos.values()} <= snap.constant_keys:
+        return Failure(InvalidSnapshot(node="<graph>", detail="constant names or keys disagree with the constants"))
+    if any(k not in infos or infos[k].source != e for e, k in snap.derived.items()):
+        return Failure(InvalidSnapshot(node="<graph>", detail="derived constants disagree with the constants"))
     return Success(snap)

@@ -13,8 +13,9 @@ from fxpure.families import MUL, PERMUTE
 from fxpure.pattern import Const, Lit, Op, Var, match
 from fxpure.reasons import InvalidSnapshot
 from fxpure.schema import parse_schema
-from fxpure.snapshot import DTypeArg, NodeRef, NodeSnapshot, snapshot, verify
+from fxpure.snapshot import DTypeArg, GraphSnapshot, KnownConstants, NodeRef, NodeSnapshot, snapshot, verify
 from fxpure.testing import GraphBuilder, spec
+from fxpure.weights import Reshape, Source
 
 
 def test_defaults_a_test_does_not_write() -> None:
@@ -94,6 +95,28 @@ def test_calls_by_target_come_in_graph_order() -> None:
 def test_a_duplicate_node_name_is_reported_at_the_node() -> None:
     node = NodeSnapshot(name="a", op="placeholder", target="a")
     assert verify(snapshot([node, node], {})) == Failure(InvalidSnapshot(node="a", detail="duplicate node name"))
+
+
+def test_a_snapshot_knows_its_constants_names_keys_and_derived_ones_and_verify_checks_them() -> None:
+    g = GraphBuilder()
+    g.parameter("w", (2,), key="m.weight")
+    snap = g.build()
+    assert snap.constant_names == {"w"} and snap.constant_keys == {"m.weight"} and not snap.derived
+    made = Reshape(x=Source(key="w", spec=spec(2)), shape=(2, 1))
+    derived = replace(snap.constants["w"], key="w2", spec=spec(2, 1), source=made)
+    both = replace(snap, constants=snap.constants.set("w2", derived))  # (a replaced snapshot finds them anew)
+    assert both.constant_names == {"w", "w2"} and both.constant_keys == {"m.weight", "w2"}
+    assert dict(both.derived) == {made: "w2"}
+    fields = {f: getattr(snap, f) for f in ("nodes", "constants", "dialect", "lifted", "users", "index", "targets")}
+    wrong = "constant names or keys disagree with the constants"
+    for known in (
+        KnownConstants(frozenset(), frozenset({"m.weight"}), {}),
+        KnownConstants(frozenset({"w"}), frozenset(), {}),
+    ):
+        assert verify(GraphSnapshot(**fields, known=known)) == Failure(InvalidSnapshot(node="<graph>", detail=wrong))
+    stale = KnownConstants(frozenset({"w"}), frozenset({"m.weight"}), {made: "w"})
+    wrong = "derived constants disagree with the constants"
+    assert verify(GraphSnapshot(**fields, known=stale)) == Failure(InvalidSnapshot(node="<graph>", detail=wrong))
 
 
 def test_a_call_names_the_arguments_its_schema_has_and_needs() -> None:

@@ -44,7 +44,7 @@ from fxpure.families import BATCH_NORM, CONV, SCHEMAS
 from fxpure.plan import Rule, planned_on
 from fxpure.rules import RULES, fuse_conv_bn
 from fxpure.serial import to_data
-from fxpure.snapshot import Arg, ConstantKind, DTypeArg, TensorSpec, node_refs, refs
+from fxpure.snapshot import Arg, ConstantKind, DTypeArg, NodeSnapshot, TensorSpec, node_refs, refs
 from fxpure.testing import GraphBuilder, spec
 
 # ten graphs per example the profile asks for: 1,000 on the default profile (100), 15,000 on soak (1,500)
@@ -795,6 +795,34 @@ def check_every_rule(snap: GraphSnapshot) -> None:
 @given(graphs())
 def test_every_rule_on_random_graphs(snap: GraphSnapshot) -> None:
     check_every_rule(snap)
+
+
+def _padded(snap: GraphSnapshot) -> GraphSnapshot:
+    """``snap`` with a chain of relus of a new input, eight times as long as ``snap``, before its
+    output (read by nothing): a rewrite of a few of its nodes patches the users and targets it
+    found for the graph, where a small graph's are derived anew."""
+    pad = [NodeSnapshot(name="pad", op="placeholder", target="pad", spec=spec(4))]
+    for i in range(8 * len(snap.nodes)):
+        pad.append(
+            NodeSnapshot(
+                name=f"pad_{i}",
+                op="call_function",
+                target="aten.relu.default",
+                args=(NodeRef(pad[-1].name),),
+                spec=spec(4),
+            )
+        )
+    nodes = [*snap.nodes[:-1], *pad, snap.nodes[-1]]
+    return snapshot(nodes, snap.constants, dialect=snap.dialect, lifted=snap.lifted, reserved=snap.reserved)
+
+
+@settings(max_examples=GRAPHS // 2)
+@given(graphs())
+def test_every_rule_on_random_graphs_in_a_large_graph(snap: GraphSnapshot) -> None:
+    """What holds on any graph holds where it is a small part of a large one: there a rewrite finds
+    the users, targets and constants of its result from its input's and what it changed, and
+    ``verify`` (in ``check_every_rule``) derives them anew from the nodes."""
+    check_every_rule(_padded(snap))
 
 
 @settings(max_examples=MALFORMED)

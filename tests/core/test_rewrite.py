@@ -25,7 +25,7 @@ from fxpure.plan import (
     specs_differ,
 )
 from fxpure.reasons import PlanConflict, Reason
-from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec
+from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, snapshot, verify
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Fill, Reshape, Source
 
@@ -410,6 +410,30 @@ def test_a_plan_that_does_not_fit_the_graph_conflicts_with_the_reason() -> None:
     )
     early = RewritePlan(rule="r", anchor="c", nodes=(new("n", NodeRef("a")),), replace=(("c", "n"),))
     assert rewrite(chain(), [early]) == Failure(PlanConflict(node="n", detail="reads 'a' before it is defined"))
+
+
+def _long(snap: GraphSnapshot) -> GraphSnapshot:
+    """``snap`` with a hundred nodes read by nothing before its output: a rewrite of a few of its
+    nodes patches the users and targets it found for ``snap``, where a small graph's are derived anew."""
+    pad = [NodeSnapshot(name="pad", op="placeholder", target="pad", spec=spec(2))]
+    pad += [
+        NodeSnapshot(name=f"pad_{i}", op="call_function", target="g", args=(NodeRef("pad"),), spec=spec(2))
+        for i in range(100)
+    ]
+    return snapshot([*snap.nodes[:-1], *pad, snap.nodes[-1]], snap.constants, reserved=snap.reserved)
+
+
+def test_a_plan_that_does_not_fit_a_large_graph_conflicts_as_in_a_small_one() -> None:
+    # c is erased where a still reads it; n goes before a (it takes c's uses) and reads it
+    unmoved = RewritePlan(rule="r", anchor="c", erase=("c",))
+    early = RewritePlan(rule="r", anchor="c", nodes=(new("n", NodeRef("a")),), replace=(("c", "n"),))
+    for snap in (chain(), _long(chain())):
+        assert rewrite(snap, [unmoved]) == Failure(PlanConflict(node="c", detail="erased but still read by a"))
+        assert rewrite(snap, [early]) == Failure(PlanConflict(node="n", detail="reads 'a' before it is defined"))
+    fine = RewritePlan(rule="r", anchor="c", nodes=(new("n", NodeRef("x")),), replace=(("c", "n"),), erase=("c",))
+    out = after(_long(chain()), [fine])
+    assert verify(out) == Success(out) and out.users["x"] == ("n",) and out.users["n"] == ("a",)
+    assert out.targets["h"] == ("n",) and "f" not in out.targets and "w" not in out.constants
 
 
 class Fixed:
