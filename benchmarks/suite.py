@@ -43,7 +43,7 @@ from adapters.passes import RulesPass
 from adapters.snap import capture_program
 from benchmarks import models
 from benchmarks.floor import prepare
-from fxpure import plan
+from fxpure import plan, rewrite
 from fxpure.rules import RULES
 from tests.linear_fold_support import arm_stand_in, nxp_stand_in
 from tests.quantized import quantize, upstream_pack
@@ -365,6 +365,7 @@ def scale(blocks: int, repeats: int) -> dict[str, Any]:
     # the rules before it left, as ``plan`` runs them (best of the repeats, collector paused)
     snap = capture_program(ep).snap
     stages: dict[str, dict[str, Any]] = {}
+    one: list[float] = []
     for rule in rules:
         times = []
         for _ in range(repeats):
@@ -373,6 +374,8 @@ def scale(blocks: int, repeats: int) -> dict[str, Any]:
             step = plan(snap, [rule])
             times.append(time.perf_counter() - t0)
         stages[rule.name] = {"s": round(min(times), 3), "plans": len(step.plans), "nodes after": len(step.after.nodes)}
+        if step.plans and not one:  # a stage of a single plan on the whole program: what its rewrite costs
+            one.append(_best_ms(rewrite, snap, step.plans[:1], repeats=repeats))
         snap = step.after
     del snap, step
     snap_bytes, _ = _retained(lambda: capture_program(ep).snap)
@@ -386,9 +389,21 @@ def scale(blocks: int, repeats: int) -> dict[str, Any]:
         "plans": best[3],
         "rejections": best[4],
         "stages": stages,
+        "rewrite of one plan ms": one[0] if one else None,
         "snapshot MB": round(snap_bytes / 2**20, 1),
         "graph module MB": round(gm_bytes / 2**20, 1),
     }
+
+
+def _best_ms(run: Callable[..., object], *args: object, repeats: int) -> float:
+    """The least time of ``repeats`` calls of ``run(*args)``, in ms (collector paused, as ``plan`` runs)."""
+    times = []
+    with _gc(True):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(*args)
+            times.append(time.perf_counter() - t0)
+    return round(min(times) * 1000, 1)
 
 
 def draw(rows: list[dict[str, Any]], path: Path) -> None:
@@ -473,6 +488,7 @@ def main() -> None:
                 for rule, st in big["stages"].items()
                 if st["plans"] or st["s"] >= 0.01
             )
+            + f"; a stage of one plan: its rewrite {big['rewrite of one plan ms']} ms"
         )
     result["run"]["seconds"] = round(time.time() - started)
     (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
