@@ -228,7 +228,7 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
         return ()
     source = snap.node(operand.name)
     inner = source.args[0] if source.target in VIEW.targets and source.args else None
-    return (operand.name, inner.name) if type(inner) is NodeRef and inner.name in snap.index else (operand.name,)
+    return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
 
 
 # (an aten program's x.flatten(0, 1) is a reshape too: two of one value with the same dims are one input)
@@ -290,17 +290,9 @@ def _find(snap: GraphSnapshot) -> _Found:
     groups: dict[str, list[NodeSnapshot]] = {}
     joins: dict[str, Result[Match, Reason]] = {}
     values = _Values(snap)
-    # a product whose input no other linear can share is matched not at all (each match costs), nor
-    # tested for a linear where no other product shares it (attention's q @ k.T is none); the
-    # products' values are counted apart (which node names a value depends on the nodes asked)
-    shared, products = _Values(snap), snap.calls(PRODUCTS)
-    counted = Counter(v for n in products for v in {shared.of(x) for x in _inputs(snap, n)})
-    linears = [
-        n
-        for n in products
-        if any(counted[shared.of(x)] > 1 for x in _inputs(snap, n)) and is_linear(snap, n, in_out=True)
-    ]
-    inputs = [(n, {values.of(x) for x in _inputs(snap, n)}) for n in linears]
+    products = [n for n in snap.calls(PRODUCTS) if is_linear(snap, n, in_out=True)]  # not attention's q @ k.T
+    # a product whose input no other product can share is matched not at all (each match costs)
+    inputs = [(n, {values.of(x) for x in _inputs(snap, n)}) for n in products]
     readers = Counter(v for _, vs in inputs for v in vs)
     for n, vs in inputs:
         if all(readers[v] < 2 for v in vs):
