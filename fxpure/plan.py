@@ -1138,19 +1138,25 @@ def _finish(
     old, dropped = snap.constants, snap.constant_names - kept
     new = {k: v for k, v in added.items() if k in kept}
     gone = {old[k].key for k in dropped}
-    constants, derived = old, snap.derived
+    constants, derived, shared = old, snap.derived, snap.shared_derived
     if dropped or new:  # (the persistent map changed where it changes, not walked)
-        edit, derived = old.evolver(), dict(derived)
+        edit, derived, lost = old.evolver(), dict(derived), set()
         for k in dropped:
             edit.remove(k)
             source = old[k].source
             if source is not None and derived.get(source) == k:
                 del derived[source]
+                lost.add(source)
         for k, v in new.items():
             edit.set(k, v)
             if v.source is not None:
                 derived[v.source] = k
-        constants, derived = edit.persistent(), MappingProxyType(derived)
+        constants = edit.persistent()
+        if lost & shared:  # another constant may hold the expression (a walk, for a hand-made snapshot)
+            for k, v in constants.items():
+                if v.source in lost and v.source in shared:
+                    derived[v.source] = min(derived.get(v.source, k), k)
+        derived = MappingProxyType(derived)
     keys = snap.constant_keys | {v.key for v in new.values()} if new else snap.constant_keys
     return Success(
         GraphSnapshot(
@@ -1165,7 +1171,7 @@ def _finish(
             least_sizes=snap.least_sizes,
             written=snap.written,
             opaque=snap.opaque,
-            known=KnownConstants(frozenset(kept), keys, derived),
+            known=KnownConstants(frozenset(kept), keys, derived, shared),
         )
     )
 

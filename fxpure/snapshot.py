@@ -176,12 +176,13 @@ def _collect(args: Iterable[Arg], out: list[str]) -> list[str]:
 
 @final
 class KnownConstants(NamedTuple):
-    """What :class:`GraphSnapshot` derives from its constants: their names, their keys, and the
-    derived ones by expression."""
+    """What :class:`GraphSnapshot` derives from its constants: their names, their keys, the
+    derived ones by expression, and the expressions several of them may hold."""
 
     names: frozenset[str]
     keys: frozenset[str]
     derived: Mapping[WeightExpr, str]
+    shared: frozenset[WeightExpr] = frozenset()
 
 
 @final
@@ -221,24 +222,36 @@ class GraphSnapshot:
     # the keys of ``constants`` (after a rewrite, also those of the constants it dropped, which
     # ``reserved`` holds too): what a new constant's key must not be
     constant_keys: frozenset[str] = field(init=False, compare=False, hash=False, repr=False)
-    # the derived constants by their expression: a rewrite deriving one again reads that one
+    # the derived constants by their expression (of several holding one, the least name): a
+    # rewrite deriving one again reads that one
     derived: Mapping[WeightExpr, str] = field(init=False, compare=False, hash=False, repr=False)
-    # the three fields above, where the caller found them (a rewrite, from the snapshot it rewrote,
-    # in proportion to its changes): else one walk of ``constants`` finds them
+    # the expressions several constants may hold (only a snapshot made by hand has such): where
+    # a rewrite drops the one ``derived`` names, it looks for another
+    shared_derived: frozenset[WeightExpr] = field(init=False, compare=False, hash=False, repr=False)
+    # the fields above, where the caller found them (a rewrite, from the snapshot it rewrote, in
+    # proportion to its changes): else one walk of ``constants`` finds them
     known: InitVar[KnownConstants | None] = None
 
     def __post_init__(self, known: KnownConstants | None) -> None:
         if known is None:
-            names, keys, derived = set(), set(), {}
+            names: set[str] = set()
+            keys: set[str] = set()
+            derived: dict[WeightExpr, str] = {}
+            shared: set[WeightExpr] = set()
             for name, info in self.constants.items():  # one walk of the persistent map (a slow one)
                 names.add(name)
                 keys.add(info.key)
-                if info.source is not None:
-                    derived[info.source] = name
-            known = KnownConstants(frozenset(names), frozenset(keys), MappingProxyType(derived))
+                source = info.source
+                if source is not None and source in derived:
+                    shared.add(source)
+                    derived[source] = min(derived[source], name)
+                elif source is not None:
+                    derived[source] = name
+            known = KnownConstants(frozenset(names), frozenset(keys), MappingProxyType(derived), frozenset(shared))
         object.__setattr__(self, "constant_names", known.names)
         object.__setattr__(self, "constant_keys", known.keys)
         object.__setattr__(self, "derived", known.derived)
+        object.__setattr__(self, "shared_derived", known.shared)
 
     def least(self, dim: Dim) -> int:
         """The least value ``dim`` can take: itself when static, else what the program declares
@@ -383,6 +396,9 @@ def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
     infos = dict(snap.constants.items())
     if snap.constant_names != infos.keys() or not {i.key for i in infos.values()} <= snap.constant_keys:
         return Failure(InvalidSnapshot(node="<graph>", detail="constant names or keys disagree with the constants"))
-    if any(k not in infos or infos[k].source != e for e, k in snap.derived.items()):
+    derived = snap.derived
+    if any(k not in infos or infos[k].source != e for e, k in derived.items()) or any(
+        i.source is not None and i.source not in derived for i in infos.values()
+    ):
         return Failure(InvalidSnapshot(node="<graph>", detail="derived constants disagree with the constants"))
     return Success(snap)

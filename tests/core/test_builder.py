@@ -117,6 +117,15 @@ def test_a_snapshot_knows_its_constants_names_keys_and_derived_ones_and_verify_c
     stale = KnownConstants(frozenset({"w"}), frozenset({"m.weight"}), {made: "w"})
     wrong = "derived constants disagree with the constants"
     assert verify(GraphSnapshot(**fields, known=stale)) == Failure(InvalidSnapshot(node="<graph>", detail=wrong))
+    h = GraphBuilder()
+    h.parameter("w", (2,), key="m.weight")
+    h.parameter("w2", (2, 1))
+    two = h.build()
+    held = snapshot(list(two.nodes), {**two.constants, "w2": replace(two.constants["w2"], source=made)})
+    assert dict(held.derived) == {made: "w2"} and verify(held) == Success(held)
+    fields = {f: getattr(held, f) for f in fields}
+    unknown = KnownConstants(held.constant_names, held.constant_keys, {})  # w2 derived, not known as such
+    assert verify(GraphSnapshot(**fields, known=unknown)) == Failure(InvalidSnapshot(node="<graph>", detail=wrong))
 
 
 def test_a_call_names_the_arguments_its_schema_has_and_needs() -> None:

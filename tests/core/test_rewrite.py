@@ -436,6 +436,28 @@ def test_a_plan_that_does_not_fit_a_large_graph_conflicts_as_in_a_small_one() ->
     assert out.targets["h"] == ("n",) and "f" not in out.targets and "w" not in out.constants
 
 
+def test_a_constant_held_twice_is_shared_after_the_one_it_was_found_as_goes() -> None:
+    # a snapshot made by hand may hold one derived expression as two constants, a and b (no
+    # rewrite makes such): after a stage drops a (the least name, the one found for it), a later
+    # plan deriving it again reads b, as it read a before
+    g = GraphBuilder()
+    x, a, b = g.input("x", (2,)), g.parameter("a", (2,)), g.parameter("b", (2,))
+    g.output(g.node("f", (g.node("f", (x, a), name="p", out=(2,)), b), name="q", out=(2,)))
+    built = g.build()
+    snap = snapshot(
+        list(built.nodes), {k: replace(v, source=ONES) for k, v in built.constants.items()}, reserved=built.reserved
+    )
+    assert dict(snap.derived) == {ONES: "a"}
+    reread = RewritePlan(rule="r", anchor="p", nodes=(new("n", x, b),), replace=(("p", "n"),), erase=("p",))
+    dropped = after(snap, [reread])
+    assert "a" not in dropped.constants and dict(dropped.derived) == {ONES: "b"} and verify(dropped) == Success(dropped)
+    again = RewritePlan(
+        rule="r", anchor="q", constants=(NewConstant(name="c", expr=ONES),), nodes=(new("m", NodeRef("c")),)
+    )
+    out = after(dropped, [again])
+    assert out.node("m").args == (b,) and sorted(out.constants) == ["b"]
+
+
 class Fixed:
     """A hand-written rule whose plan at each anchor erases given nodes."""
 
