@@ -1115,7 +1115,7 @@ def _finish(
     few = 8 * (len(changed) + len(erased)) <= len(nodes)
     found = _derived(snap, nodes, changed, erased & snap.index.keys()) if few else None
     users, index, targets, bad = derive(nodes) if found is None else (*found, None)
-    for name in erased:
+    for name in sorted(erased & snap.index.keys(), key=snap.index.__getitem__):  # (the first in the graph)
         if users.get(name):
             return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:

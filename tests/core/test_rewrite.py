@@ -412,6 +412,15 @@ def test_a_plan_that_does_not_fit_the_graph_conflicts_with_the_reason() -> None:
     assert rewrite(chain(), [early]) == Failure(PlanConflict(node="n", detail="reads 'a' before it is defined"))
 
 
+def test_of_several_erased_nodes_still_read_the_conflict_names_the_first_in_the_graph() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (2,))
+    made = [g.node("f", (x,), name=f"e{i}", out=(2,)) for i in range(20)]
+    g.output(*made)
+    erase = RewritePlan(rule="r", anchor="e0", erase=tuple(f"e{i}" for i in range(20)))
+    assert rewrite(g.build(), [erase]) == Failure(PlanConflict(node="e0", detail="erased but still read by output"))
+
+
 def _long(snap: GraphSnapshot) -> GraphSnapshot:
     """``snap`` with a hundred nodes read by nothing before its output: a rewrite of a few of its
     nodes patches the users and targets it found for ``snap``, where a small graph's are derived anew."""
