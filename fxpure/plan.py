@@ -1071,7 +1071,7 @@ def _derived(
         at = old_index.get(name)
         if at is not None:
             old = old_nodes[at]
-            read.update(old._reads)
+            read.update(ref_list(old))
             if old.op == "call_function":
                 calls.add(old.target)
     for name in erased:
@@ -1083,7 +1083,7 @@ def _derived(
         at = index[name]
         n = nodes[at]
         users.setdefault(name, ())  # (a new node: its readers, if any, are new too)
-        for r in dict.fromkeys(n._reads):
+        for r in dict.fromkeys(ref_list(n)):
             if index.get(r, at) >= at:
                 return None
             new_readers.setdefault(r, []).append(name)
