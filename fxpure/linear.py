@@ -33,12 +33,37 @@ from fxpure.families import (
 )
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, When, match
 from fxpure.plan import MAX_DEPTH
+from fxpure.schema import parse_schema
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
-# a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, permute by (1, 0) or negative
-# dims, transpose(0, 1) in either order or with negative dims
-MATRIX_T = family("matrix_t", "a transpose", [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("numpy_T", "mT")])
+# a 2-D weight's transpose in every spelling: t, W.T (numpy_T), W.mT, W.mH and W.adjoint() of a real
+# weight, permute by (1, 0) or negative dims, transpose(0, 1) or movedim(0, 1) in either order or
+# with negative dims (a swap of a weight's two dims: each rule checks its weight is 2-D)
+MATRIX_T = family(
+    "matrix_t",
+    "a transpose",
+    [f"aten.{op}.default(Tensor self) -> Tensor" for op in ("numpy_T", "mT", "mH", "adjoint")],
+)
+MOVEDIM = family(
+    "movedim",
+    "a transpose",
+    [
+        parse_schema(
+            "aten.movedim.int(Tensor self, int source, int destination) -> Tensor",
+            rename={"source": "dim0", "destination": "dim1"},
+        )
+    ],
+)
 _SWAPS = ((0, 1), (1, 0), (-2, -1), (-1, -2), (0, -1), (-1, 0), (-2, 1), (1, -2))
+# the conjugate transposes are transposes of a real matrix only (of a complex one they also conjugate)
+_CONJUGATES = frozenset({"aten.mH.default", "aten.adjoint.default"})
+_REAL = When(
+    lambda snap, node: (
+        node.target not in _CONJUGATES
+        or (node.tensor_spec is not None and not node.tensor_spec.dtype.startswith("complex"))
+    ),
+    "of a real matrix",
+)
 
 
 def _parts(
@@ -64,9 +89,18 @@ def _parts(
             self=w,
             dims=Lit((1, 0), (-1, -2), (1, -2), (-1, 0)),
         ),
-        Op(TRANSPOSE | MATRIX_T, name=f"{name}_t", users=ANY, code=code, shared=shared, self=w),
+        Op(TRANSPOSE | MATRIX_T, name=f"{name}_t", users=ANY, code=code, shared=shared, when=_REAL, self=w),
         *(
-            Op(TRANSPOSE_DIMS, name=f"{name}_t", users=ANY, code=code, shared=shared, self=w, dim0=Lit(a), dim1=Lit(b))
+            Op(
+                TRANSPOSE_DIMS | MOVEDIM,
+                name=f"{name}_t",
+                users=ANY,
+                code=code,
+                shared=shared,
+                self=w,
+                dim0=Lit(a),
+                dim1=Lit(b),
+            )
             for a, b in _SWAPS
         ),
         # (the weight stored (in, out), read as it is: GPT-2's Conv1D, ``x @ W``)

@@ -13,11 +13,14 @@ from returns.result import Success
 
 from adapters.snap import capture
 from fxpure.families import STANDARD
+from fxpure.linear import MATRIX_T, MOVEDIM
 from fxpure.schema import Schema
 from tests.programs import build
 
+# the standard families' spellings and the transposes fxpure.linear reads a weight through (getitem
+# is Python's)
 SPELLINGS = sorted(
-    {t: s for f in STANDARD for t, s in f.schemas.items() if t != "getitem"}.items()  # getitem is Python's
+    {t: s for f in (*STANDARD, MATRIX_T, MOVEDIM) for t, s in f.schemas.items() if t != "getitem"}.items()
 )
 
 

@@ -1,5 +1,6 @@
 """``x @ W.T`` in an aten program: torch.export keeps it as ``matmul`` of a transpose (``numpy_T``,
-``t``, ``transpose``, ``mT``), which no linear rule saw (no plan, no rejection). Each linear rule
+``t``, ``transpose``, ``mT``; ``movedim``, ``mH``, ``adjoint``), which no linear rule saw (no plan,
+no rejection). Each linear rule
 now rewrites it, a ``matmul`` of two activations (attention) or of a batch of matrices stays no
 candidate, and the program computes what it did."""
 
@@ -24,8 +25,9 @@ from tests.programs import Program, assert_close, assert_sound, build, count, ru
 class HandWritten(nn.Module):
     """A hand-written attention block and heads, every linear spelled ``x @ W.T``."""
 
-    def __init__(self) -> None:
+    def __init__(self, spell: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
+        self.spell = spell  # every linear's transpose spelled so, else each its own way
         g = torch.Generator().manual_seed(0)
         self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(8, 8, generator=g)) for _ in range(3))
         self.w, self.b = nn.Parameter(torch.randn(6, 8, generator=g)), nn.Parameter(torch.randn(6, generator=g))
@@ -36,9 +38,13 @@ class HandWritten(nn.Module):
         self.batched = nn.Parameter(torch.randn(2, 6, 8, generator=g))  # a batch of matrices: no linear
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v = x @ self.wq.T, x @ self.wk.t(), x @ self.wv.transpose(0, 1)
+        if self.spell is None:
+            wq, wk, wv, w, w_mt = self.wq.T, self.wk.t(), self.wv.transpose(0, 1), self.w.T, self.w.mT
+        else:
+            wq, wk, wv, w, w_mt = map(self.spell, (self.wq, self.wk, self.wv, self.w, self.w))
+        q, k, v = x @ wq, x @ wk, x @ wv
         attention = torch.softmax(q @ k.transpose(-2, -1) / 3.0, -1) @ v
-        return attention, (y @ self.w.T) * 2.0 + self.b, self.bn(z @ self.w.mT), x @ self.batched.transpose(-2, -1)
+        return attention, (y @ w) * 2.0 + self.b, self.bn(z @ w_mt), x @ self.batched.transpose(-2, -1)
 
 
 ARGS = (torch.randn(2, 3, 8), torch.randn(4, 8), torch.randn(5, 8))
@@ -82,6 +88,27 @@ def test_every_rule_in_order_leaves_only_the_matmuls_that_are_no_linears(form: s
     assert_sound(program, ARGS, want)
     # q @ k.T, attention @ v and the batched weight's product; every linear is a conv now
     assert count(program, "matmul") == 3 and count(program, "conv2d") == 3  # q, k, v joined: one
+
+
+# spellings an aten program keeps as they are, each a transpose of a real matrix (no rule saw them)
+SPELLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "movedim": lambda w: w.movedim(0, 1),
+    "mH": lambda w: w.mH,
+    "adjoint": lambda w: w.adjoint(),
+}
+
+
+@pytest.mark.parametrize("form", ["aten", "gm"])
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_every_linear_rule_takes_a_weight_transposed_by_movedim_mh_or_adjoint(form: str, spelling: str) -> None:
+    model = HandWritten(SPELLINGS[spelling]).eval()
+    program, want = build(model, ARGS, form), _outputs(model, ARGS)
+    report = _transform(program, [m() for m in RULES.values()]).report
+    assert report.rejections == ()
+    linear_rules = {"fuse-linear-bn", "fold-binary", "concat-parallel-linears", "linear-to-conv2d"}
+    assert {p.rule for p in report.plans} == linear_rules
+    assert_sound(program, ARGS, want)
+    assert count(program, "matmul") == 3 and count(program, "conv2d") == 3
 
 
 def test_a_batch_norm_after_a_product_with_a_batch_of_matrices_is_declined_not_fused() -> None:

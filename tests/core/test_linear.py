@@ -329,6 +329,13 @@ def test_a_planner_replacing_a_dynamic_linear_leaves_no_size_computation_behind(
         ("aten.transpose.int", (-1, 0), True),
         ("aten.transpose.int", (1, -1), False),  # the same dim twice: no transpose
         ("aten.transpose.int", (0, 0), False),
+        # an aten program keeps W.mH, W.adjoint() and W.movedim(0, 1) as they are (no linear rule
+        # saw them): of a real weight each is its transpose
+        ("aten.mH.default", (), True),
+        ("aten.adjoint.default", (), True),
+        ("aten.movedim.int", (0, 1), True),
+        ("aten.movedim.int", (-1, 0), True),
+        ("aten.movedim.int", (1, 1), False),
     ],
 )
 def test_a_weight_transposed_in_any_spelling_is_a_linear(target: str, args: tuple[object, ...], planned: bool) -> None:
@@ -343,6 +350,21 @@ def test_a_weight_transposed_in_any_spelling_is_a_linear(target: str, args: tupl
     if planned:
         lin = linear_of(found.unwrap())
         assert lin.t is not None and lin.t.name == "t" and lin.weight == NodeRef("w")
+
+
+@pytest.mark.parametrize("target", ["aten.mH.default", "aten.adjoint.default"])
+def test_a_complex_weights_conjugate_transpose_is_no_linears_weight(target: str) -> None:
+    # W.mH of a complex weight also conjugates it: read as its transpose, a rule would compute x @ W.T
+    g = GraphBuilder()
+    w = g.parameter("w", (6, 8), dtype="complex64")
+    t = g.node(target, (w,), name="t", out=spec(8, 6, dtype="complex64"))
+    g.output(
+        g.call("aten.mm.default", name="lin", out=spec(2, 6, dtype="complex64"), self=g.input("x", (2, 8)), mat2=t)
+    )
+    snap = g.build()
+    found = match(linear_root(), snap, snap.node("lin"))
+    assert isinstance(found, Failure) and (found.failure().code, found.failure().node) == ("wrong-op", "lin")
+    assert "not a permute or a transpose of a real matrix" in found.failure().message  # (an mm: a rule says why)
 
 
 def test_the_sizes_an_erased_node_or_a_named_prune_read_go_each_on_its_own() -> None:
