@@ -19,6 +19,7 @@ from adapters.passes import RulesPass
 from fxpure.reasons import NotConstant
 from fxpure.rules.concat_parallel_linears import concat_parallel_linears
 from tests.programs import Program, assert_close, assert_sound, run, run_pte
+from tests.quantized import pt2e, pt2e_module
 
 FORMS = ("gm", "aten", "edge", "edge-linear")
 # a linear's product in every spelling (the oracle for "how many linears are left")
@@ -322,6 +323,23 @@ def test_too_few_joinable_linears_leave_the_program_untouched(form: str) -> None
     assert sorted(r.reason.code for r in outcome.report.rejections) == ["not-constant", "too-few-linears"]
     assert graph(p).python_code("self").src == code
     assert_sound(p, x, eager(model, x))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_pt2e_models_projections_are_reported_not_joined(form: str) -> None:
+    # PT2E gives each projection its own dequantize of x and of its int8 weight: the linears were no
+    # candidates (neither joined nor reported); joined, the weights would have become float ones
+    model, x = Attention(dim=16, heads=2, kv_heads=2).eval(), (torch.randn(2, 5, 16),)
+    p: Program = pt2e_module(model, x) if form == "gm" else pt2e(model, x)
+    if form == "edge" and isinstance(p, ExportedProgram):
+        p = to_edge(p).exported_program()
+    code, want = graph(p).python_code("self").src, run(p, x)
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert not outcome.changed and outcome.report.plans == ()
+    codes = sorted(r.reason.code for r in outcome.report.rejections)
+    assert codes == ["not-constant"] * 3 + ["too-few-linears"]
+    assert graph(p).python_code("self").src == code
+    assert_close(run(p, x), want)
 
 
 @pytest.mark.parametrize("form", ["gm", "edge"])

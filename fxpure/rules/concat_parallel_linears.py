@@ -16,7 +16,9 @@ Linears reading equal views of one value (the same view op and sizes of it, or o
 an aten program's ``flatten`` with the same dims) read one input: ``to_edge`` gives each linear its
 own ``view_copy`` chain of a value the program wrote in place (``h += pos``). Unless one of them is
 written: in an aten program a view shares its storage, and a write between two views changes what
-the later one reads.
+the later one reads. So do linears reading equal dequantizes of one value (PT2E gives each its own);
+a weight dequantized at run time is no constant to join (``not-constant``: joined, int8 weights
+would become one float weight).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import final
 from returns.result import Failure, Result, Success
 
 from fxpure import layout
-from fxpure.families import ADDMM, BMM, EXPAND, FLATTEN, LINEAR, MATMUL, MM, VIEW
+from fxpure.families import ADDMM, BMM, DEQUANTIZE, EXPAND, FLATTEN, LINEAR, MATMUL, MM, VIEW
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, is_linear, linear_of, linear_root
 from fxpure.pattern import Const, Match, Planner, Var, match
@@ -231,8 +233,9 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
     return (operand.name, inner.name) if type(inner) is NodeRef else (operand.name,)
 
 
-# (an aten program's x.flatten(0, 1) is a reshape too: two of one value with the same dims are one input)
-_VIEWS = VIEW.targets | FLATTEN.targets | EXPAND.targets
+# (an aten program's x.flatten(0, 1) is a reshape too: two of one value with the same dims are one input;
+# so are two dequantizes of one quantized value with the same parameters, one per linear in PT2E)
+_VIEWS = VIEW.targets | FLATTEN.targets | EXPAND.targets | DEQUANTIZE.targets
 
 
 def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:

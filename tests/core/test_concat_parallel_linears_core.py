@@ -737,3 +737,69 @@ def test_a_product_of_two_activations_beside_linears_of_its_input_is_no_member(m
     g.output(a, b, c, d)
     report = plan(g.build(), [RULE])
     assert report.rejections == () and [len(p.replace) for p in report.plans] == [3]
+
+
+def dequantized(*, scales: Sequence[float] = (0.1, 0.1, 0.1), int_weights: bool = False) -> GraphSnapshot:
+    """PT2E's parallel linears (edge): x quantized once and dequantized once per linear, each
+    dequantize a node of its own (``scales``: their scales); each weight a float parameter, or
+    (``int_weights``) an int8 one dequantized per channel."""
+    g = GraphBuilder(dialect="edge")
+    x = g.input("x", (2, 8))
+    qargs: dict[str, Arg] = {"zero_point": 0, "quant_min": -128, "quant_max": 127, "dtype": "int8"}
+    q = g.call(
+        "quantized_decomposed.quantize_per_tensor.default",
+        name="q",
+        out=spec(2, 8, dtype="int8"),
+        input=x,
+        scale=0.1,
+        **qargs,
+    )
+    outs = []
+    for i, s in enumerate(scales):
+        dq = g.call(
+            "quantized_decomposed.dequantize_per_tensor.default", name=f"dq{i}", out=(2, 8), input=q, scale=s, **qargs
+        )
+        if int_weights:
+            w = g.call(
+                "quantized_decomposed.dequantize_per_channel.default",
+                name=f"dqw{i}",
+                out=(4, 8),
+                input=g.parameter(f"wq{i}", (4, 8), "int8"),
+                scale=g.parameter(f"ws{i}", (4,)),
+                zero_point=g.parameter(f"wz{i}", (4,), "int64"),
+                axis=0,
+                quant_min=-127,
+                quant_max=127,
+                dtype="int8",
+            )
+        else:
+            w = g.parameter(f"w{i}", (4, 8))
+        t = g.call("aten.permute_copy.default", name=f"t{i}", out=(8, 4), self=w, dims=(1, 0))
+        outs.append(g.call("aten.mm.default", name=f"lin{i}", out=(2, 4), self=dq, mat2=t))
+    g.output(*outs)
+    return g.build()
+
+
+def test_linears_each_reading_its_own_dequantize_of_one_value_join() -> None:
+    # PT2E gives each linear its own dequantize of x: equal ones are one input (the linears were no
+    # candidates, neither joined nor reported); the joined linear reads the first, the others go
+    report = plan(dequantized(), [RULE])
+    assert report.rejections == () and [p.anchor for p in report.plans] == ["dq0"]
+    after = verify(report.after).unwrap()
+    assert {"dq1", "dq2"}.isdisjoint(after.index) and {"q", "dq0"} <= set(after.index)
+    # dequantizes of other parameters compute other values: no group
+    other = plan(dequantized(scales=(0.1, 0.2, 0.3)), [RULE])
+    assert other.plans == () and other.rejections == ()
+
+
+def test_linears_of_dequantized_weights_are_reported_not_joined_into_float_weights() -> None:
+    # a dequantized int8 weight is computed at run time: each linear is declined (joined, the int8
+    # weights would have become one float one, four times their size), and so is the group
+    report = plan(dequantized(int_weights=True), [RULE])
+    assert report.plans == ()
+    assert sorted((r.node, r.reason.code) for r in report.rejections) == [
+        ("dq0", "too-few-linears"),
+        ("lin0", "not-constant"),
+        ("lin1", "not-constant"),
+        ("lin2", "not-constant"),
+    ]
