@@ -256,3 +256,25 @@ def test_a_batch_norm_after_x_at_a_weight_stored_in_out_says_the_weight_is_not_t
         "producer-not-linear",
         f"{role} of {product} comes from p_w (p_w), not a permute or a transpose",
     )
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+def test_a_scale_of_x_at_a_weight_stored_in_out_says_the_weight_is_not_transposed(form: str) -> None:
+    # nor does fold-binary: in an aten program (x @ W) * 2, a matmul, was no candidate (no plan, no
+    # rejection), where edge's mm, and addmm(b, x, W) in both forms, were declined
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 6))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x @ self.w) * 2.0
+
+    model, x = Scaled().eval(), (torch.randn(4, 8),)
+    program = build(model, x, form)
+    (r,) = _transform(program, [fold_binary()]).report.rejections
+    role, product = ("other", "matmul") if form == "aten" else ("mat2", "aten_mm_default")
+    assert (r.reason.code, r.reason.message) == (
+        "producer-not-conv-or-linear",
+        f"{role} of {product} comes from p_w (p_w), not a permute or a transpose",
+    )
