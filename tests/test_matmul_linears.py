@@ -235,46 +235,35 @@ def test_a_batch_norm_after_a_linear_whose_weight_takes_many_ops_is_fused(form: 
     assert_sound(program, x, want)
 
 
+class Stored(nn.Module):
+    """``x @ W``, ``W`` stored (in, out), then a batch norm (``bn``) or a scale."""
+
+    def __init__(self, bn: bool) -> None:
+        super().__init__()
+        self.w, self.bn = nn.Parameter(torch.randn(8, 6)), nn.BatchNorm1d(6) if bn else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = x @ self.w
+        return self.bn(y) if self.bn is not None else y * 2.0
+
+
+@pytest.mark.parametrize(
+    ("make", "code"), [(fuse_linear_bn, "producer-not-linear"), (fold_binary, "producer-not-conv-or-linear")]
+)
 @pytest.mark.parametrize("form", ["aten", "edge"])
-def test_a_batch_norm_after_x_at_a_weight_stored_in_out_says_the_weight_is_not_transposed(form: str) -> None:
-    # fuse-linear-bn takes no weight stored (in, out); that product is still a linear (linear-to-conv2d
-    # converts it), and the reason says what it misses, in both forms (for a while aten said "not a linear")
-    class Stored(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w, self.bn = nn.Parameter(torch.randn(8, 6)), nn.BatchNorm1d(6)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.bn(x @ self.w)
-            return out
-
-    model, x = Stored().eval(), (torch.randn(4, 8),)
+def test_a_batch_norm_or_scale_after_x_at_a_weight_stored_in_out_says_the_weight_is_not_transposed(
+    form: str, make: Callable[[], Rule], code: str
+) -> None:
+    # fuse-linear-bn and fold-binary take no weight stored (in, out); that product is still a linear
+    # (linear-to-conv2d converts it), and the reason says what it misses, in both forms (for a while
+    # aten said "not a linear"; and an aten (x @ W) * 2, a matmul, was no candidate of fold-binary:
+    # no plan, no rejection)
+    bn = make is fuse_linear_bn
+    model, x = Stored(bn).eval(), (torch.randn(4, 8),)
     program = build(model, x, form)
-    (r,) = _transform(program, [fuse_linear_bn()]).report.rejections
+    (r,) = _transform(program, [make()]).report.rejections
     role, product = ("other", "matmul") if form == "aten" else ("mat2", "aten_mm_default")
     assert (r.reason.code, r.reason.message) == (
-        "producer-not-linear",
-        f"{role} of {product} comes from p_w (p_w), not a permute or a transpose",
-    )
-
-
-@pytest.mark.parametrize("form", ["aten", "edge"])
-def test_a_scale_of_x_at_a_weight_stored_in_out_says_the_weight_is_not_transposed(form: str) -> None:
-    # nor does fold-binary: in an aten program (x @ W) * 2, a matmul, was no candidate (no plan, no
-    # rejection), where edge's mm, and addmm(b, x, W) in both forms, were declined
-    class Scaled(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = nn.Parameter(torch.randn(8, 6))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (x @ self.w) * 2.0
-
-    model, x = Scaled().eval(), (torch.randn(4, 8),)
-    program = build(model, x, form)
-    (r,) = _transform(program, [fold_binary()]).report.rejections
-    role, product = ("other", "matmul") if form == "aten" else ("mat2", "aten_mm_default")
-    assert (r.reason.code, r.reason.message) == (
-        "producer-not-conv-or-linear",
+        code,
         f"{role} of {product} comes from p_w (p_w), not a permute or a transpose",
     )
