@@ -133,6 +133,18 @@ def plain_torch() -> Iterator[None]:
         yield
 
 
+def _laid_out(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the strides ``torch.empty`` gives its shape. ``contiguous()`` keeps a view whose
+    size-1 dims have other strides (a (10, 1, 1, 1) weight reshaped from a (1, 10) one transposed
+    has strides (1, 10, 10, 10)): torch calls it contiguous, but ExecuTorch reads its dim order off
+    the strides, (1, 2, 3, 0), and its portable conv refused the weight when the ``.pte`` ran."""
+    step, strides = 1, []
+    for d in reversed(t.shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return t if t.stride() == tuple(reversed(strides)) else t.clone(memory_format=torch.contiguous_format)
+
+
 def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Memo | None = None) -> torch.Tensor:
     """Evaluate ``expr``; ``Source(key)`` reads ``tensors[key]``. The result owns its storage, and
     no more than it: it shares none with an input, nor with an earlier result of the same ``memo``,
@@ -156,7 +168,7 @@ def materialize(expr: WeightExpr, tensors: Mapping[str, torch.Tensor], memo: Mem
         return value
 
     with torch.no_grad():
-        owned = ev(expr).contiguous()
+        owned = _laid_out(ev(expr))
     storage = owned.untyped_storage()
     ptr = storage.data_ptr()
     if (

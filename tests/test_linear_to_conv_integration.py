@@ -327,6 +327,28 @@ def test_edge_programs_lower_and_run_in_executorch(cls: type[nn.Module], form: s
         assert_close(run_pte(buffer, x), eager(cls, x))
 
 
+class OneInput(nn.Module):
+    """GPT-2's ``Conv1D`` (``addmm(b, x, W)``) and ``x @ W``, ``W`` stored (in, out), of one input feature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(1, 10)), nn.Parameter(torch.randn(10))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.addmm(self.b, x, self.w), x @ (self.w * 2.0)
+
+
+def test_a_weight_of_one_input_feature_runs_in_executorch() -> None:
+    # found by a hunt: its (10, 1, 1, 1) weight, W (1, 10) transposed and reshaped, kept the view's
+    # strides (1, 10, 10, 10): torch calls that contiguous, ExecuTorch read it as dim order (1, 2, 3, 0),
+    # and its portable conv refused it when the .pte ran (error 0x12)
+    model, x = OneInput().eval(), (torch.randn(4, 1),)
+    manager = to_edge(torch.export.export(model, x))
+    outcome = adapters.transform(manager.exported_program(), [linear_to_conv2d()]).unwrap()
+    assert len(outcome.report.plans) == 2
+    assert_close(run_pte(manager.to_executorch().buffer, x), list(model(*x)))
+
+
 @pytest.mark.parametrize("form", ["aten", "edge"])
 def test_tied_embedding_keeps_its_weight_and_the_head_gets_a_reshaped_one(form: str) -> None:
     p = program(TiedLM, form)

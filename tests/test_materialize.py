@@ -149,3 +149,18 @@ def test_the_number_a_0_d_fill_is_known_to_hold_is_the_one_it_computes_to(dtype:
         (known,) = known_values(fill) or (None,)
         computed = materialize(fill, {}).item()
         assert known is not None and (known, math.copysign(1, known)) == (computed, math.copysign(1, computed)), v
+
+
+@pytest.mark.parametrize("expr", ["transposed", "reshaped"])
+def test_a_result_has_the_strides_an_empty_tensor_of_its_shape_has(expr: str) -> None:
+    # found by a hunt: (1, 10) transposed (and reshaped to (10, 1, 1, 1)) kept the view's strides,
+    # (1, 10), which torch calls contiguous (its size-1 dims' strides do not count) but ExecuTorch reads
+    # as another dim order: its portable conv refused such a weight when the .pte ran
+    w = Source(key="row", spec=TensorSpec(shape=(1, 10), dtype="float32"))
+    made = (
+        Permute(x=w, dims=(1, 0)) if expr == "transposed" else Reshape(x=Permute(x=w, dims=(1, 0)), shape=(10, 1, 1, 1))
+    )
+    row = torch.arange(10, dtype=torch.float32).reshape(1, 10)
+    out = materialize(made, {"row": row}, Memo())
+    assert out.stride() == torch.empty(out.shape).stride() and out.dim_order() == tuple(range(out.dim()))
+    assert torch.equal(out.flatten(), row.flatten())
