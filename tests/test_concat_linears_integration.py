@@ -301,6 +301,34 @@ def test_dynamic_batch_and_sequence_keep_working(form: str) -> None:
         assert_close(run_pte(buffer, other), eager(model, other))
 
 
+class ChannelsLast(nn.Module):
+    """Three linears of a permuted rank 4 input (a ConvNeXt block's pointwise MLP reads one so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(3, 4), nn.Linear(3, 4, bias=False), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.permute(0, 2, 3, 1)
+        return self.a(y) * self.b(y), self.c(y)
+
+
+@pytest.mark.parametrize("form", ["decomposed", "edge"])
+def test_linears_of_a_permuted_rank_4_input_join_as_bmms(form: str) -> None:
+    # found by a hunt: run_decompositions() and to_edge give each such linear its own expand, clone and
+    # view of the input, then a bmm; the linears were no candidates (neither joined nor reported)
+    torch.manual_seed(0)
+    model, x = ChannelsLast().eval(), (torch.randn(2, 3, 4, 5),)
+    manager = edge(model, x, form) if form == "edge" else None
+    p = manager.exported_program() if manager is not None else torch.export.export(model, x).run_decompositions()
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert sum(1 for n in graph(p).nodes if n.op == "call_function" and "bmm" in str(n.target)) == 1
+    assert_sound(p, x, eager(model, x))
+    if manager is not None:
+        assert_close(run_pte(manager.to_executorch().buffer, x), eager(model, x))
+
+
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
 def test_a_linear_that_cannot_join_is_rejected_and_the_rest_join(form: str) -> None:
     model, x = Computed().eval(), (torch.randn(3, 16),)

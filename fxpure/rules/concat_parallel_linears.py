@@ -16,9 +16,10 @@ Linears reading equal views of one value (the same view op and sizes of it, or o
 an aten program's ``flatten`` with the same dims) read one input: ``to_edge`` gives each linear its
 own ``view_copy`` chain of a value the program wrote in place (``h += pos``). Unless one of them is
 written: in an aten program a view shares its storage, and a write between two views changes what
-the later one reads. So do linears reading equal dequantizes of one value (PT2E gives each its own);
-a weight dequantized at run time is no constant to join (``not-constant``: joined, int8 weights
-would become one float weight).
+the later one reads. So do linears reading equal copies of one value (decompositions and edge
+copy a non-contiguous rank 4 input once per linear: expand, clone, view, ``bmm``), or equal
+dequantizes of one value (PT2E gives each linear its own); a weight dequantized at run time is no
+constant to join (``not-constant``: joined, int8 weights would become one float weight).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import final
 from returns.result import Failure, Result, Success
 
 from fxpure import layout
-from fxpure.families import ADDMM, BMM, DEQUANTIZE, EXPAND, FLATTEN, LINEAR, MATMUL, MM, VIEW
+from fxpure.families import ADDMM, BMM, CLONE, DEQUANTIZE, EXPAND, FLATTEN, LINEAR, MATMUL, MM, VIEW
 from fxpure.layout import layout_reader
 from fxpure.linear import Linear, emit_linear, is_linear, linear_of, linear_root
 from fxpure.pattern import Const, Match, Planner, Var, match
@@ -234,8 +235,10 @@ def _inputs(snap: GraphSnapshot, node: NodeSnapshot) -> tuple[str, ...]:
 
 
 # (an aten program's x.flatten(0, 1) is a reshape too: two of one value with the same dims are one input;
-# so are two dequantizes of one quantized value with the same parameters, one per linear in PT2E)
-_VIEWS = VIEW.targets | FLATTEN.targets | EXPAND.targets | DEQUANTIZE.targets
+# so are two copies of one value, which decompositions and edge write in each linear's expand, clone and
+# view of a rank 4 input that is not contiguous, and two dequantizes of one quantized value with the same
+# parameters, one per linear in PT2E)
+_VIEWS = VIEW.targets | FLATTEN.targets | EXPAND.targets | CLONE.targets | DEQUANTIZE.targets
 
 
 def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:

@@ -803,3 +803,32 @@ def test_linears_of_dequantized_weights_are_reported_not_joined_into_float_weigh
         ("lin1", "not-constant"),
         ("lin2", "not-constant"),
     ]
+
+
+def cloned(formats: Sequence[str | None] = (None, None), written: frozenset[str] = frozenset()) -> GraphSnapshot:
+    """aten linears each reading its own clone of x (``formats``: each clone's memory format)."""
+    g = GraphBuilder()
+    x = g.input("x", (2, 8))
+    outs = []
+    for i, fmt in enumerate(formats):
+        kwargs: dict[str, Arg] = {} if fmt is None else {"memory_format": fmt}
+        c = g.call("aten.clone.default", name=f"c{i}", out=(2, 8), self=x, **kwargs)
+        outs.append(
+            g.call("aten.linear.default", name=f"lin{i}", out=(2, 4), input=c, weight=g.parameter(f"w{i}", (4, 8)))
+        )
+    g.output(*outs)
+    return replace(g.build(), written=written)
+
+
+def test_linears_each_reading_its_own_copy_of_one_value_join() -> None:
+    # decompositions and to_edge copy a non-contiguous rank 4 input once per linear (expand, clone,
+    # view, bmm): equal copies of one value are one input, unless the program writes it or a copy
+    report = plan(cloned(), [RULE])
+    assert report.rejections == () and [p.anchor for p in report.plans] == ["c0"]
+    assert "c1" not in verify(report.after).unwrap().index
+    for snap in (
+        cloned(written=frozenset({"x"})),
+        cloned(written=frozenset({"c1"})),
+        cloned((None, "preserve_format")),
+    ):
+        assert plan(snap, [RULE]).plans == ()
