@@ -498,28 +498,37 @@ def test_linears_reading_equal_views_of_one_value_join(form: str, views: str | N
 
 class ViewsAroundWrite(nn.Module):
     """Two equal views of one value, written in place between them through a third view: Q reads
-    the value before the write, K and V after (``flatten``: the two are ``h.flatten(0, 1)``)."""
+    the value before the write, K and V after (``flatten``: the two are ``h.flatten(0, 1)``;
+    ``shared``: views of one view of ``h``, which is written directly)."""
 
-    def __init__(self, flatten: bool = False) -> None:
+    def __init__(self, how: str = "view") -> None:
         super().__init__()
-        self.flatten = flatten
+        self.how = how
         self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def read(self, h: torch.Tensor) -> torch.Tensor:
+        return h.flatten(0, 1) if self.how == "flatten" else h.view(-1, 8)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         h = x * 2
-        q = self.q(h.flatten(0, 1) if self.flatten else h.view(-1, 8))
-        h.view(-1).add_(1)
-        after = h.flatten(0, 1) if self.flatten else h.view(-1, 8)
+        hv = h.view(h.shape) if self.how == "shared" else h
+        q = self.q(self.read(hv))
+        if self.how == "shared":
+            h.add_(1)  # (recorded at h, not at hv)
+        else:
+            h.view(-1).add_(1)
+        after = self.read(hv)
         return q, self.k(after), self.v(after)
 
 
-@pytest.mark.parametrize("flatten", [False, True], ids=["view", "flatten"])
+@pytest.mark.parametrize("how", ["view", "flatten", "shared"])
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
-def test_views_of_a_value_written_between_them_are_other_values(form: str, flatten: bool) -> None:
+def test_views_of_a_value_written_between_them_are_other_values(form: str, how: str) -> None:
     # aten: the two views are of one node, whose storage is written between them; only K and V,
-    # which read one view, join
+    # which read one view, join (shared: found by a review, the views of hv were one input, and Q
+    # read h after the write)
     torch.manual_seed(0)
-    model, x = ViewsAroundWrite(flatten).eval(), (torch.randn(2, 5, 8),)
+    model, x = ViewsAroundWrite(how).eval(), (torch.randn(2, 5, 8),)
     p = program(model, x, form)
     outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
     assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()

@@ -255,11 +255,14 @@ def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:
 @dataclass(slots=True)
 class _Values:
     """Which nodes compute one value: a view of a value is the same value as the first view of it
-    with the same op and sizes (``same``: each node's first; ``first``: by (op, value, sizes, kwargs))."""
+    with the same op and sizes (``same``: each node's first; ``first``: by (op, value, sizes, kwargs)),
+    unless the program writes a tensor of its chain (``moved``: then each node of the chain is its
+    own value, as a view or copy taken after the write reads another)."""
 
     snap: GraphSnapshot
     same: dict[str, str] = field(default_factory=dict)
     first: dict[tuple[object, ...], str] = field(default_factory=dict)
+    moved: set[str] = field(default_factory=set)
 
     def of(self, name: str) -> str:
         """The first node computing the value of ``name`` (itself unless it is a view). A chain of
@@ -267,16 +270,26 @@ class _Values:
         known = self.same.get(name)
         if known is not None:
             return known
-        chain, at = [], name
+        chain, at, written = [], name, self.snap.written
         while at not in self.same:
             node = self.snap.node(at)
             source = _viewed(self.snap, node)
             if source is None:
                 self.same[at] = at
+                # the top of the chain: written, or a view or copy of a written tensor (the program
+                # records a write through a view at the tensor viewed: h, not h.view(...))
+                above = node.args[0] if node.target in _VIEWS and node.args else None
+                if at in written or (type(above) is NodeRef and above.name in written):
+                    self.moved.add(at)
                 break
             chain.append((node, source.name))
             at = source.name
+        moved = at in self.moved
         for node, of in reversed(chain):
+            if moved:
+                self.same[node.name] = node.name
+                self.moved.add(node.name)
+                continue
             key = (node.target, self.same[of], node.args[1:], tuple(sorted(node.kwargs.items())))
             self.same[node.name] = self.first.setdefault(key, node.name)
         return self.same[name]

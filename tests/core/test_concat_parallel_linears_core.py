@@ -832,3 +832,55 @@ def test_linears_each_reading_its_own_copy_of_one_value_join() -> None:
         cloned((None, "preserve_format")),
     ):
         assert plan(snap, [RULE]).plans == ()
+
+
+@pytest.mark.parametrize("reader", ["view", "dequantize"])
+def test_views_or_dequantizes_of_a_shared_view_of_a_written_value_are_no_equal_values(reader: str) -> None:
+    # found by a review: h.view(...) twice of one view hv of h, h written in place between them (the
+    # program records the write at h): the two were one input, and the later linear read h before
+    # the write; likewise two dequantizes of a view of a quantized value written between them
+    def graph(written: frozenset[str]) -> GraphSnapshot:
+        g = GraphBuilder(dialect="aten")
+        x = g.input("x", (3, 8))
+        qargs: dict[str, Arg] = {"zero_point": 0, "quant_min": -128, "quant_max": 127, "dtype": "int8"}
+        if reader == "view":
+            h = g.call("aten.relu.default", name="h", out=(3, 8), self=x)
+        else:
+            h = g.call(
+                "quantized_decomposed.quantize_per_tensor.default",
+                name="h",
+                out=spec(3, 8, dtype="int8"),
+                input=x,
+                scale=0.1,
+                **qargs,
+            )
+        hv = g.call(
+            "aten.view.default",
+            name="hv",
+            out=spec(3, 8, dtype="float32" if reader == "view" else "int8"),
+            self=h,
+            size=(3, 8),
+        )
+        outs = []
+        for i in range(2):
+            if reader == "view":
+                r = g.call("aten.view.default", name=f"r{i}", out=(3, 8), self=hv, size=(-1, 8))
+            else:
+                r = g.call(
+                    "quantized_decomposed.dequantize_per_tensor.default",
+                    name=f"r{i}",
+                    out=(3, 8),
+                    input=hv,
+                    scale=0.1,
+                    **qargs,
+                )
+            outs.append(
+                g.call("aten.linear.default", name=f"lin{i}", out=(3, 4), input=r, weight=g.parameter(f"w{i}", (4, 8)))
+            )
+        g.output(*outs)
+        return replace(g.build(), written=written)
+
+    assert [p.anchor for p in plan(graph(frozenset()), [RULE]).plans] == ["r0"]
+    for written in ({"h"}, {"hv"}):
+        report = plan(graph(frozenset(written)), [RULE])
+        assert report.plans == () and report.rejections == (), written
