@@ -254,10 +254,10 @@ def _viewed(snap: GraphSnapshot, node: NodeSnapshot) -> NodeRef | None:
 @final
 @dataclass(slots=True)
 class _Values:
-    """Which nodes compute one value: a view of a value is the same value as the first view of it
-    with the same op and sizes (``same``: each node's first; ``first``: by (op, value, sizes, kwargs)),
-    unless the program writes a tensor of its chain (``moved``: then each node of the chain is its
-    own value, as a view or copy taken after the write reads another)."""
+    """Which nodes compute one value: a view (a copy, a dequantize) of a value is the same value as
+    the first view of it with the same op and sizes (``same``: each node's first; ``first``: by
+    (op, value, sizes, kwargs)), unless the program writes a tensor of its chain (``moved``: then
+    each node of the chain is its own value, as a view or copy taken after the write reads another)."""
 
     snap: GraphSnapshot
     same: dict[str, str] = field(default_factory=dict)
@@ -265,8 +265,8 @@ class _Values:
     moved: set[str] = field(default_factory=set)
 
     def of(self, name: str) -> str:
-        """The first node computing the value of ``name`` (itself unless it is a view). A chain of
-        views is walked up once, without recursion."""
+        """The first node computing the value of ``name`` (itself unless it is a view, copy or
+        dequantize of a value). A chain of them is walked up once, without recursion."""
         known = self.same.get(name)
         if known is not None:
             return known

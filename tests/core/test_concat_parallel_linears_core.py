@@ -739,26 +739,31 @@ def test_a_product_of_two_activations_beside_linears_of_its_input_is_no_member(m
     assert report.rejections == () and [len(p.replace) for p in report.plans] == [3]
 
 
+QARGS: dict[str, Arg] = {"zero_point": 0, "quant_min": -128, "quant_max": 127, "dtype": "int8"}
+
+
+def quantize(g: GraphBuilder, x: NodeRef, shape: tuple[int, ...], name: str) -> NodeRef:
+    """``x`` quantized per tensor to int8 (scale 0.1)."""
+    out = spec(*shape, dtype="int8")
+    return g.call("quantized_decomposed.quantize_per_tensor.default", name=name, out=out, input=x, scale=0.1, **QARGS)
+
+
+def dequantize(g: GraphBuilder, q: NodeRef, shape: tuple[int, ...], name: str, scale: float = 0.1) -> NodeRef:
+    """``q`` dequantized per tensor (int8, ``scale``)."""
+    target = "quantized_decomposed.dequantize_per_tensor.default"
+    return g.call(target, name=name, out=shape, input=q, scale=scale, **QARGS)
+
+
 def dequantized(*, scales: Sequence[float] = (0.1, 0.1, 0.1), int_weights: bool = False) -> GraphSnapshot:
     """PT2E's parallel linears (edge): x quantized once and dequantized once per linear, each
     dequantize a node of its own (``scales``: their scales); each weight a float parameter, or
     (``int_weights``) an int8 one dequantized per channel."""
     g = GraphBuilder(dialect="edge")
     x = g.input("x", (2, 8))
-    qargs: dict[str, Arg] = {"zero_point": 0, "quant_min": -128, "quant_max": 127, "dtype": "int8"}
-    q = g.call(
-        "quantized_decomposed.quantize_per_tensor.default",
-        name="q",
-        out=spec(2, 8, dtype="int8"),
-        input=x,
-        scale=0.1,
-        **qargs,
-    )
+    q = quantize(g, x, (2, 8), "q")
     outs = []
     for i, s in enumerate(scales):
-        dq = g.call(
-            "quantized_decomposed.dequantize_per_tensor.default", name=f"dq{i}", out=(2, 8), input=q, scale=s, **qargs
-        )
+        dq = dequantize(g, q, (2, 8), f"dq{i}", s)
         if int_weights:
             w = g.call(
                 "quantized_decomposed.dequantize_per_channel.default",
@@ -842,38 +847,17 @@ def test_views_or_dequantizes_of_a_shared_view_of_a_written_value_are_no_equal_v
     def graph(written: frozenset[str]) -> GraphSnapshot:
         g = GraphBuilder(dialect="aten")
         x = g.input("x", (3, 8))
-        qargs: dict[str, Arg] = {"zero_point": 0, "quant_min": -128, "quant_max": 127, "dtype": "int8"}
-        if reader == "view":
-            h = g.call("aten.relu.default", name="h", out=(3, 8), self=x)
-        else:
-            h = g.call(
-                "quantized_decomposed.quantize_per_tensor.default",
-                name="h",
-                out=spec(3, 8, dtype="int8"),
-                input=x,
-                scale=0.1,
-                **qargs,
-            )
+        view = reader == "view"
+        h = g.call("aten.relu.default", name="h", out=(3, 8), self=x) if view else quantize(g, x, (3, 8), "h")
         hv = g.call(
-            "aten.view.default",
-            name="hv",
-            out=spec(3, 8, dtype="float32" if reader == "view" else "int8"),
-            self=h,
-            size=(3, 8),
+            "aten.view.default", name="hv", out=spec(3, 8, dtype="float32" if view else "int8"), self=h, size=(3, 8)
         )
         outs = []
         for i in range(2):
-            if reader == "view":
+            if view:
                 r = g.call("aten.view.default", name=f"r{i}", out=(3, 8), self=hv, size=(-1, 8))
             else:
-                r = g.call(
-                    "quantized_decomposed.dequantize_per_tensor.default",
-                    name=f"r{i}",
-                    out=(3, 8),
-                    input=hv,
-                    scale=0.1,
-                    **qargs,
-                )
+                r = dequantize(g, hv, (3, 8), f"r{i}")
             outs.append(
                 g.call("aten.linear.default", name=f"lin{i}", out=(3, 4), input=r, weight=g.parameter(f"w{i}", (4, 8)))
             )
