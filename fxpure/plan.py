@@ -1113,11 +1113,13 @@ def _finish(
     # a few changes are patched into ``snap``'s users and targets; many (a node in eight, about
     # where patching each costs more than a pass over every node) are derived anew
     few = 8 * (len(changed) + len(erased)) <= len(nodes)
-    found = _derived(snap, nodes, changed, erased & snap.index.keys()) if few else None
+    gone = erased & snap.index.keys()
+    found = _derived(snap, nodes, changed, gone) if few else None
     users, index, targets, bad = derive(nodes) if found is None else (*found, None)
-    for name in sorted(erased & snap.index.keys(), key=snap.index.__getitem__):  # (the first in the graph)
-        if users.get(name):
-            return _conflict(name, f"erased but still read by {users[name][0]}")
+    still = [name for name in gone if users.get(name)]
+    if still:  # the first in the graph
+        name = min(still, key=snap.index.__getitem__)
+        return _conflict(name, f"erased but still read by {users[name][0]}")
     if bad is not None:
         return _conflict(bad.node, bad.detail)
     held = index.keys() & snap.constant_names  # (a set operation, not a walk of the persistent map)
