@@ -353,6 +353,38 @@ def test_too_few_joinable_linears_leave_the_program_untouched(form: str) -> None
     assert_sound(p, x, eager(model, x))
 
 
+class Scaled(nn.Module):
+    """Two ``addmm(b, x, W, alpha=2)`` of one input (weights stored (in, out)), beside a plain linear
+    of it (``plain``)."""
+
+    def __init__(self, plain: bool) -> None:
+        super().__init__()
+        self.w, self.b = (
+            nn.ParameterList(torch.randn(16, n) for n in (8, 4)),
+            nn.ParameterList(torch.randn(n) for n in (8, 4)),
+        )
+        self.lin = nn.ModuleList([nn.Linear(16, 6)] if plain else [])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        scaled = (torch.addmm(b, x, w, alpha=2) for w, b in zip(self.w, self.b, strict=True))
+        return (*scaled, *(lin(x) for lin in self.lin))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+@pytest.mark.parametrize("plain", [False, True])
+def test_linears_scaled_by_alpha_are_reported_and_the_program_left_as_it_was(form: str, plain: bool) -> None:
+    # each addmm with alpha 2 reads x and cannot join (arg-mismatch): they were neither joined nor reported
+    model, x = Scaled(plain).eval(), (torch.randn(3, 16),)
+    p = program(model, x, form)
+    code = graph(p).python_code("self").src
+    outcome = adapters.transform(p, [concat_parallel_linears()]).unwrap()
+    assert not outcome.changed and outcome.report.plans == ()
+    codes = sorted((r.reason.code, r.reason.path) for r in outcome.report.rejections)
+    assert codes == [("arg-mismatch", "lin.alpha")] * 2 + [("too-few-linears", "")]
+    assert graph(p).python_code("self").src == code
+    assert_sound(p, x, eager(model, x))
+
+
 @pytest.mark.parametrize("form", ["gm", "aten", "edge"])
 def test_a_pt2e_models_projections_are_reported_not_joined(form: str) -> None:
     # PT2E gives each projection its own dequantize of x and of its int8 weight: the linears were no

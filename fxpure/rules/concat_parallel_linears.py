@@ -87,7 +87,10 @@ def _owner(snap: GraphSnapshot, node: NodeSnapshot, joins: Result[Match, Reason]
     input whose flat output is read by more than the reshape back (rank > 2). ``joins``: the
     product matched as a linear that can join (the same input, when it is one)."""
     found = joins if isinstance(joins, Success) else match(FOUND, snap, node)
-    x = found.unwrap().bindings.get("x") if isinstance(found, Success) else None
+    if isinstance(found, Success):
+        x = found.unwrap().bindings.get("x")
+    else:  # a linear but for a number (addmm's alpha or beta not 1) still reads its input; else no linear
+        x = _operand(snap, node) if found.failure().code == "arg-mismatch" else None
     if not isinstance(x, NodeRef):
         return None
     readers = snap.users.get(node.name, ())
@@ -98,6 +101,19 @@ def _owner(snap: GraphSnapshot, node: NodeSnapshot, joins: Result[Match, Reason]
         if back is not None and isinstance(source, NodeRef):
             return source.name, OutputShared(node=node.name, users=tuple(r for r in readers if r != back))
     return x.name, None
+
+
+def _operand(snap: GraphSnapshot, node: NodeSnapshot) -> Arg:
+    """The input of a product the linear pattern matches but for a number (an ``addmm`` whose
+    ``alpha`` or ``beta`` is not 1): its operand, or what that flattens where the product's one user
+    reshapes it back, as the pattern would bind it. Its group says why it cannot join."""
+    operand = node.arg(*_OPERAND[node.target])
+    readers = snap.users.get(node.name, ())
+    if type(operand) is NodeRef and len(readers) == 1 and snap.node(readers[0]).target in VIEW.targets:
+        flat = snap.node(operand.name)
+        if flat.target in VIEW.targets and flat.args:
+            return flat.args[0]
+    return operand
 
 
 def _fit(

@@ -868,3 +868,45 @@ def test_views_or_dequantizes_of_a_shared_view_of_a_written_value_are_no_equal_v
     for written in ({"h"}, {"hv"}):
         report = plan(graph(frozenset(written)), [RULE])
         assert report.plans == () and report.rejections == (), written
+
+
+def scaled(alphas: Sequence[int], rank3: bool) -> GraphSnapshot:
+    """x -> edge addmm(b_i, x, W_i.T, alpha=alphas[i]) for each i (rank 3: inside view_copy reshapes)."""
+    g = GraphBuilder(dialect="edge")
+    x = g.input("x", (2, 3, 8) if rank3 else (2, 8))
+    outs = []
+    for i, a in enumerate(alphas):
+        w, b = g.parameter(f"w{i}", (4, 8)), g.parameter(f"b{i}", (4,))
+        t = g.call("aten.permute_copy.default", name=f"t{i}", out=(8, 4), self=w, dims=(1, 0))
+        mat = g.call("aten.view_copy.default", name=f"flat{i}", out=(6, 8), self=x, size=(6, 8)) if rank3 else x
+        scale: dict[str, Arg] = {} if a == 1 else {"alpha": a}
+        y = g.call("aten.addmm.default", name=f"lin{i}", out=(6 if rank3 else 2, 4), self=b, mat1=mat, mat2=t, **scale)
+        if rank3:
+            y = g.call("aten.view_copy.default", name=f"out{i}", out=(2, 3, 4), self=y, size=(2, 3, 4))
+        outs.append(y)
+    g.output(*outs)
+    return g.build()
+
+
+@pytest.mark.parametrize("rank3", [False, True])
+@pytest.mark.parametrize(
+    ("alphas", "joined", "group"),
+    [
+        ((2, 2), [], "x is read by 2 linears, 0 of which can join (lin0: arg-mismatch; lin1: arg-mismatch)"),
+        ((1, 2), [], "x is read by 2 linears, 1 of which can join (lin1: arg-mismatch)"),
+        ((1, 2, 1), ["x"], None),
+    ],
+)
+def test_an_addmm_scaled_by_alpha_is_a_linear_of_its_input_that_cannot_join(
+    alphas: tuple[int, ...], joined: list[str], group: str | None, rank3: bool
+) -> None:
+    # an addmm whose alpha is not 1 matches no linear pattern: it still reads x, and says why it cannot join
+    report = plan(scaled(alphas, rank3), [RULE])
+    assert [p.anchor for p in report.plans] == joined
+    members = [
+        ("arg-mismatch", f"lin{i}", "lin.alpha", f"alpha of lin{i} is 2, expected 1 or 1.0")
+        for i, a in enumerate(alphas)
+        if a != 1
+    ]
+    too_few = [("too-few-linears", "x", "", group)] if group is not None else []
+    assert [(r.reason.code, r.node, r.reason.path, r.reason.message) for r in report.rejections] == [*too_few, *members]
