@@ -1076,3 +1076,33 @@ def test_a_scale_of_a_copy_to_a_memory_format_folds_and_the_copy_keeps_its_forma
     (got,) = run(program, x)
     assert_close([got], want)
     assert got.is_contiguous(memory_format=torch.contiguous_format if contiguous else torch.channels_last)
+
+
+class RankOne(nn.Module):
+    """A scale of a linear of a rank-1 input: edge spells it ``view_copy`` + ``addmm`` + ``view_copy``,
+    without bias ``unsqueeze_copy`` + ``mm`` + ``squeeze_copy``."""
+
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 3, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lin(x) * 2.0
+        return out
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_scale_of_an_edge_linear_of_a_rank_1_input_folds_or_is_declined(bias: bool) -> None:
+    # without bias the scale read a squeeze of the mm: no candidate (no plan, no rejection)
+    model, x = RankOne(bias).eval(), (torch.randn(8),)
+    program = to_edge(torch.export.export(copy.deepcopy(model), x)).exported_program()
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    if bias:
+        assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    else:
+        (r,) = outcome.report.rejections
+        assert outcome.report.plans == () and adapters.capture(program) == before
+        assert (r.reason.code, r.node) == ("producer-not-conv-or-linear", "aten_mul_tensor")
+        assert "from aten_squeeze_copy_dims (aten.squeeze_copy.dims), not a convolution or a linear" in r.reason.message
+    assert_sound(program, x, eager(model, x))

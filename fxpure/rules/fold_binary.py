@@ -40,6 +40,7 @@ from fxpure.families import (
     MUL,
     MUL_,
     RSUB,
+    SQUEEZE,
     SUB,
     SUB_,
     VIEW,
@@ -118,13 +119,15 @@ PATTERN = OneOf(
     Op(MUL | DIV | ADD | SUB, name="bin", other=PROMOTED, self=OPERAND),
 )
 MATMULS = ADDMM.targets | MM.targets
+# what reshapes a matmul's output back (edge spells a rank-1 linear without bias unsqueeze, mm, squeeze)
+RESHAPES = VIEW.targets | SQUEEZE.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too, and ``x @ W`` of a
-    weight stored (in, out), which the rule declines), or a reshape's (or a chain of them:
-    ``to_edge`` writes a pair after each in-place op) after a matmul, or the add of a ``bmm``'s bias;
+    weight stored (in, out), which the rule declines), or a reshape's or squeeze's (or a chain of
+    them: ``to_edge`` writes a pair after each in-place op) after a matmul, or the add of a ``bmm``'s bias;
     or a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so:
     a candidate, declined as the aten form's is reported); or an eval dropout of one, or a copy (the
     ops :func:`fxpure.pattern.idle` takes)."""
@@ -136,11 +139,11 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     )
     if node is not None and idle and node.args:  # (a copy, or a dropout in eval mode: of its input)
         return _computed_by_product(snap, node.args[0])
-    if node is None or node.target not in VIEW.targets:
+    if node is None or node.target not in RESHAPES:
         return node is not None and (
             node.target in PRODUCTS or is_linear(snap, node, in_out=True) or is_bias_add(snap, node)
         )
-    while node.target in VIEW.targets:
+    while node.target in RESHAPES:
         inner = node.args[0] if node.args else None
         if not isinstance(inner, NodeRef) or inner.name not in snap.index:
             return False
