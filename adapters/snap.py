@@ -758,6 +758,7 @@ def _capture(program: Program) -> Captured:
     )
 
 
+LINEAR_CALL = "aten.linear.default"
 # modules whose calls (in a symbolic_trace GraphModule) stand for an ATen op a rule may anchor on
 _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (torch.nn.ConvTranspose1d, "aten.conv_transpose1d.default"),
@@ -767,7 +768,7 @@ _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (torch.nn.Conv2d, "aten.conv2d.default"),
     (torch.nn.Conv3d, "aten.conv3d.default"),
     (torch.nn.modules.batchnorm._BatchNorm, "aten.batch_norm.default"),
-    (torch.nn.Linear, "aten.linear.default"),
+    (torch.nn.Linear, LINEAR_CALL),
     (torch.nn.ReLU, "aten.relu.default"),
 )
 
@@ -818,15 +819,29 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
         for n in cap.gm.graph.nodes
         if n.op == "call_function" and "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor)
     }
-    nodes = [
-        replace(n, op="call_function", target=targets[n.name])
-        if n.name in targets
-        else replace(n, target=_OPERATORS[n.target])
-        if n.op == "call_function" and n.target in _OPERATORS and n.name not in sizes
-        else n
-        for n in cap.snap.nodes
-    ]
-    return snapshot(nodes, cap.snap.constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
+    nodes: list[NodeSnapshot] = []
+    constants = dict(cap.snap.constants.items())
+    for n in cap.snap.nodes:
+        if n.op == "call_module" and targets.get(n.name) == LINEAR_CALL and len(n.args) == 1 and not n.kwargs:
+            # the module's weight and bias as constants it reads, as an exported linear reads them (a rule
+            # that groups linears by their input, concat-parallel-linears, needs to see them as linears)
+            module, args = _attr(cap.gm, n.target), list(n.args)
+            for role in ("weight", "bias"):
+                value, name = getattr(module, role, None), f"{n.name}.{role}"  # (no node has a dot in its name)
+                if isinstance(value, torch.Tensor) and (spec := tensor_spec(value)) is not None:
+                    nodes.append(NodeSnapshot(name=name, op="get_attr", target=f"{n.target}.{role}", spec=spec))
+                    constants[name] = ConstantInfo(kind="parameter", key=f"{n.target}.{role}", spec=spec)
+                    args.append(NodeRef(name))
+                else:
+                    args.append(None)
+            nodes.append(replace(n, op="call_function", target=LINEAR_CALL, args=tuple(args[:3])))
+        elif n.name in targets:
+            nodes.append(replace(n, op="call_function", target=targets[n.name]))
+        elif n.op == "call_function" and n.target in _OPERATORS and n.name not in sizes:
+            nodes.append(replace(n, target=_OPERATORS[n.target]))
+        else:
+            nodes.append(n)
+    return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
 
 
 def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
@@ -840,7 +855,7 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     """The candidates of ``rule`` that fxpure does not rewrite, each with a typed reason: a module
     call in a ``symbolic_trace`` GraphModule (its parameters live in the module), or a node the rule
     would take for one through such a call or through Python's arithmetic (``self.conv(x) * 2.0``,
-    declined at the ``mul``; not yet the input two linear modules read), and the nodes of
+    declined at the ``mul``; the input two linear modules read), and the nodes of
     control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
     branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
@@ -848,9 +863,11 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
         calls = {name: what for name, _, what in cap.module_calls}
         real = {a.name for a in _anchors(rule, cap.snap)}
         for a in _anchors(rule, _as_aten(cap)):
-            if a.name in real:
+            if a.name in real or a.name not in cap.snap.index:  # (not a weight the ATen view gave a module)
                 continue
             via = next((n for n in (a.name, *ref_list(a)) if n in calls), None)
+            if via is None and cap.snap.node(a.name).target not in _OPERATORS:  # the input two linear modules read
+                via = next((u for u in cap.snap.users.get(a.name, ()) if u in calls), None)
             if via is not None:
                 what = f"{'' if via == a.name else f'{a.name}: '}{via} calls {calls[via]}"
             elif cap.snap.node(a.name).target in _OPERATORS:

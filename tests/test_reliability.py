@@ -774,6 +774,32 @@ def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reaso
     assert "torch.export" in declined.reason.message
 
 
+class TwoHeads(nn.Module):
+    """Two linears of one input: a module and (``functional``) an ``F.linear`` call, else two modules."""
+
+    def __init__(self, functional: bool) -> None:
+        super().__init__()
+        self.a, self.w = nn.Linear(8, 4), nn.Parameter(torch.randn(6, 8))
+        self.b = nn.ModuleList([] if functional else [nn.Linear(8, 6)])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.a(x), *(F.linear(x, self.w) for _ in range(not self.b)), *(b(x) for b in self.b), x.relu()
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_the_input_two_linear_calls_of_a_symbolic_trace_graph_module_read_is_declined_with_a_reason(
+    functional: bool,
+) -> None:
+    # neither joined nor reported: the module calls carried no weight, so no linears read x
+    gm = torch.fx.symbolic_trace(TwoHeads(functional))
+    code = gm.code
+    outcome = adapters.transform(gm, [concat_parallel_linears()]).unwrap()
+    assert outcome.report.plans == () and gm.code == code
+    (declined,) = outcome.report.rejections
+    assert declined.node == "x" and declined.reason.code == "module-call"
+    assert declined.reason.message.startswith("x: a calls an nn.Linear module (a symbolic_trace GraphModule)")
+
+
 class PermutedMatmul(nn.Module):
     """A product of a permuted input, which an edge program with a dynamic batch reshapes by sizes
     it computes with Python's ``operator.mul``."""
