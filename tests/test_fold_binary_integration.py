@@ -1106,3 +1106,31 @@ def test_a_scale_of_an_edge_linear_of_a_rank_1_input_folds_or_is_declined(bias: 
         assert (r.reason.code, r.node) == ("producer-not-conv-or-linear", "aten_mul_tensor")
         assert "from aten_squeeze_copy_dims (aten.squeeze_copy.dims), not a convolution or a linear" in r.reason.message
     assert_sound(program, x, eager(model, x))
+
+
+class Unbatched(nn.Module):
+    """A per-channel scale of a conv of an unbatched ``(C, H, W)`` input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.b = nn.Conv2d(3, 4, 3), nn.Parameter(torch.randn(4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv(x) * self.b
+        return out
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_scale_of_a_conv_of_an_unbatched_input_is_declined_in_every_form(form: str) -> None:
+    # found by a hunt: edge spells the conv unsqueeze_copy, convolution, squeeze_copy, and the mul,
+    # reading the squeeze, was no candidate (no plan, no rejection); the other forms decline it
+    model, x = Unbatched().eval(), (torch.randn(3, 6, 6),)
+    program = programs.build(model, x, form)
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    (r,) = outcome.report.rejections
+    # (edge: the squeeze is what the mul reads, where the pattern takes a conv or a linear)
+    want = ("aten_mul_tensor", "producer-not-conv-or-linear") if form == "edge" else ("mul", "malformed-node")
+    assert outcome.report.plans == () and (r.node, r.reason.code) == want
+    assert adapters.capture(program) == before
+    assert_close(run(program, x), eager(model, x))

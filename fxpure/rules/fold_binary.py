@@ -119,15 +119,18 @@ PATTERN = OneOf(
     Op(MUL | DIV | ADD | SUB, name="bin", other=PROMOTED, self=OPERAND),
 )
 MATMULS = ADDMM.targets | MM.targets
-# what reshapes a matmul's output back (edge spells a rank-1 linear without bias unsqueeze, mm, squeeze)
+# what reshapes a matmul's output back (edge spells a rank-1 linear without bias unsqueeze, mm, squeeze;
+# a conv of an unbatched input unsqueeze, convolution, squeeze), and the products it reshapes
 RESHAPES = VIEW.targets | SQUEEZE.targets
+RESHAPED = MATMULS | CONV.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too, and ``x @ W`` of a
     weight stored (in, out), which the rule declines), or a reshape's or squeeze's (or a chain of
-    them: ``to_edge`` writes a pair after each in-place op) after a matmul, or the add of a ``bmm``'s bias;
+    them: ``to_edge`` writes a pair after each in-place op) after a matmul or a conv (of an
+    unbatched input, on edge: the rule declines it), or the add of a ``bmm``'s bias;
     or a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so:
     a candidate, declined as the aten form's is reported); or an eval dropout of one, or a copy (the
     ops :func:`fxpure.pattern.idle` takes)."""
@@ -148,7 +151,7 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
         if not isinstance(inner, NodeRef) or inner.name not in snap.index:
             return False
         node = snap.node(inner.name)
-    return node.target in MATMULS or (node.target in BMM.targets and is_linear(snap, node)) or is_bias_add(snap, node)
+    return node.target in RESHAPED or (node.target in BMM.targets and is_linear(snap, node)) or is_bias_add(snap, node)
 
 
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
