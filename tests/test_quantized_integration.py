@@ -13,6 +13,7 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPart
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
 from executorch.exir import to_edge
 from returns.result import Success
+from torch import nn
 from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -423,3 +424,32 @@ def test_a_float_conv_of_a_quantized_program_is_no_candidate_a_reference_quantiz
     assert len(convs) == 3 and report.plans == ()
     declined = [(r.node, r.reason.code) for r in report.rejections]
     assert declined == ([] if how == "head-only" else [(c, "not-quantized") for c in convs])
+
+
+class Same(nn.Module):
+    """A conv with ``padding="same"`` (a ``k`` by ``k`` kernel, dilation ``d``), then a 1x1 one with
+    ``padding="valid"``: an aten program keeps the strings."""
+
+    def __init__(self, k: int, d: int) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(4, 8, k, padding="same", dilation=d)
+        self.pw = nn.Conv2d(8, 8, 1, padding="valid")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.pw(torch.relu(self.c(x)))
+        return out
+
+
+@pytest.mark.parametrize(("k", "d", "packed"), [(3, 1, True), (3, 2, True), (4, 2, True), (4, 1, False)])
+def test_padding_same_or_valid_packs_in_the_aten_program_as_on_edge(k: int, d: int, packed: bool) -> None:
+    # found by a hunt: the aten program's padding strings were declined no-kernel, where edge (numbers) packed;
+    # 'same' of an even dilated kernel pads one side more, which the kernels cannot
+    torch.manual_seed(0)
+    x = (torch.randn(1, 4, 8, 8),)
+    ep = pt2e(Same(k, d).eval(), x)
+    original = copy.deepcopy(ep)
+    report = adapters.transform(ep, [quantized_conv(fallback="none")]).unwrap().report
+    assert kernels(ep) == Counter({"q8ta_conv2d": 1, "q8ta_conv2d_pw": 1} if packed else {"q8ta_conv2d_pw": 1})
+    assert codes(report) == ([] if packed else ["no-kernel"])
+    validate(ep)
+    assert_exact(ep, original, report, x)

@@ -59,6 +59,7 @@ class Geometry:
     kh: int
     kw: int
     groups: int
+    padding: tuple[int, ...]  # explicit, as the kernels take it ('valid' and 'same' written out)
 
 
 def _rows(w: WeightExpr, g: Geometry) -> WeightExpr:
@@ -144,12 +145,22 @@ def _dtype(op: Bound) -> str:
     return d.name if isinstance(d, DTypeArg) else str(d)
 
 
-def _explicit(conv: Bound) -> Reason | None:
-    """The kernels take explicit padding, and no dilation when transposed."""
-    padding, dilation = conv.args["padding"], conv.ints("dilation")
-    if isinstance(padding, str):
-        detail = f"{conv.name}: padding={padding!r} (the kernels take explicit padding)"
-        return Declined(code="no-kernel", node=conv.name, detail=detail)
+def _same(conv: Bound, kernel: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``padding='same'`` written out, half of each dim's dilated kernel, ``d * (k - 1)``; None where
+    one is odd (torch pads that dim one more at the end)."""
+    total = [d * (k - 1) for d, k in zip(conv.ints("dilation"), kernel, strict=True)]
+    return None if any(t % 2 for t in total) else tuple(t // 2 for t in total)
+
+
+def _explicit(conv: Bound, match: Match) -> Reason | None:
+    """The kernels pad both sides of a dim alike ('same' of an even dilated kernel pads one more),
+    and take no dilation when transposed."""
+    padding, dilation, w = conv.args["padding"], conv.ints("dilation"), match.spec("wq")
+    sizes = tuple(d for d in w.shape[2:] if isinstance(d, int)) if w is not None and len(w.shape) == 4 else ()
+    if padding == "same" and len(sizes) == 2 and _same(conv, sizes) is None:
+        kernel = "x".join(map(str, sizes))
+        detail = f"{conv.name}: padding='same' of a {kernel} kernel, dilation {dilation}, pads one side more"
+        return Declined(code="no-kernel", node=conv.name, detail=f"{detail} (the kernels pad both sides alike)")
     if conv.bool("transposed") and dilation != (1, 1):
         detail = f"{conv.name}: transposed conv with dilation {dilation} (kernel: 1)"
         return Declined(code="no-kernel", node=conv.name, detail=detail)
@@ -205,7 +216,10 @@ def _geometry(conv: Bound, match: Match) -> Result[Geometry, Reason]:
     oc, icg = (b * g, a // g) if transposed else (a, b)
     if (transposed and a % g) or oc % g:
         return Failure(Malformed(node=conv.name, detail=f"weight {w.shape} does not split into {g} groups"))
-    return Success(Geometry(oc=oc, icg=icg, ocg=oc // g, kh=kh, kw=kw, groups=g))
+    padding = conv.args["padding"]
+    pads = (0, 0) if padding == "valid" else _same(conv, (kh, kw)) if padding == "same" else conv.ints("padding")
+    assert pads is not None  # (an odd 'same' was declined: _explicit)
+    return Success(Geometry(oc=oc, icg=icg, ocg=oc // g, kh=kh, kw=kw, groups=g, padding=pads))
 
 
 def _shapes(conv: Bound, dqx: Bound, q: Bound) -> Reason | None:
@@ -253,10 +267,7 @@ def _kernel(conv: Bound, geo: Geometry, align: int) -> Result[str, Reason]:
     if depthwise:
         return Failure(_misaligned(conv, "depthwise output channels", oc, align)) if oc % align else Success("dw")
     one = (1, 1)
-    pointwise = (geo.kh, geo.kw) == conv.ints("stride") == conv.ints("dilation") == one and conv.args["padding"] == (
-        0,
-        0,
-    )
+    pointwise = (geo.kh, geo.kw) == conv.ints("stride") == conv.ints("dilation") == one and geo.padding == (0, 0)
     # the pw kernel ignores groups: a grouped 1x1 conv takes the general kernel
     return Success("pw" if pointwise and g == 1 else "im2col")
 
@@ -338,7 +349,7 @@ def _plan(
             bias_vec,
             (geo.kh, geo.kw),
             conv.ints("stride"),
-            conv.ints("padding"),
+            geo.padding,
             *((conv.ints("output_padding"),) if kernel == "transposed" else ()),
             conv.ints("dilation"),
             geo.groups,

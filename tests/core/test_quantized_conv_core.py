@@ -191,8 +191,9 @@ def _with_args(g: GraphSnapshot, name: str, *args: Arg, target: str | None = Non
 
 
 def test_more_reasons_in_full() -> None:
-    g, w = qconv(), qconv().constants["w"]
-    conv, dqw, q = (g.node(n).args for n in ("conv", "dqw0", "q0"))
+    g, w, g4 = qconv(), qconv().constants["w"], qconv(k=4)
+    dqw, q = (g.node(n).args for n in ("dqw0", "q0"))
+    conv4 = g4.node("conv").args
     ill_formed = replace(w, source=Reshape(x=Source(key="w", spec=w.spec), shape=(5,)))  # a derived weight, no spec
 
     def with_constant(key: str, shape: tuple[int, ...], dtype: str = "float32") -> GraphSnapshot:
@@ -203,9 +204,13 @@ def test_more_reasons_in_full() -> None:
         return Declined(code=code, node="conv", path="conv", detail=detail)
 
     cases: list[tuple[GraphSnapshot, Reason]] = [
-        (
-            _with_args(g, "conv", *conv[:4], "same", conv[5], 1, target="aten.conv2d.padding"),
-            declined("no-kernel", "conv: padding='same' (the kernels take explicit padding)"),
+        (  # (a 3x3 'same' packs, padded by 1 on each side)
+            _with_args(g4, "conv", *conv4[:4], "same", conv4[5], 1, target="aten.conv2d.padding"),
+            declined(
+                "no-kernel",
+                "conv: padding='same' of a 4x4 kernel, dilation (1, 1), pads one side more"
+                " (the kernels pad both sides alike)",
+            ),
         ),
         (
             _with_args(g, "dqw0", *dqw[:6], DTypeArg("uint8")),
@@ -407,3 +412,28 @@ def test_zero_points_an_earlier_rule_derives_as_a_fill_are_known(fill: int, pack
         probe = rule("probe", zp_rule.pattern, need.check(look, codes=["x"]), plan=refill)
         plan(report.after, [probe])
         assert seen == [(1,) * 8]
+
+
+@pytest.mark.parametrize(
+    ("padding", "k", "dilation", "kernel", "explicit"),
+    [
+        ("same", 3, 1, "q8ta_conv2d", (1, 1)),
+        ("same", 3, 2, "q8ta_conv2d", (2, 2)),
+        ("same", 4, 2, "q8ta_conv2d", (3, 3)),  # (dilated, 7 wide: odd)
+        ("same", 5, 1, "q8ta_conv2d", (2, 2)),
+        ("valid", 3, 1, "q8ta_conv2d", (0, 0)),
+        ("valid", 1, 1, "q8ta_conv2d_pw", (0, 0)),
+    ],
+)
+def test_padding_given_as_same_or_valid_is_written_out_for_the_kernels(
+    padding: str, k: int, dilation: int, kernel: str, explicit: tuple[int, int]
+) -> None:
+    # an aten program keeps conv2d(..., padding="same"): it was declined no-kernel (the kernels take numbers)
+    g = qconv(k=k, dilation=dilation)
+    args = g.node("conv").args
+    g = _with_args(g, "conv", *args[:4], padding, args[5], 1, target="aten.conv2d.padding")
+    (p,) = plan(g, [QC]).plans
+    (node,) = p.nodes
+    assert node.target == f"et_vk.{kernel}.default"
+    # (the kernel size, stride, padding and dilation follow the bias)
+    assert node.args[9:13] == ((k, k), (1, 1), explicit, (dilation, dilation))
