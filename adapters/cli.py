@@ -156,6 +156,11 @@ EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_REWRITE_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
+def _first_line(e: BaseException) -> str:
+    """The first line of what ``e`` says ("" if nothing)."""
+    return (str(e).strip().splitlines() or [""])[0]
+
+
 class Progress:
     """Step messages on stderr when it is a terminal; silent when piped."""
 
@@ -220,7 +225,7 @@ def _own_rule(entry: str) -> Any:
     except BadInput:
         raise
     except (Exception, SystemExit) as e:  # the user's module does not import: say so in one line
-        first = (str(e).strip().splitlines() or [""])[0]
+        first = _first_line(e)
         raise BadInput(f"--rules {entry}: cannot import {where} ({type(e).__name__}: {first})") from e
     if not hasattr(module, attr):
         raise BadInput(f"--rules {entry}: {where} has no attribute {attr}")
@@ -231,7 +236,7 @@ def _own_rule(entry: str) -> Any:
             with contextlib.redirect_stdout(sys.stderr):
                 rule = found()
         except (Exception, SystemExit) as e:  # not a maker of rules after all: say what calling it did
-            first = (str(e).strip().splitlines() or [""])[0]
+            first = _first_line(e)
             rule, why = None, f": calling it raised {type(e).__name__}" + (f" ({first})" if first else "")
     if not _is_rule(rule):
         raise BadInput(f"--rules {entry}: {attr} is not a rule (name, anchors, plan_at) nor makes one{why}")
@@ -252,7 +257,7 @@ def _planned(run: Callable[[], T]) -> T:
             return run()
     except (Exception, SystemExit) as e:  # a rule's sys.exit() is a rule that raised
         frame = traceback.extract_tb(e.__traceback__)[-1]
-        first = (str(e).strip().splitlines() or [""])[0]
+        first = _first_line(e)
         raise RuleRaised(f"{type(e).__name__}: {first} (at {frame.filename}:{frame.lineno})") from e
 
 
@@ -655,7 +660,7 @@ def explain(args: argparse.Namespace) -> int:
         try:
             program = to_edge(program).exported_program()
         except Exception as e:  # executorch refuses the program: say so in one line (a lowering failed: 3)
-            first = (str(e).strip().splitlines() or [""])[0]
+            first = _first_line(e)
             print(f"fxpure: error: to_edge cannot lower {args.model} ({type(e).__name__}: {first})", file=sys.stderr)
             return EXIT_REWRITE_FAILED
     progress("planning")
@@ -762,7 +767,11 @@ def apply_cmd(args: argparse.Namespace) -> int:
     progress(f"loading {args.model}")
     extras: dict[str, Any] = {}  # saved again beside the program (a tokenizer, say)
     program = _load(args.model, extras)
-    original = copy.deepcopy(program) if args.verify else None
+    uncopied = None  # why the program to verify against could not be kept
+    try:
+        original = copy.deepcopy(program) if args.verify else None
+    except Exception as e:  # weights on the meta device (torch.export.load gives no leaves): no data to verify with
+        original, uncopied = None, f"{type(e).__name__}: {_first_line(e)}"
     before = capture_program(program) if args.verify else None
     metas = node_meta(program.graph_module)
     progress("planning and applying")
@@ -771,6 +780,11 @@ def apply_cmd(args: argparse.Namespace) -> int:
         print(f"fxpure: error: {result.failure()} (program unchanged, nothing written)", file=sys.stderr)
         return EXIT_REWRITE_FAILED
     outcome = result.unwrap()
+    if uncopied is not None:  # (transform says why such a program cannot be rewritten; here it could)
+        print(
+            f"fxpure: error: cannot verify {args.model}: no copy of it ({uncopied}); nothing written", file=sys.stderr
+        )
+        return EXIT_BAD_INPUT
     doc: dict[str, Any] = {"program": args.model, "output": args.output, "changed": outcome.changed}
     code = EXIT_OK
     if original is not None and before is not None:
@@ -799,7 +813,7 @@ def apply_cmd(args: argparse.Namespace) -> int:
         try:
             buffer = _lower(program, names)
         except Exception as e:  # lowering is executorch's: report it in one line
-            first = (str(e).strip().splitlines() or [""])[0]
+            first = _first_line(e)
             print(
                 f"fxpure: error: lowering to .pte failed ({type(e).__name__}: {first}); nothing written",
                 file=sys.stderr,

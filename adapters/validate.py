@@ -12,17 +12,19 @@ read values with no known shape are reported as not checked, with the reason.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, final
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from adapters.snap import Captured, Program, capture_program, changed_since
 from adapters.torchnames import dtype_of, resolve_target
 from adapters.weights import materialize, plain_torch
 from fxpure.plan import RewritePlan, RewriteReport, planned_on
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, node_refs
+from fxpure.weights import sources
 
 
 @final
@@ -123,6 +125,14 @@ def _run(node: NodeSnapshot, dialect: str, env: Mapping[str, Any]) -> Any:
         return fn(*(_value(a, env) for a in node.args), **{k: _value(v, env) for k, v in node.kwargs.items()})
 
 
+def _data(cap: Captured, keys: Iterable[str]) -> None:
+    """Raises ``_Skip`` if a constant of ``keys`` holds no data (on the meta device, or fake)."""
+    for k in keys:
+        t = cap.tensors.get(k)
+        if t is not None and (t.is_meta or isinstance(t, FakeTensor)):
+            raise _Skip(f"{cap.snap.constants[k].key} holds no data (on the meta device, or fake)")
+
+
 @dataclass
 class _Region:
     """One side of a plan: nodes to run in order, reading ``env`` (inputs and constants)."""
@@ -141,6 +151,7 @@ class _Region:
     def _outside(self, name: str) -> Any:
         info = self.snap.constants.get(name)
         if info is not None:
+            _data(self.cap, (name,) if info.source is None else sources(info.source))
             return self.cap.tensors[name] if info.source is None else materialize(info.source, self.cap.tensors)
         node = self.snap.node(name)
         if node.target in _SIZE_OPS:  # a size computed from a tensor: the value the inputs here give
@@ -235,6 +246,7 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float 
     after = _Region(snap, cap, dict(shared), symbols, torch.Generator().manual_seed(seed + 1))
     try:
         for c in p.constants:  # (expressions read the program's own constants: derived ones are inlined)
+            _data(cap, sources(c.expr))
             after.env[c.name] = materialize(c.expr, cap.tensors)
         after.run(new_nodes, snap.dialect)
     except _Skip as e:

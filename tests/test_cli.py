@@ -781,3 +781,17 @@ def test_verify_draws_a_float8_input_and_judges_what_the_program_computes_in() -
     assert scale.dtype == torch.float8_e4m3fn and scale.shape == (3,) and x.dtype == torch.float32
     assert default_tolerance(ep) == 1e-4
     assert cli._verify(ep, copy.deepcopy(ep), default_tolerance(ep))["ok"]
+
+
+def test_verify_of_a_program_whose_weights_are_on_the_meta_device_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    # found by a hunt: --verify copied the program first, which torch refuses for the meta tensors
+    # torch.export.load gives back (a traceback, exit 1: "verification failed")
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    path, out = tmp_path / "meta.pt2", tmp_path / "out.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 8, 8, device="meta"),)), path)
+    for verify in ((), ("--verify",)):
+        r = fxpure("apply", path, "-o", out, "--rules", "fuse-conv-bn", *verify)
+        assert r.returncode == 3 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("fxpure: error: meta-tensor: ")
+        assert not out.exists()
