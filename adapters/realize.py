@@ -52,6 +52,7 @@ from fxpure.plan import (
     RewritePlan,
     RewriteReport,
     Rule,
+    check_rules,
     constant_expr,
     no_cyclic_gc,
     planned_on,
@@ -693,13 +694,13 @@ def realize(
         else:
             _commit_gm(c, cap, after, new)
         cap.gm.recompile()
+        _run_ahead(edit)  # (inside: a Ctrl-C there rolls back too)
     except BaseException as e:  # every exit rolls back, Ctrl-C included
         c.rollback()
         if not isinstance(e, Exception):
             raise
         code = e.code if isinstance(e, _ApplyError) else "apply-failed"
         raise _ApplyError(code, f"commit failed and was rolled back: {type(e).__name__}: {e}") from e
-    _run_ahead(edit)
     kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
     added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
     dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
@@ -1543,8 +1544,11 @@ def _finite_plan(
             if dry_run and e.code == "meta-tensor":  # a dry run reports the plans, without numbers
                 return report, {}
             raise
-        bad = _non_finite(new, report.after, cap.tensors)
-        flushed = {} if bad else _underflows(new, report, cap.tensors, memo)
+        try:
+            bad = _non_finite(new, report.after, cap.tensors)
+            flushed = {} if bad else _underflows(new, report, cap.tensors, memo)
+        except Exception as e:  # torch failing to compare numbers it computed: nothing was touched
+            raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
         more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
         if not bad and not flushed:
             return report, new
@@ -1594,19 +1598,9 @@ def _captured(program: Program) -> Result[Captured, TransformError]:
         return Success(capture_program(program))
     except TypeError as e:
         return Failure(TransformError(code="unsupported-program", message=str(e)))
-
-
-def check_rules(rules: object) -> Sequence[Rule]:
-    """``rules`` as a sequence of rules, or a TypeError that says what was expected."""
-    if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
-        raise TypeError(f"rules must be a list of rules such as [fuse_conv_bn()], got {type(rules).__name__}")
-    for r in rules:
-        if callable(r) and not hasattr(r, "plan_at"):
-            name = getattr(r, "__name__", repr(r))
-            raise TypeError(f"{name} makes a rule: call it ({name}()) and pass what it returns")
-        if not (isinstance(getattr(r, "name", None), str) and callable(getattr(r, "plan_at", None))):
-            raise TypeError(f"expected a rule (name, anchors, plan_at) such as fuse_conv_bn(), got {r!r}")
-    return rules
+    except Exception as e:  # torch failing to read a tensor of it, say: nothing was touched
+        message = f"cannot read the program: {type(e).__name__}: {e}"
+        return Failure(TransformError(code="unsupported-program", message=message))
 
 
 def _with_unreachable(cap: Captured, report: RewriteReport, rules: Sequence[Rule]) -> RewriteReport:
@@ -1629,8 +1623,12 @@ def transform(
     constant must not take besides the program's own (those other methods of one ``.pte`` hold for
     other values: ExecuTorch's external constant file keeps one tensor per key)."""
     check_rules(rules)
-    keys = () if isinstance(reserved, (str, bytes)) else tuple(reserved)
-    if isinstance(reserved, (str, bytes)) or not all(isinstance(k, str) for k in keys):
+    keys = () if isinstance(reserved, (str, bytes)) or not isinstance(reserved, Iterable) else tuple(reserved)
+    if (
+        not isinstance(reserved, Iterable)
+        or isinstance(reserved, (str, bytes))
+        or not all(isinstance(k, str) for k in keys)
+    ):
         raise TypeError(f"reserved must be an iterable of key names, not {reserved!r}")
     names = frozenset(keys)
 
