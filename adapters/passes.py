@@ -22,8 +22,8 @@ from returns.result import Failure, Result, Success
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 
-from adapters.realize import TransformError, TransformOutcome, apply, check_rules, transform
-from fxpure.plan import Rule
+from adapters.realize import TransformError, TransformOutcome, apply, transform
+from fxpure.plan import Rule, check_rules
 from fxpure.rules import fuse_conv_bn, quantized_conv, split_group_conv
 
 

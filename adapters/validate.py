@@ -346,7 +346,14 @@ def check_plans(
     """Check each plan of ``report`` (made on ``program`` before it was changed) on its own, within
     ``tolerance`` (relative; by default that of the dtypes the plan's old and new nodes compute in,
     as :func:`default_tolerance` gives a program's). Raises ValueError for a report made on
-    another program (no plan of it could be checked here)."""
+    another program (no plan of it could be checked here) or a negative tolerance, TypeError for
+    what is no report."""
+    if not isinstance(report, RewriteReport):
+        raise TypeError(f"expected a RewriteReport (an outcome's .report), got {type(report).__name__}")
+    if tolerance is not None and (
+        isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0
+    ):
+        raise ValueError(f"tolerance must be a relative difference of 0 or more, got {tolerance!r}")
     cap = program if isinstance(program, Captured) else capture_program(program)
     changed = changed_since(report.before, cap.snap)
     if changed is not None:

@@ -152,6 +152,30 @@ class Rule(Protocol):
         ...
 
 
+def check_rules(rules: object) -> Sequence[Rule]:
+    """``rules`` as a sequence of rules, or a TypeError that says what was expected.
+
+    >>> check_rules("fuse-conv-bn")
+    Traceback (most recent call last):
+    TypeError: rules must be a list of rules such as [fuse_conv_bn()], got str
+    """
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
+        raise TypeError(f"rules must be a list of rules such as [fuse_conv_bn()], got {type(rules).__name__}")
+    for r in rules:
+        if callable(r) and not hasattr(r, "plan_at"):
+            name = getattr(r, "__name__", repr(r))
+            raise TypeError(f"{name} makes a rule: call it ({name}()) and pass what it returns")
+        if not (isinstance(getattr(r, "name", None), str) and callable(getattr(r, "plan_at", None))):
+            raise TypeError(f"expected a rule (name, anchors, plan_at) such as fuse_conv_bn(), got {r!r}")
+    return rules
+
+
+def _check_snapshot(snap: object) -> None:
+    if not isinstance(snap, GraphSnapshot):
+        detail = "capture a program first: adapters.capture(program)"
+        raise TypeError(f"expected a GraphSnapshot ({detail}), got {type(snap).__name__}")
+
+
 # ops that lay a tensor's elements out in another shape, in the same order (a layer scale's
 # ``gamma[:, None, None]`` or ``gamma.view(1, -1, 1, 1)``), or copy them as they are (a
 # ``torch.tensor(...)`` made in forward is read through ``lift_fresh_copy`` and ``detach_``, on edge
@@ -961,6 +985,12 @@ def rewrite(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> Result[GraphSn
     >>> rewrite(snapshot([], {}), []).unwrap() == snapshot([], {})
     True
     """
+    _check_snapshot(snap)
+    if isinstance(plans, (str, bytes)) or not isinstance(plans, Sequence):
+        raise TypeError(f"plans must be a list of RewritePlan, got {type(plans).__name__}")
+    other = next((p for p in plans if not isinstance(p, RewritePlan)), None)
+    if other is not None:
+        raise TypeError(f"expected a RewritePlan, got {other!r}")
     if not plans:
         return Success(snap)
     for p in plans:
@@ -1210,8 +1240,9 @@ def plan(
     >>> [n.name for n in report.before.nodes if n.op == "call_function"]
     ['conv2d', 'batch_norm']
     """
+    _check_snapshot(snap)
     with no_cyclic_gc(keep=True):
-        return _stages(snap, rules, declined)
+        return _stages(snap, check_rules(rules), declined)
 
 
 @contextmanager

@@ -6,9 +6,10 @@ import copy
 import gc
 import json
 import operator
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 import adapters
 import adapters.snap
 import fxpure
+from adapters.validate import check_plans
 from fxpure.families import CONV, MUL
 from fxpure.pattern import Bound, Const, Op, Planner, Scalar, Var, rule
 from fxpure.plan import RewritePlan, Rule
@@ -671,6 +673,29 @@ def test_misused_rules_are_a_type_error_that_says_what_was_expected() -> None:
         adapters.transform(program, fuse_conv_bn())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="expected a rule"):
         adapters.transform(program, ["fuse-conv-bn"])  # type: ignore[list-item]
+
+
+def test_misused_planning_and_checking_are_an_error_that_says_what_was_expected() -> None:
+    # found by a hunt: each raised AttributeError from inside, or (rewrite of None) returned Success
+    program = build(randomize_bn(NoneOutputs()), (torch.randn(1, 3, 8, 8),), "aten")
+    assert isinstance(program, torch.export.ExportedProgram)
+    outcome = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap()
+    snap = adapters.capture(program)
+    # (what a caller without a type checker may pass: typed Any, as mypy refuses each of them)
+    three, none, empty, ep, whole = cast(Any, 3), cast(Any, None), cast(Any, []), cast(Any, program), cast(Any, outcome)
+    misuses: list[tuple[Callable[[], object], type[Exception], str]] = [
+        (lambda: fxpure.plan(snap, [three]), TypeError, "expected a rule (name, anchors, plan_at)"),
+        (lambda: fxpure.plan(ep, [fuse_conv_bn()]), TypeError, "expected a GraphSnapshot (capture a program"),
+        (lambda: fxpure.rewrite(snap, [three]), TypeError, "expected a RewritePlan, got 3"),
+        (lambda: fxpure.rewrite(snap, none), TypeError, "plans must be a list of RewritePlan, got NoneType"),
+        (lambda: check_plans(program, whole), TypeError, "expected a RewriteReport (an outcome's .report)"),
+        (lambda: check_plans(program, empty), TypeError, "expected a RewriteReport"),
+        (lambda: check_plans(program, outcome.report, tolerance=-1), ValueError, "tolerance must be"),
+        (lambda: adapters.transform(program, [fuse_conv_bn()], reserved=none), TypeError, "reserved must be"),
+    ]
+    for call, error, message in misuses:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
 
 
 class Training(nn.Module):
