@@ -780,18 +780,18 @@ def apply_cmd(args: argparse.Namespace) -> int:
         print(f"fxpure: error: {result.failure()} (program unchanged, nothing written)", file=sys.stderr)
         return EXIT_REWRITE_FAILED
     outcome = result.unwrap()
-    if uncopied is not None:  # (transform says why such a program cannot be rewritten; here it could)
+    if uncopied is not None and outcome.changed:  # (transform says why such a program cannot be rewritten)
         print(
             f"fxpure: error: cannot verify {args.model}: no copy of it ({uncopied}); nothing written", file=sys.stderr
         )
         return EXIT_BAD_INPUT
     doc: dict[str, Any] = {"program": args.model, "output": args.output, "changed": outcome.changed}
     code = EXIT_OK
-    if original is not None and before is not None:
+    if before is not None:
         progress("verifying each plan, then the whole program, on random inputs")
         checks = check_plans(before, outcome.report, tolerance=args.tolerance)  # (None: each plan's dtypes')
-        if args.tolerance is None:
-            args.tolerance = default_tolerance(original)
+        if args.tolerance is None:  # (no copy: nothing was rewritten, the program is the original)
+            args.tolerance = default_tolerance(original if original is not None else program)
         doc["plan_checks"] = [
             {"rule": c.rule, "anchor": c.anchor, "ok": c.ok, "max_rel": c.max_rel, "note": c.note} for c in checks
         ]
@@ -803,6 +803,7 @@ def apply_cmd(args: argparse.Namespace) -> int:
             why = f"{', '.join(delegated)}: its et_vk kernels run only in the Vulkan delegate, not on this host"
             doc["verify"] = {"ok": True, "skipped": why}
         else:
+            assert original is not None  # (changed: copied, else refused above)
             doc["verify"] = _verify(original, program, args.tolerance)
         failed = not doc["verify"]["ok"] or any(c.ok is False for c in checks)
         code = EXIT_VERIFY_FAILED if failed else EXIT_OK

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
 from typing import overload
@@ -38,8 +38,8 @@ class RulesPass(ExportedProgramPassBase):
     the list to reuse the object on many programs). ``exported_program`` is only needed to call it
     on that program's graph module."""
 
-    def __init__(self, rules: Sequence[Rule], exported_program: ExportedProgram | None = None) -> None:
-        self.rules = tuple(check_rules(rules))
+    def __init__(self, rules: Iterable[Rule], exported_program: ExportedProgram | None = None) -> None:
+        self.rules = check_rules(rules)
         self.exported_program = exported_program
         self.last: TransformOutcome | None = None
         self.outcomes: list[TransformOutcome] = []

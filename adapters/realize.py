@@ -1617,12 +1617,12 @@ def _reserving(cap: Captured, names: Iterable[str]) -> Captured:
 
 
 def transform(
-    program: Program, rules: Sequence[Rule], *, dry_run: bool = False, reserved: Iterable[str] = ()
+    program: Program, rules: Iterable[Rule], *, dry_run: bool = False, reserved: Iterable[str] = ()
 ) -> Result[TransformOutcome, TransformError]:
     """Plan ``rules`` on ``program`` and apply them in place, all or nothing. ``reserved``: keys a new
     constant must not take besides the program's own (those other methods of one ``.pte`` hold for
     other values: ExecuTorch's external constant file keeps one tensor per key)."""
-    check_rules(rules)
+    rules = check_rules(rules)
     keys = () if isinstance(reserved, (str, bytes)) or not isinstance(reserved, Iterable) else tuple(reserved)
     if (
         not isinstance(reserved, Iterable)

@@ -822,10 +822,12 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
     nodes: list[NodeSnapshot] = []
     constants = dict(cap.snap.constants.items())
     for n in cap.snap.nodes:
-        if n.op == "call_module" and targets.get(n.name) == LINEAR_CALL and len(n.args) == 1 and not n.kwargs:
+        # (the one input of a linear module's call: ``self.fc(x)`` or ``self.fc(input=x)``)
+        x = n.args[0] if len(n.args) == 1 and not n.kwargs else n.kwargs.get("input") if len(n.kwargs) == 1 else None
+        if n.op == "call_module" and targets.get(n.name) == LINEAR_CALL and not n.args[1:] and x is not None:
             # the module's weight and bias as constants it reads, as an exported linear reads them (a rule
             # that groups linears by their input, concat-parallel-linears, needs to see them as linears)
-            module, args = _attr(cap.gm, n.target), list(n.args)
+            module, args = _attr(cap.gm, n.target), list[Arg]([x])
             for role in ("weight", "bias"):
                 value, name = getattr(module, role, None), f"{n.name}.{role}"  # (no node has a dot in its name)
                 if isinstance(value, torch.Tensor) and (spec := tensor_spec(value)) is not None:
@@ -834,7 +836,7 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
                     args.append(NodeRef(name))
                 else:
                     args.append(None)
-            nodes.append(replace(n, op="call_function", target=LINEAR_CALL, args=tuple(args[:3])))
+            nodes.append(replace(n, op="call_function", target=LINEAR_CALL, args=tuple(args), kwargs=_EMPTY))
         elif n.name in targets:
             nodes.append(replace(n, op="call_function", target=targets[n.name]))
         elif n.op == "call_function" and n.target in _OPERATORS and n.name not in sizes:

@@ -125,6 +125,19 @@ def _run(node: NodeSnapshot, dialect: str, env: Mapping[str, Any]) -> Any:
         return fn(*(_value(a, env) for a in node.args), **{k: _value(v, env) for k, v in node.kwargs.items()})
 
 
+def _given_tolerance(value: object) -> float:
+    """A relative tolerance as a float: a number of 0 or more (``np.float32`` and a 0-d tensor too)."""
+    try:
+        number = float(value) if not isinstance(value, (bool, str, bytes)) else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = None
+    if number is None:
+        raise TypeError(f"tolerance must be a number, got {type(value).__name__}")
+    if not number >= 0:  # (nan too)
+        raise ValueError(f"tolerance must be 0 or more, got {value!r}")
+    return number
+
+
 def _data(cap: Captured, keys: Iterable[str]) -> None:
     """Raises ``_Skip`` if a constant of ``keys`` holds no data (on the meta device, or fake)."""
     for k in keys:
@@ -347,13 +360,11 @@ def check_plans(
     ``tolerance`` (relative; by default that of the dtypes the plan's old and new nodes compute in,
     as :func:`default_tolerance` gives a program's). Raises ValueError for a report made on
     another program (no plan of it could be checked here) or a negative tolerance, TypeError for
-    what is no report."""
+    what is no report or no number."""
     if not isinstance(report, RewriteReport):
         raise TypeError(f"expected a RewriteReport (an outcome's .report), got {type(report).__name__}")
-    if tolerance is not None and (
-        isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0
-    ):
-        raise ValueError(f"tolerance must be a relative difference of 0 or more, got {tolerance!r}")
+    if tolerance is not None:
+        tolerance = _given_tolerance(tolerance)
     cap = program if isinstance(program, Captured) else capture_program(program)
     changed = changed_since(report.before, cap.snap)
     if changed is not None:

@@ -152,15 +152,17 @@ class Rule(Protocol):
         ...
 
 
-def check_rules(rules: object) -> Sequence[Rule]:
-    """``rules`` as a sequence of rules, or a TypeError that says what was expected.
+def check_rules(rules: object) -> tuple[Rule, ...]:
+    """``rules`` (a list, or any iterable of them) as a tuple of rules, or a TypeError that says
+    what was expected.
 
     >>> check_rules("fuse-conv-bn")
     Traceback (most recent call last):
     TypeError: rules must be a list of rules such as [fuse_conv_bn()], got str
     """
-    if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Iterable):
         raise TypeError(f"rules must be a list of rules such as [fuse_conv_bn()], got {type(rules).__name__}")
+    rules = tuple(rules)
     for r in rules:
         if callable(r) and not hasattr(r, "plan_at"):
             name = getattr(r, "__name__", repr(r))
@@ -1209,7 +1211,7 @@ def _finish(
 
 
 def plan(
-    snap: GraphSnapshot, rules: Sequence[Rule], *, declined: Mapping[tuple[str, str], Reason] | None = None
+    snap: GraphSnapshot, rules: Iterable[Rule], *, declined: Mapping[tuple[str, str], Reason] | None = None
 ) -> RewriteReport:
     """Run rules in order; each stage plans on the previous stage's rewritten snapshot.
 

@@ -795,3 +795,9 @@ def test_verify_of_a_program_whose_weights_are_on_the_meta_device_is_one_line_an
         assert r.returncode == 3 and "Traceback" not in r.stderr
         assert r.stderr.strip().splitlines()[-1].startswith("fxpure: error: meta-tensor: ")
         assert not out.exists()
+    # nothing to rewrite: nothing to verify, no copy needed (a review found it refused, exit 2)
+    r = fxpure("apply", path, "-o", out, "--rules", "split-group-conv", "--verify")
+    assert (
+        r.returncode == 0 and r.stdout.splitlines()[-1] == "verify: whole program not compared (nothing was rewritten)"
+    )
+    assert out.exists()

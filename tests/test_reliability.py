@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import torch
 from executorch.exir import to_edge
@@ -696,6 +697,14 @@ def test_misused_planning_and_checking_are_an_error_that_says_what_was_expected(
     for call, error, message in misuses:
         with pytest.raises(error, match=re.escape(message)):
             call()
+    # (a review found these refused on the way: any iterable of rules, any number for a tolerance)
+    assert len(fxpure.plan(snap, (r for r in [fuse_conv_bn()])).plans) == 1
+    assert (
+        len(adapters.transform(program, map(lambda make: make(), [fuse_conv_bn]), dry_run=True).unwrap().report.plans)
+        == 1
+    )
+    for tolerance in (np.float32(1e-3), torch.tensor(1e-3)):
+        assert [c.ok for c in check_plans(program, outcome.report, tolerance=cast(Any, tolerance))] == [True]
 
 
 class Training(nn.Module):
@@ -800,23 +809,25 @@ def test_module_calls_of_a_symbolic_trace_graph_module_are_declined_with_a_reaso
 
 
 class TwoHeads(nn.Module):
-    """Two linears of one input: a module and (``functional``) an ``F.linear`` call, else two modules."""
+    """Two linears of one input: a module (called ``a(input=x)`` where ``how`` is "keyword") and another
+    module, or (``how`` "functional") an ``F.linear`` call."""
 
-    def __init__(self, functional: bool) -> None:
+    def __init__(self, how: str) -> None:
         super().__init__()
-        self.a, self.w = nn.Linear(8, 4), nn.Parameter(torch.randn(6, 8))
-        self.b = nn.ModuleList([] if functional else [nn.Linear(8, 6)])
+        self.how, self.a, self.w = how, nn.Linear(8, 4), nn.Parameter(torch.randn(6, 8))
+        self.b = nn.ModuleList([] if how == "functional" else [nn.Linear(8, 6)])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.a(x), *(F.linear(x, self.w) for _ in range(not self.b)), *(b(x) for b in self.b), x.relu()
+        a = self.a(input=x) if self.how == "keyword" else self.a(x)
+        return a, *(F.linear(x, self.w) for _ in range(not self.b)), *(b(x) for b in self.b), x.relu()
 
 
-@pytest.mark.parametrize("functional", [False, True])
+@pytest.mark.parametrize("how", ["modules", "functional", "keyword"])
 def test_the_input_two_linear_calls_of_a_symbolic_trace_graph_module_read_is_declined_with_a_reason(
-    functional: bool,
+    how: str,
 ) -> None:
     # neither joined nor reported: the module calls carried no weight, so no linears read x
-    gm = torch.fx.symbolic_trace(TwoHeads(functional))
+    gm = torch.fx.symbolic_trace(TwoHeads(how))
     code = gm.code
     outcome = adapters.transform(gm, [concat_parallel_linears()]).unwrap()
     assert outcome.report.plans == () and gm.code == code

@@ -43,6 +43,7 @@ from fxpure.families import (
     SQUEEZE,
     SUB,
     SUB_,
+    UNSQUEEZE,
     VIEW,
 )
 from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
@@ -119,18 +120,14 @@ PATTERN = OneOf(
     Op(MUL | DIV | ADD | SUB, name="bin", other=PROMOTED, self=OPERAND),
 )
 MATMULS = ADDMM.targets | MM.targets
-# what reshapes a matmul's output back (edge spells a rank-1 linear without bias unsqueeze, mm, squeeze;
-# a conv of an unbatched input unsqueeze, convolution, squeeze), and the products it reshapes
-RESHAPES = VIEW.targets | SQUEEZE.targets
-RESHAPED = MATMULS | CONV.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too, and ``x @ W`` of a
-    weight stored (in, out), which the rule declines), or a reshape's or squeeze's (or a chain of
-    them: ``to_edge`` writes a pair after each in-place op) after a matmul or a conv (of an
-    unbatched input, on edge: the rule declines it), or the add of a ``bmm``'s bias;
+    weight stored (in, out), which the rule declines), or a reshape's (or a chain of them:
+    ``to_edge`` writes a pair after each in-place op) after a matmul, or edge's squeeze after a
+    conv or ``mm`` of an unsqueezed input (:func:`_unbatched`, declined), or the add of a ``bmm``'s bias;
     or a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so:
     a candidate, declined as the aten form's is reported); or an eval dropout of one, or a copy (the
     ops :func:`fxpure.pattern.idle` takes)."""
@@ -142,16 +139,29 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     )
     if node is not None and idle and node.args:  # (a copy, or a dropout in eval mode: of its input)
         return _computed_by_product(snap, node.args[0])
-    if node is None or node.target not in RESHAPES:
+    if node is not None and node.target in SQUEEZE.targets and _unbatched(snap, node):
+        return True
+    if node is None or node.target not in VIEW.targets:
         return node is not None and (
             node.target in PRODUCTS or is_linear(snap, node, in_out=True) or is_bias_add(snap, node)
         )
-    while node.target in RESHAPES:
+    while node.target in VIEW.targets:
         inner = node.args[0] if node.args else None
         if not isinstance(inner, NodeRef) or inner.name not in snap.index:
             return False
         node = snap.node(inner.name)
-    return node.target in RESHAPED or (node.target in BMM.targets and is_linear(snap, node)) or is_bias_add(snap, node)
+    return node.target in MATMULS or (node.target in BMM.targets and is_linear(snap, node)) or is_bias_add(snap, node)
+
+
+def _unbatched(snap: GraphSnapshot, squeeze: NodeSnapshot) -> bool:
+    """``squeeze`` undoes the unsqueeze before the conv or ``mm`` it reads: how edge spells a conv of an
+    unbatched input (``unsqueeze_copy``, ``convolution``, ``squeeze_copy``), and a linear of a rank-1
+    input without bias (``mm`` for the conv). The rule declines what reads it."""
+    product = snap.node(squeeze.args[0].name) if squeeze.args and isinstance(squeeze.args[0], NodeRef) else None
+    if product is None or product.target not in CONV.targets | MM.targets or not product.args:
+        return False
+    x = product.args[0]
+    return isinstance(x, NodeRef) and snap.node(x.name).target in UNSQUEEZE.targets
 
 
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
