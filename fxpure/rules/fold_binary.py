@@ -121,6 +121,7 @@ PATTERN = OneOf(
 )
 MATMULS = ADDMM.targets | MM.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
+SQUEEZED = CONV.targets | MM.targets  # (what edge squeezes back after unsqueezing an unbatched input)
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
@@ -131,7 +132,7 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     or a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so:
     a candidate, declined as the aten form's is reported); or an eval dropout of one, or a copy (the
     ops :func:`fxpure.pattern.idle` takes)."""
-    node = snap.node(value.name) if isinstance(value, NodeRef) and value.name in snap.index else None
+    node = _node(snap, value)
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
     idle = node is not None and (
@@ -157,11 +158,15 @@ def _unbatched(snap: GraphSnapshot, squeeze: NodeSnapshot) -> bool:
     """``squeeze`` undoes the unsqueeze before the conv or ``mm`` it reads: how edge spells a conv of an
     unbatched input (``unsqueeze_copy``, ``convolution``, ``squeeze_copy``), and a linear of a rank-1
     input without bias (``mm`` for the conv). The rule declines what reads it."""
-    product = snap.node(squeeze.args[0].name) if squeeze.args and isinstance(squeeze.args[0], NodeRef) else None
-    if product is None or product.target not in CONV.targets | MM.targets or not product.args:
+    product = _node(snap, squeeze.args[0]) if squeeze.args else None
+    if product is None or product.target not in SQUEEZED or not product.args:
         return False
-    x = product.args[0]
-    return isinstance(x, NodeRef) and snap.node(x.name).target in UNSQUEEZE.targets
+    x = _node(snap, product.args[0])
+    return x is not None and x.target in UNSQUEEZE.targets
+
+
+def _node(snap: GraphSnapshot, arg: Arg) -> NodeSnapshot | None:
+    return snap.node(arg.name) if isinstance(arg, NodeRef) and arg.name in snap.index else None
 
 
 def _promotes(snap: GraphSnapshot, copy: NodeSnapshot) -> bool:
