@@ -400,7 +400,7 @@ class _Writes:
 
 
 def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
-    """The buffers and parameters a program's signature mutates, and each tensor an in-place op (or
+    """The buffers, parameters and inputs a program's signature mutates, and each tensor an in-place op (or
     an ``out=``) writes, traced back through the views it was taken of."""
     w = _Writes()
     if ep is not None:
@@ -409,6 +409,7 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
         w.written |= {
             s.arg.name for s in ep.graph_signature.input_specs if s.target in mutated and hasattr(s.arg, "name")
         }
+        w.written |= set(signature.user_inputs_to_mutate.values())  # (by their placeholders' names)
     views = w.views
     attrs: dict[str, list[str]] = {}  # a get_attr target -> its nodes (a module's buffers it updates)
     for n in gm.graph.find_nodes(op="get_attr"):

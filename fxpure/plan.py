@@ -742,8 +742,33 @@ def shown(spec: Spec) -> str:
 
 def ill_fitting(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
     """What torch would refuse or change in ``p``'s new values: :func:`mixed_dtypes`, then
-    :func:`changed_values`."""
-    return mixed_dtypes(snap, p, specs) or changed_values(snap, p, specs)
+    :func:`changed_values`, then :func:`returns_written`."""
+    return mixed_dtypes(snap, p, specs) or changed_values(snap, p, specs) or returns_written(snap, p)
+
+
+def returns_written(snap: GraphSnapshot, p: RewritePlan) -> PlanConflict | None:
+    """A program output whose value ``p`` moves to a tensor the program writes in place (``snap.written``:
+    a buffer or input updated, in the graph or by the signature of a functional program): the
+    program would return that tensor itself, which holds the written value when it returns, not the
+    one the output computed before the write.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> b = g.buffer("buf", (3,))
+    >>> y = g.call("aten.mul.Tensor", name="y", self=b, other=1.0, out=(3,))
+    >>> g.output(y, g.call("aten.add.Tensor", name="new_buf", self=b, other=1.0, out=(3,)))
+    >>> snap = replace(g.build(), written=frozenset({"buf"}))
+    >>> p = RewritePlan(rule="r", anchor="y", replace=(("y", "buf"),), erase=("y",))
+    >>> returns_written(snap, p).message
+    'y: the output y would return buf, which the program writes in place (its value after the write)'
+    """
+    for old, new in p.replace:
+        if new in snap.written and any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index):
+            detail = (
+                f"the output {old} would return {new}, which the program writes in place (its value after the write)"
+            )
+            return PlanConflict(node=p.anchor, detail=detail)
+    return None
 
 
 @final

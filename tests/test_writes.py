@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers the quantized_decomposed ops)
+from executorch.exir import to_edge
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -19,9 +20,10 @@ import adapters
 import adapters.realize
 import adapters.snap
 import fxpure
-from fxpure.families import CLONE, RELU, RELU_, VIEW, family
-from fxpure.pattern import Bound, Op, Planner, Var, rule
+from fxpure.families import CLONE, MUL, RELU, RELU_, VIEW, family
+from fxpure.pattern import Bound, Const, Match, OneOf, Op, Planner, Scalar, Var, need, rule
 from fxpure.plan import RewritePlan, Rule
+from fxpure.reasons import Declined, Reason
 from fxpure.rules import RULES, concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn, quantized_conv
 from fxpure.snapshot import NodeRef
 from tests.models import randomize_bn
@@ -707,3 +709,62 @@ def test_a_view_of_a_view_of_several_tensors_is_a_view_of_each() -> None:
     assert {n.target for n in cap.snap.nodes if n.name in of[add]} >= {"aten.broadcast_tensors.default", "getitem"}
     assert len([n for n in of[add] if cap.snap.node(n).target == "aten.broadcast_tensors.default"]) == 2
     assert {r for _, r in cap.writes} >= {add, "z", "w"}  # the write writes each
+
+
+def _same(p: Planner, op: Bound, x: NodeRef) -> RewritePlan:
+    return p.replace(op, x)
+
+
+def _one(op: Bound, match: Match) -> Reason | None:
+    if match.values("k") == (1.0,):
+        return None
+    return Declined(code="not-one", node=op.name, detail=f"{op.name} scales by {match.values('k')}")
+
+
+# x * 1.0 -> x, as a backend author writes it (found by a hunt of rules written with the kit)
+TIMES_ONE = rule(
+    "times-one",
+    Op(MUL, name="op", commute=True, self=Var("x"), other=OneOf(Scalar("k"), Const("k"))),
+    need.check(_one, codes=("not-one",)),
+    plan=_same,
+)
+
+
+class BufferReadThenWritten(nn.Module):
+    buf: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.buf * 1.0  # the value before the write
+        self.buf.add_(x)
+        return y
+
+
+class InputReadThenWritten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        x.add_(1.0)
+        return y
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "decomposed", "edge"])
+@pytest.mark.parametrize("cls", [BufferReadThenWritten, InputReadThenWritten])
+def test_an_output_moved_to_a_tensor_the_program_writes_is_declined(cls: type[nn.Module], form: str) -> None:
+    # a functional program (edge, or after run_decompositions()) writes the buffer or input by its
+    # signature, after the graph: an output that is the tensor itself returned the written value
+    # (wrong numbers, in the .pte too)
+    ep = torch.export.export(cls(), (torch.ones(3),))
+    program: Program = (
+        (ep.module() if form == "gm" else ep.run_decompositions() if form == "decomposed" else ep)
+        if form != "edge"
+        else to_edge(ep).exported_program()
+    )
+    outcome = adapters.transform(program, [TIMES_ONE]).unwrap()
+    (r,) = outcome.report.rejections
+    assert outcome.report.plans == () and r.reason.code == "plan-conflict"
+    assert "which the program writes in place (its value after the write)" in r.reason.message
+    want = cls()(torch.ones(3))
+    assert_close(run(program, (torch.ones(3),)), [want])
