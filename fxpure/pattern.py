@@ -93,7 +93,7 @@ from fxpure.snapshot import (
     ref_list,
     refs,
 )
-from fxpure.weights import EXPR_NODE, Source, WeightExpr, infer_spec, known_values, out_channels, sources
+from fxpure.weights import EXPR_NODE, Cast, Fill, Source, WeightExpr, infer_spec, known_values, out_channels, sources
 
 ONE: Literal["one"] = "one"
 ANY: Literal["any"] = "any"
@@ -484,14 +484,22 @@ class Match:
     def values(self, name: str) -> tuple[int | float, ...] | None:
         """The data of a bound constant when it is a small integer vector (zero points, say) or a
         number held as a 0-d tensor (an edge program lifts the ``1.0`` of ``x * 1.0`` so): the
-        program's, or an earlier rule's fill of one integer (``Fill(shape=(oc,), value=0)``); a
-        bound number as itself, ``(1.0,)``, so that one check reads ``x * 1.0`` in every form."""
+        program's, or an earlier rule's fill of one integer (``Fill(shape=(oc,), value=0)``), or such
+        a number cast to a float dtype (a float16 edge program's ``x * 1.0`` casts a float32 ``1.0``;
+        the value as the cast rounds it, None for bfloat16); a bound number as itself, ``(1.0,)``, so
+        that one check reads ``x * 1.0`` in every form."""
         value = self.bindings.get(name)
         if isinstance(value, int | float) and not isinstance(value, bool):
             return (value,)
         if isinstance(value, Source):  # the program's own: captured when small
             info = self.snap.constants.get(value.key)
             return info.values if info is not None else None
+        if isinstance(value, Cast) and isinstance(value.x, Source):  # a number cast to the op's dtype (edge's)
+            info = self.snap.constants.get(value.x.key)
+            held = info.values if info is not None else None
+            if held is None or len(held) != 1 or value.dtype not in ("float64", "float32", "float16"):
+                return None
+            return known_values(Fill(shape=(), value=float(held[0]), dtype=value.dtype))  # (as the cast rounds it)
         return known_values(value) if isinstance(value, WeightExpr) else None
 
 
@@ -1045,6 +1053,14 @@ def _name(fn: Callable[..., object]) -> str:
     return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", repr(fn)))
 
 
+def _ints(check: str, name: str, allowed: object) -> tuple[int, ...]:
+    """``allowed`` as a tuple of ints, or a PatternError (``need.rank("x", 4)`` for ``(4,)``, say)."""
+    values = tuple(allowed) if isinstance(allowed, Iterable) and not isinstance(allowed, str) else None
+    if values is None or not all(type(v) is int for v in values):
+        raise PatternError(f"need.{check}({name!r}, ...) takes numbers such as (2, 3), got {allowed!r}")
+    return values
+
+
 @final
 class _Need:
     """Typed checks on bound values; each returns one reason record or nothing."""
@@ -1076,7 +1092,10 @@ class _Need:
         """The bound value's dtype is one of ``allowed``. A Python number (bound by ``Scalar``) has
         the dtype torch gives it: ``int64`` or ``float64`` (a wrapped number, which does not change
         the dtype of a tensor of its kind it meets)."""
-        ok = frozenset(allowed)
+        names = tuple(allowed) if isinstance(allowed, Iterable) and not isinstance(allowed, str) else None
+        if names is None or not all(isinstance(d, str) for d in names):
+            raise PatternError(f"need.dtype({name!r}, ...) takes dtype names such as ('float32',), got {allowed!r}")
+        ok = frozenset(names)
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
@@ -1096,7 +1115,7 @@ class _Need:
     @staticmethod
     def rank(name: str, allowed: Iterable[int]) -> Check:
         """The bound value's rank (number of dims) is one of ``allowed``."""
-        ok = tuple(sorted(allowed))
+        ok = tuple(sorted(_ints("rank", name, allowed)))
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
@@ -1112,7 +1131,7 @@ class _Need:
     @staticmethod
     def spatial_rank(conv: str, allowed: Iterable[int]) -> Check:
         """A bound convolution's number of spatial dims is one of ``allowed``."""
-        ok = tuple(sorted(allowed))
+        ok = tuple(sorted(_ints("spatial_rank", conv, allowed)))
 
         def run(m: Match, _: Values) -> Reason | None:
             op = m.bindings.get(conv)

@@ -403,11 +403,14 @@ TIMES_ONE = rule(
 )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("form", FORMS)
-def test_a_rule_reads_the_number_an_edge_program_lifts_as_a_tensor(form: str) -> None:
+def test_a_rule_reads_the_number_an_edge_program_lifts_as_a_tensor(form: str, dtype: torch.dtype) -> None:
     # found by a hunt: on edge, the 1.0 of x * 1.0 is a lifted 0-d tensor whose value no rule could
-    # read (Match.values gave None), so a rule removing it fired on aten and never on edge
-    program, x = build(TimesOne().eval(), (torch.randn(2, 3),), form), (torch.randn(2, 3),)
+    # read (Match.values gave None), so a rule removing it fired on aten and never on edge; and (a
+    # later hunt) in a float16 edge program, where the float32 1.0 is cast to float16
+    x = (torch.randn(2, 3, dtype=dtype),)
+    program = build(TimesOne().eval(), x, form)
     want = run(program, x)
     outcome = adapters.transform(program, [TIMES_ONE]).unwrap()
     assert len(outcome.report.plans) == 1

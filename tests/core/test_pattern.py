@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 import pytest
 from returns.result import Failure, Result, Success
@@ -1084,6 +1084,24 @@ def test_checks_that_need_an_op_are_refused_on_other_bindings() -> None:
     ):
         rule("var", CONV_XW, need.spatial_rank("x", (1,)), plan=_plan_nothing)  # it checked nothing
     assert rule("ok", CONV_XW, need.spatial_rank("conv", (2,)), plan=_plan_nothing).name == "ok"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: need.dtype("x", "float32"),
+            r"need.dtype\('x', ...\) takes dtype names such as \('float32',\), got 'float32'",
+        ),
+        (lambda: need.dtype("x", cast(Any, [None])), r"need.dtype\('x', ...\) takes dtype names"),
+        (lambda: need.rank("x", cast(Any, 4)), r"need.rank\('x', ...\) takes numbers such as \(2, 3\), got 4"),
+        (lambda: need.spatial_rank("conv", cast(Any, [2.0])), r"need.spatial_rank\('conv', ...\) takes numbers"),
+    ],
+)
+def test_checks_given_a_string_or_a_number_for_their_list_are_refused(make: Callable[[], object], message: str) -> None:
+    # found by a hunt: need.dtype("op", "float32") took each letter as a dtype, and declined everything
+    with pytest.raises(PatternError, match=message):
+        make()
 
 
 def test_channels_of_what_is_no_weight_is_refused() -> None:
