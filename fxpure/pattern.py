@@ -1053,12 +1053,17 @@ def _name(fn: Callable[..., object]) -> str:
     return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", repr(fn)))
 
 
-def _ints(check: str, name: str, allowed: object) -> tuple[int, ...]:
-    """``allowed`` as a tuple of ints, or a PatternError (``need.rank("x", 4)`` for ``(4,)``, say)."""
+def _listed(check: str, name: str, allowed: object, kind: type, example: str) -> tuple[Any, ...]:
+    """``allowed`` as a tuple of ``kind``, or a PatternError: a string or a number given for the list
+    (``need.dtype("x", "float32")``, ``need.rank("x", 4)``) would check nothing it says."""
     values = tuple(allowed) if isinstance(allowed, Iterable) and not isinstance(allowed, str) else None
-    if values is None or not all(type(v) is int for v in values):
-        raise PatternError(f"need.{check}({name!r}, ...) takes numbers such as (2, 3), got {allowed!r}")
+    if values is None or not all(type(v) is kind for v in values):
+        raise PatternError(f"need.{check}({name!r}, ...) takes {example}, got {allowed!r}")
     return values
+
+
+def _ints(check: str, name: str, allowed: object) -> tuple[int, ...]:
+    return _listed(check, name, allowed, int, "numbers such as (2, 3)")
 
 
 @final
@@ -1092,10 +1097,7 @@ class _Need:
         """The bound value's dtype is one of ``allowed``. A Python number (bound by ``Scalar``) has
         the dtype torch gives it: ``int64`` or ``float64`` (a wrapped number, which does not change
         the dtype of a tensor of its kind it meets)."""
-        names = tuple(allowed) if isinstance(allowed, Iterable) and not isinstance(allowed, str) else None
-        if names is None or not all(isinstance(d, str) for d in names):
-            raise PatternError(f"need.dtype({name!r}, ...) takes dtype names such as ('float32',), got {allowed!r}")
-        ok = frozenset(names)
+        ok = frozenset(_listed("dtype", name, allowed, str, "dtype names such as ('float32',)"))
 
         def run(m: Match, _: Values) -> Reason | None:
             spec, site = m.spec(name), _site(m, name)
