@@ -333,7 +333,9 @@ def test_plan_moves_what_it_made_to_the_oldest_generation_unscanned() -> None:
     try:
         frozen = gc.get_freeze_count()
         plan(conv_relu(), [Holds()])
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        # none unfrozen (an unfreeze would leave 0) and none added; a frozen object that dies
+        # meanwhile leaves the permanent generation, so the count may fall (it did under mutmut)
+        assert 0 < gc.get_freeze_count() <= frozen and gc.isenabled()
     finally:
         gc.unfreeze()
 
