@@ -949,6 +949,54 @@ def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, s
     return out
 
 
+def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan moving a program output to a new node that is a view (an op returning an alias of
+    what it is given, as its schema says: ``aten.view``, ``t``, ``alias``) of a tensor the program
+    writes in place, or of a view of one: the output would hold the written value when the program
+    returns. The core's ``returns_written`` sees the program's own tensors and views, not what a
+    plan's new nodes alias."""
+    written = cap.snap.written
+    if not written or not report.plans:
+        return {}
+    out: dict[tuple[str, str], Reason] = {}
+    for snap, stage in planned_on(report):
+        for p in stage:
+            made = {n.name: n for n in p.nodes}
+            for old, new in p.replace:
+                returned = any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index)
+                root = _aliased(new, made, snap.dialect) if returned and new in made else None
+                if root in written:
+                    detail = (
+                        f"the output {old} would return {new}, a view of {root}, which the program writes in"
+                        " place (its value after the write)"
+                    )
+                    out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
+                    break
+    return out
+
+
+def _aliased(name: str, made: Mapping[str, NewNode], dialect: str) -> str | None:
+    """The node of the program that the new node ``name`` is a view of, through other new views;
+    None if one of them is no view (or an op torch does not have)."""
+    while name in made:
+        node = made[name]
+        try:
+            target = resolve_target(node.target, dialect)
+        except ValueError:
+            return None
+        # an edge op holds the aten op it stands for
+        target = aten if isinstance(aten := getattr(target, "_op", None), torch._ops.OpOverload) else target
+        returns_alias, args = aliases(target)
+        if not returns_alias or not args:
+            return None
+        i, arg, _ = args[0]
+        value = node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(arg)
+        if not isinstance(value, NodeRef):
+            return None
+        name = value.name
+    return name
+
+
 def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan after which a read sees another write than before, with the reason: its new
     nodes read a tensor at another point than the nodes it replaces did, with an in-place write to
@@ -1501,6 +1549,7 @@ _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]
     _inside_preserved,
     _refused,
     _written_between,
+    _returns_aliased,
     _restrided,
     _computed,
 )

@@ -728,7 +728,13 @@ def _capture(program: Program) -> Captured:
         if known is not None and op == "call_function":
             refs[n] = known
     writes = _writes(ep, gm)
-    written = writes.written
+    # and every view of one (it holds the written value after the write: an output moved to it
+    # returns that, fxpure.plan.returns_written)
+    written = writes.written | {
+        v
+        for v, of in (*writes.views.items(), *((v, x) for v, xs in writes.shared.items() for x in xs))
+        if of in writes.written
+    }
     if written:  # a tensor the program writes (or one sharing its storage) is no constant to fold
         storages = {constants[k].storage for k in written if k in constants}
         for k in [k for k, c in constants.items() if k in written or c.storage in storages]:

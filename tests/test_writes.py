@@ -25,6 +25,7 @@ from fxpure.pattern import Bound, Const, Match, OneOf, Op, Planner, Scalar, Var,
 from fxpure.plan import RewritePlan, Rule
 from fxpure.reasons import Declined, Reason
 from fxpure.rules import RULES, concat_parallel_linears, fold_binary, fuse_conv_bn, fuse_linear_bn, quantized_conv
+from fxpure.schema import parse_schema
 from fxpure.snapshot import NodeRef
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, build, count, run
@@ -748,6 +749,81 @@ class InputReadThenWritten(nn.Module):
         y = x * 1.0
         x.add_(1.0)
         return y
+
+
+class BufferViewReadThenWritten(nn.Module):
+    buf: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(2, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.buf[0] * 1.0  # a view of the buffer, read before the write
+        self.buf.add_(x)
+        return y
+
+
+class InputViewReadThenWritten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.t() * 1.0
+        x.add_(1.0)
+        return y
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "decomposed", "edge"])
+@pytest.mark.parametrize("cls", [BufferViewReadThenWritten, InputViewReadThenWritten])
+def test_an_output_moved_to_a_view_of_a_tensor_the_program_writes_is_declined(cls: type[nn.Module], form: str) -> None:
+    # the view holds the written value when the program returns: after run_decompositions() the
+    # output returned it ([1, 1, 1] for [0, 0, 0]); an edge program's view is a copy, and folds
+    ep = torch.export.export(cls(), (torch.ones(2, 3),))
+    program: Program = (
+        (ep.module() if form == "gm" else ep.run_decompositions() if form == "decomposed" else ep)
+        if form != "edge"
+        else to_edge(ep).exported_program()
+    )
+    outcome = adapters.transform(program, [TIMES_ONE]).unwrap()
+    if form == "edge":
+        assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    else:
+        (r,) = outcome.report.rejections
+        assert outcome.report.plans == () and r.reason.code == "plan-conflict"
+        assert "which the program writes in place (its value after the write)" in r.reason.message
+    want = cls()(torch.ones(2, 3))
+    assert_close(run(program, (torch.ones(2, 3),)), [want])
+
+
+ALIAS = parse_schema("aten.alias.default(Tensor(a) self) -> Tensor(a)")
+
+
+def _aliased(p: Planner, op: Bound, x: NodeRef) -> RewritePlan:
+    assert op.spec is not None
+    return p.replace(op, p.call(ALIAS, name="alias", spec=op.spec, self=x))
+
+
+# x * 1.0 -> alias(x): its new node is a view of what it reads
+TIMES_ONE_AS_ALIAS = rule(
+    "times-one",
+    Op(MUL, name="op", commute=True, self=Var("x"), other=OneOf(Scalar("k"), Const("k"))),
+    need.check(_one, codes=("not-one",)),
+    plan=_aliased,
+)
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "decomposed"])
+@pytest.mark.parametrize("cls", [BufferReadThenWritten, BufferViewReadThenWritten, InputViewReadThenWritten])
+def test_an_output_moved_to_a_new_view_of_a_tensor_the_program_writes_is_declined(
+    cls: type[nn.Module], form: str
+) -> None:
+    # after run_decompositions() the new alias returned the written value
+    x = torch.ones(3) if cls is BufferReadThenWritten else torch.ones(2, 3)
+    ep = torch.export.export(cls(), (x.clone(),))
+    program: Program = ep.module() if form == "gm" else ep.run_decompositions() if form == "decomposed" else ep
+    outcome = adapters.transform(program, [TIMES_ONE_AS_ALIAS]).unwrap()
+    (r,) = outcome.report.rejections
+    assert outcome.report.plans == () and r.reason.code == "plan-conflict"
+    assert "a view of" in r.reason.message and "which the program writes in place" in r.reason.message
+    assert_close(run(program, (x.clone(),)), [cls()(x.clone())])
 
 
 @pytest.mark.parametrize("form", ["gm", "aten", "decomposed", "edge"])
