@@ -35,6 +35,9 @@ class Family:
     schemas: Mapping[str, Schema]
     normalize: Normalizer | None = None
     commutes: tuple[str, str] | None = None
+    # arguments that change what the op computes (``add``'s ``alpha``, ``div``'s ``rounding_mode``): a
+    # pattern that does not name one matches only a call where it holds its default (or None)
+    strict: frozenset[str] = frozenset()
     # ``targets``, found once (rules ask ``node.target in VIEW.targets`` of node after node)
     _targets: frozenset[str] = field(init=False, repr=False, compare=False)
 
@@ -80,6 +83,7 @@ class Family:
             {**self.schemas, **other.schemas},
             self.normalize if self.normalize is other.normalize else _both(self, other),
             commutes,
+            self.strict | other.strict,
         )
 
 
@@ -101,15 +105,23 @@ def family(
     *,
     normalize: Normalizer | None = None,
     commutes: tuple[str, str] | None = None,
+    strict: Iterable[str] = (),
 ) -> Family:
-    """A family from schema text (or parsed schemas), one per spelling.
+    """A family from schema text (or parsed schemas), one per spelling. ``strict``: the arguments
+    that change what the op computes (``alpha`` of ``add``): a pattern that does not name one
+    matches only a call where it holds its default, or None where it has none (``arg-mismatch`` at
+    it otherwise), so a rule written without it in mind is not applied to ``add(y, c, alpha=2)``.
 
     >>> mm = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
     >>> sorted(mm.params), sorted(mm.targets)
     (['mat2', 'self'], ['aten.mm.default'])
     """
     parsed = [s if isinstance(s, Schema) else parse_schema(s) for s in schemas]
-    return Family(name, noun, {s.target: s for s in parsed}, normalize, commutes)
+    made = Family(name, noun, {s.target: s for s in parsed}, normalize, commutes, frozenset(strict))
+    unknown = sorted(made.strict - made.params)
+    if unknown:
+        raise ValueError(f"family {name}: strict names {unknown[0]!r}, which no spelling has")
+    return made
 
 
 def _ints(node: str, name: str, value: Arg, rank: int) -> Result[tuple[int, ...], Malformed]:
@@ -237,6 +249,7 @@ ADDMM = family(
     "addmm",
     "a matrix product plus bias",
     ["aten.addmm.default(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
+    strict=("beta", "alpha"),
 )
 MM = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
 BMM = family("bmm", "a batched matrix product", ["aten.bmm.default(Tensor self, Tensor mat2) -> Tensor"])
@@ -445,6 +458,7 @@ DIV = family(
         ),
         "aten.div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor",
     ],
+    strict=("rounding_mode",),
 )
 ADD = family(
     "add",
@@ -454,6 +468,7 @@ ADD = family(
         f"aten.add.Scalar{_BINARY.format(other='Scalar', alpha=', Scalar alpha=1')}",
     ],
     commutes=("self", "other"),
+    strict=("alpha",),
 )
 SUB = family(
     "sub",
@@ -462,6 +477,7 @@ SUB = family(
         f"aten.sub.Tensor{_BINARY.format(other='Tensor', alpha=', *, Scalar alpha=1')}",
         f"aten.sub.Scalar{_BINARY.format(other='Scalar', alpha=', Scalar alpha=1')}",
     ],
+    strict=("alpha",),
 )
 
 
@@ -481,7 +497,7 @@ def in_place(f: Family) -> Family:
         return replace(s, target=f"{ns}.{op}_.{overload}")
 
     schemas = [spelling(s) for s in f.schemas.values()]
-    return Family(f"{f.name}_", f"{f.noun} in place", {s.target: s for s in schemas}, f.normalize)
+    return Family(f"{f.name}_", f"{f.noun} in place", {s.target: s for s in schemas}, f.normalize, strict=f.strict)
 
 
 MUL_, DIV_, ADD_, SUB_, RELU_ = in_place(MUL), in_place(DIV), in_place(ADD), in_place(SUB), in_place(RELU)
@@ -497,6 +513,7 @@ RSUB = family(
         "aten.rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
         "aten.rsub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
     ],
+    strict=("alpha",),
 )
 
 _QD = "quantized_decomposed"

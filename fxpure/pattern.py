@@ -532,6 +532,9 @@ class _State:
     kept: bool = False  # below a node others read too: what matches here is pruned, never erased
     sized: dict[str, OutputShared] = field(default_factory=dict)  # see Match.sized
     coded: dict[str, str] = field(default_factory=dict)  # name -> a Var's own code for a conflict of it
+    # a candidate filter's match (a rule's ``candidate=`` pattern): a strict argument the pattern
+    # leaves unnamed keeps no node from being a candidate, which the rule then declines, saying why
+    loose: bool = False
 
     def fork(self) -> _State:
         return _State(
@@ -544,6 +547,7 @@ class _State:
             self.kept,
             dict(self.sized),
             dict(self.coded),
+            self.loose,
         )
 
     def bind(
@@ -785,8 +789,13 @@ def _op(
 def _arguments(
     p: Op, args: Mapping[str, Arg], node: NodeSnapshot, path: str, st: _State, seen_as: tuple[str, str] | None
 ) -> Reason | None:
-    names = p.family.schemas[node.target].names
+    schema = p.family.schemas[node.target]
+    names = schema.names
     pairs = [(k, sub) for k, sub in p.args if k in names]  # an argument a spelling lacks: not checked
+    if p.family.strict and not st.loose:
+        err = _neutral(p, schema, args, node, path)
+        if err is not None:
+            return err
     pair = p.family.commutes
     if not p.commute or pair is None or not _commutes(p.family.schemas[node.target], args, pair):
         return _in_order(pairs, args, node, path, seen_as, st)
@@ -794,6 +803,20 @@ def _arguments(
     swap = {a: b, b: a}
     swapped = [(swap.get(k, k), sub) for k, sub in pairs]
     return _best(st, (partial(_in_order, order, args, node, path, seen_as) for order in (pairs, swapped)))
+
+
+def _neutral(p: Op, schema: Schema, args: Mapping[str, Arg], node: NodeSnapshot, path: str) -> ArgMismatch | None:
+    """Why the node does not match where ``p`` leaves one of its family's ``strict`` arguments
+    unnamed: it holds another value than its default (None where it has none), ``add(y, c, alpha=2)``."""
+    named = {k for k, _ in p.args}
+    for k in sorted(p.family.strict - named):
+        param = schema.param(k)
+        if param is None:  # fixed by the spelling (``div.Tensor``'s rounding mode)
+            continue
+        neutral = param.default if param.has_default else None
+        if not _strict_equal(args.get(k), neutral):
+            return ArgMismatch(node=node.name, role=k, value=args.get(k), expected=(neutral,), path=f"{path}.{k}")
+    return None
 
 
 def _commutes(schema: Schema, args: Mapping[str, Arg], pair: tuple[str, str]) -> bool:
@@ -877,9 +900,11 @@ def match(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> Result[Matc
     return Success(m)
 
 
-def _matched(pattern: Root, snap: GraphSnapshot, node: NodeSnapshot) -> tuple[Match | None, Reason | None, _State]:
-    """The match, or the reason and the partial state."""
-    st = _State(snap)
+def _matched(
+    pattern: Root, snap: GraphSnapshot, node: NodeSnapshot, *, loose: bool = False
+) -> tuple[Match | None, Reason | None, _State]:
+    """The match, or the reason and the partial state (``loose``: see ``_State``)."""
+    st = _State(snap, loose=loose)
     tops = [op for op in roots(pattern) if node.target in op.family.schemas]
     if node.op != "call_function" or not tops:
         return None, Malformed(node=node.name, detail=f"{node.target} is not an anchor of this pattern"), st
@@ -1428,7 +1453,10 @@ class Planner:
         for arg, value in values.items():
             q = schema.family_params.get(arg)  # by the family's name only
             if q is None:
-                raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({_has(schema)})")
+                # a schema name its family renames (``reshape``'s ``shape`` is ``size``, as ``view``'s)
+                renamed = schema.rename.get(arg)
+                hint = f"its family calls {arg!r} {renamed!r}" if renamed else _has(schema)
+                raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({hint})")
             if isinstance(value, Source) and value.key in self.match.snap.index:
                 value = NodeRef(value.key)  # a constant as the program holds it: its node
             if isinstance(value, Bound | WeightExpr):
@@ -1673,6 +1701,8 @@ def _codes(p: Pattern, *, root: bool = False, consumer: bool = False) -> set[str
                 out.add(p.out_code)
             if (not root and not consumer and p.users == ONE) or p.user is not None:
                 out.add(p.shared)
+            if p.family.strict - {k for k, _ in p.args}:  # a strict argument left unnamed
+                out.add("arg-mismatch")
             for _, sub in p.args:
                 out |= _codes(sub)
             if p.user is not None:
@@ -1853,7 +1883,7 @@ def _is_candidate(
 
 def _matches(pattern: Root) -> Callable[[Bound, GraphSnapshot], bool]:
     """``candidate`` given as a pattern: the root is a candidate where the pattern matches at it."""
-    return lambda root, snap: isinstance(match(pattern, snap, root.node), Success)
+    return lambda root, snap: _matched(pattern, snap, root.node, loose=True)[0] is not None
 
 
 def _is_plan(out: object) -> bool:

@@ -669,7 +669,7 @@ def fold_batch_norm(
     >>> vec = lambda k: Source(key=k, spec=TensorSpec(shape=(4,), dtype="float16"))
     >>> w, b = fold_batch_norm(weight=Source(key="w", spec=spec), bias=None, mean=vec("m"), var=vec("v"),
     ...                        gamma=None, beta=None, eps=1e-5).unwrap()
-    >>> infer_spec(w).unwrap() == spec, infer_spec(b).unwrap().shape, b.dtype
+    >>> infer_spec(w).unwrap() == spec, infer_spec(b).unwrap().shape, infer_spec(b).unwrap().dtype
     (True, (4,), 'float16')
     """
     spec = infer_spec(weight)

@@ -1066,7 +1066,7 @@ def test_respell_keeps_the_nodes_keywords() -> None:
     x = g.input("x", (2, 2))
     g.output(g.call("aten.addmm.default", name="mm", self=x, mat1=x, mat2=x, beta=0.5))
     snap = g.build()
-    m = match(Op(ADDMM, name="mm"), snap, snap.node("mm")).unwrap()
+    m = match(Op(ADDMM, name="mm", beta=Var("beta")), snap, snap.node("mm")).unwrap()
     p = Planner("t", m)
     p.respell(m.bindings["mm"], name="mm2", mat2=NodeRef("y"))  # type: ignore[arg-type]
     (node,) = p.finish([]).nodes
@@ -1124,9 +1124,9 @@ def test_every_primitive_binds_where_it_read_and_words_its_reason() -> None:
     snap = g.build()
     m = match(Op(ADD, alpha=Scalar("a")), snap, snap.node("add")).unwrap()
     assert (m.bindings["a"], m.sites["a"]) == (2, Site("add", "alpha", "add.alpha"))
-    computed = match(Op(ADD, other=Scalar("k")), snap, snap.node("add")).failure()
+    computed = match(Op(ADD, other=Scalar("k"), alpha=Var("a")), snap, snap.node("add")).failure()
     assert computed == NotScalar(node="add", role="other", value="computed by 'x'", path="add.other")
-    assert match(Op(ADD, self=Const("c")), snap, snap.node("add")).failure() == NotConstant(
+    assert match(Op(ADD, self=Const("c"), alpha=Var("a")), snap, snap.node("add")).failure() == NotConstant(
         node="add", role="self", source="x, an input of the program", computed=False, path="add.self"
     )
     nowhere = match(Op(RELU), snap, snap.node("add")).failure()
@@ -1140,7 +1140,7 @@ def test_literals_are_shown_as_themselves_in_reasons() -> None:
     x = g.input("x", (2,))
     g.output(g.call("aten.add.Tensor", name="add", self=x, other=2.5, alpha=True))
     snap = g.build()
-    assert match(Op(ADD, other=Const("c")), snap, snap.node("add")).failure() == NotConstant(
+    assert match(Op(ADD, other=Const("c"), alpha=Var("a")), snap, snap.node("add")).failure() == NotConstant(
         node="add", role="other", source="the literal 2.5", computed=False, path="add.other"
     )
     assert match(Op(ADD, alpha=Scalar("a")), snap, snap.node("add")).failure() == NotScalar(

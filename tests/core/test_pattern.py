@@ -52,7 +52,7 @@ from fxpure.pattern import (
     rule,
 )
 from fxpure.plan import MAX_DEPTH, NewNode, RewritePlan, Rule, computed_by, constant_expr
-from fxpure.reasons import BadExpr, Declined, NotConstant, Reason
+from fxpure.reasons import ArgMismatch, BadExpr, Declined, NotConstant, Reason
 from fxpure.rules.fold_binary import fold_binary
 from fxpure.schema import parse_schema
 from fxpure.serial import to_data
@@ -896,12 +896,51 @@ def test_add_operands_swap_only_where_alpha_is_one() -> None:
     scaled = g.call("aten.add.Tensor", name="scaled", self=c, other=plain, alpha=2, out=(2,))
     g.output(g.call("aten.add.Tensor", name="one", self=c, other=scaled, alpha=1.0, out=(2,)))
     snap = g.build()
-    pattern = Op(ADD, name="add", commute=True, self=Var("v"), other=Const("k"))
+    pattern = Op(ADD, name="add", commute=True, self=Var("v"), other=Const("k"), alpha=Scalar("a"))
     assert match(pattern, snap, snap.node("plain")).unwrap().bindings["v"] == NodeRef("y")
     assert match(pattern, snap, snap.node("one")).unwrap().bindings["v"] == NodeRef("scaled")
     assert match(pattern, snap, snap.node("scaled")).failure() == NotConstant(
         node="scaled", role="other", source="plain", path="add.other"
     )
+    # a pattern that leaves alpha unnamed takes none but 1 (a rule that folds c would drop it)
+    unnamed = Op(ADD, name="add", commute=True, self=Var("v"), other=Const("k"))
+    assert match(unnamed, snap, snap.node("one")).unwrap().bindings["v"] == NodeRef("scaled")
+    assert match(unnamed, snap, snap.node("scaled")).failure() == ArgMismatch(
+        node="scaled", role="alpha", value=2, expected=(1,), path="add.alpha"
+    )
+
+
+def test_a_pattern_that_leaves_a_strict_argument_unnamed_takes_only_its_default() -> None:
+    # found by an outside author: a "linear + c -> bias b + c" rule also folded add(y, c, alpha=2)
+    # (as c, not 2c), and "y / c -> y * (1 / c)" took div(y, c, rounding_mode="floor"): both applied,
+    # wrong numbers, no reason given
+    g = GraphBuilder()
+    x, c = g.input("x", (2,)), g.parameter("c", (2,))
+    g.output(
+        g.call("aten.add.Tensor", name="scaled", self=x, other=c, alpha=2, out=(2,)),
+        g.call("aten.div.Tensor_mode", name="floor", self=x, other=c, rounding_mode="floor", out=(2,)),
+        g.call("aten.div.Tensor_mode", name="true", self=x, other=c, rounding_mode=None, out=(2,)),
+    )
+    snap = g.build()
+    assert match(Op(ADD, other=Const("k")), snap, snap.node("scaled")).failure() == ArgMismatch(
+        node="scaled", role="alpha", value=2, expected=(1,), path="add.alpha"
+    )
+    assert match(Op(DIV, name="d", other=Const("k")), snap, snap.node("floor")).failure() == ArgMismatch(
+        node="floor", role="rounding_mode", value="floor", expected=(None,), path="d.rounding_mode"
+    )
+    assert match(Op(DIV, other=Const("k")), snap, snap.node("true")).unwrap().bindings["k"] is not None
+    # named, the value is the rule's to read
+    assert match(Op(ADD, other=Const("k"), alpha=Scalar("a")), snap, snap.node("scaled")).unwrap().bindings["a"] == 2
+    assert "arg-mismatch" in rule("r", Op(ADD, other=Const("k")), plan=_plan_nothing).codes
+    assert "arg-mismatch" not in rule("r", Op(ADD, other=Const("k"), alpha=Scalar("a")), plan=_plan_nothing).codes
+    assert in_place(ADD).strict == ADD.strict == frozenset({"alpha"})
+    assert (ADD | DIV).strict == frozenset({"alpha", "rounding_mode"})
+    with pytest.raises(ValueError, match="strict names 'beta'"):
+        family("f", "an f", ["aten.f.default(Tensor self, *, Scalar alpha=1) -> Tensor"], strict=["beta"])
+    # a candidate filter given as a pattern keeps such a node a candidate: the rule declines it
+    fold = rule("fold", Op(ADD, name="add", other=Const("k")), plan=_plan_nothing, candidate=Op(ADD, other=Const("k")))
+    (r,) = plan(snap, [fold]).rejections
+    assert (r.node, r.reason.code, r.reason.path) == ("scaled", "arg-mismatch", "add.alpha")
 
 
 def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:
@@ -1314,7 +1353,8 @@ def test_arguments_go_by_the_familys_names_and_errors_list_them_so() -> None:
         return p.replace(r, p.call("aten.reshape.default", name="v", spec=r.spec))
 
     has = "(it has: self, size)"
-    with pytest.raises(TypeError, match=re.escape(f"call v: aten.reshape.default has no argument 'shape' {has}")):
+    said = "(its family calls 'shape' 'size')"
+    with pytest.raises(TypeError, match=re.escape(f"call v: aten.reshape.default has no argument 'shape' {said}")):
         plan(_relu_graph(), [rule("a", RELU_X, plan=schema_name)])
     assert plan(_relu_graph(), [rule("b", RELU_X, plan=family_name)]).plans
     with pytest.raises(TypeError, match=re.escape(f"call v: aten.reshape.default needs 'self', 'size' {has}")):
