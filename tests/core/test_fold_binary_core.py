@@ -726,3 +726,42 @@ def test_an_output_read_through_a_dropout_in_eval_mode_folds_and_the_dropout_goe
     # in training mode it drops values: no scale of the output, and no candidate
     report = plan(graph(producer=producer, first=first, dropout=True), [RULE])
     assert report.plans == () and report.rejections == ()
+
+
+@pytest.mark.parametrize("product", ["conv", "mm"])
+@pytest.mark.parametrize("unsqueezed", [True, False])
+def test_a_scale_of_an_unbatched_product_on_edge_is_declined_and_of_a_batched_one_is_no_candidate(
+    product: str, unsqueezed: bool
+) -> None:
+    # edge spells a conv of an unbatched input unsqueeze_copy, convolution, squeeze_copy, and a rank-1
+    # linear without bias the same around an mm: a scale after it was skipped unreported; a squeeze
+    # of a product whose input is no unsqueeze is no such spelling, and no candidate
+    g = GraphBuilder(dialect="edge")
+    shape = (IC, 8, 8) if product == "conv" else (IN,)
+    x = g.input("x", shape if unsqueezed else (1, *shape))
+    u = g.call("aten.unsqueeze_copy.default", out=(1, *shape), self=x, dim=0) if unsqueezed else x
+    if product == "conv":
+        y = g.call(
+            "aten.convolution.default",
+            out=(1, OC, 6, 6),
+            input=u,
+            weight=g.parameter("w", (OC, IC, 3, 3)),
+            bias=None,
+            stride=(1, 1),
+            padding=(0, 0),
+            dilation=(1, 1),
+            transposed=False,
+            output_padding=(0, 0),
+            groups=1,
+        )
+        out: Shape = (OC, 6, 6)
+    else:
+        wt = g.call("aten.permute_copy.default", out=(IN, F), self=g.parameter("w", (F, IN)), dims=(1, 0))
+        y = g.call("aten.mm.default", out=(1, F), self=u, mat2=wt)
+        out = (F,)
+    s = g.call("aten.squeeze_copy.dims", out=out, self=y, dim=(0,))
+    g.output(g.call("aten.mul.Tensor", name="mul", out=out, self=s, other=g.buffer("k", ())))
+    report = plan(g.build(), [RULE])
+    assert report.plans == ()
+    want = [("mul", "producer-not-conv-or-linear")] if unsqueezed else []
+    assert [(r.node, r.reason.code) for r in report.rejections] == want

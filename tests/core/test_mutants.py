@@ -66,7 +66,7 @@ from fxpure.rules import (
 )
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Dequantize, Fill, Permute, Source, Unsqueeze, WeightExpr
+from fxpure.weights import Binary, Cast, Dequantize, Fill, Permute, Source, Unsqueeze, WeightExpr
 from tests.core.build import conv_bn, grouped_conv, qconv
 from tests.core.test_concat_parallel_linears_core import parallel
 from tests.core.test_conv1d_to_conv2d_core import conv1d
@@ -227,6 +227,37 @@ def test_match_values_reads_small_integer_constants() -> None:
 
     assert why(conv_relu(bias_values=(1, 2, 3, 4)), need.check(look, codes=["x"])) is None
     assert seen == [((1, 2, 3, 4), None, None, None)]
+
+
+@pytest.mark.parametrize(
+    ("held", "dtype", "want"),
+    [
+        ((1.0,), "float16", (1.0,)),
+        ((0.1,), "float16", (0.0999755859375,)),  # as the cast rounds it
+        ((0.1,), "float64", (0.1,)),
+        ((0.1,), "float32", (0.10000000149011612,)),
+        ((3,), "float16", (3.0,)),  # an integer number cast to a float
+        ((1.0,), "bfloat16", None),
+        ((1.0, 2.0), "float16", None),  # more than one number
+        (None, "float16", None),  # no data captured
+    ],
+)
+def test_match_values_reads_a_number_the_program_casts(
+    held: tuple[float, ...] | None, dtype: str, want: tuple[float, ...] | None
+) -> None:
+    # a float16 edge program's x * 1.0 lifts a float32 1.0 and casts it (found by an outside author)
+    g = GraphBuilder(dialect="edge")
+    x = g.input("x", (2,), dtype=dtype)
+    shape = (len(held),) if held is not None and len(held) > 1 else ()
+    k = g.constant("k", shape, values=held)
+    cast = g.call(
+        "dim_order_ops._to_dim_order_copy.default", name="cast", self=k, dtype=dtype, out=spec(*shape, dtype=dtype)
+    )
+    g.output(g.call("aten.mul.Tensor", name="mul", self=x, other=cast, out=spec(2, dtype=dtype)))
+    snap = g.build()
+    m = match(Op(MUL, self=Var("x"), other=Const("k")), snap, snap.node("mul")).unwrap()
+    assert isinstance(m.bindings["k"], Cast) and m.values("k") == want
+    assert m.values("x") is None and m.values("absent") is None
 
 
 def test_binding_conflict_shows_both_values() -> None:
