@@ -777,6 +777,8 @@ _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (torch.nn.modules.batchnorm._BatchNorm, "aten.batch_norm.default"),
     (torch.nn.Linear, LINEAR_CALL),
     (torch.nn.ReLU, "aten.relu.default"),
+    (torch.nn.modules.dropout._DropoutNd, "aten.dropout.default"),
+    (torch.nn.Identity, "aten.clone.default"),
 )
 
 
@@ -809,11 +811,28 @@ def _function_call(n: torch.fx.Node) -> list[tuple[str, str, str]]:
     return [(n.name, found, f"the function {found.split('.')[1]}")] if found is not None else []
 
 
-# Python's arithmetic on a value, as a symbolic_trace graph holds it (``self.conv(x) * 2.0``)
+# arithmetic on a value as a symbolic_trace graph holds it, by (op, target): Python's (``self.conv(x) *
+# 2.0``, ``y *= c``), torch's functions (``torch.mul(y, c)``, ``torch.add(y, c, alpha=2)``) and a
+# tensor's methods (``y.mul_(c)``; ``c * y`` of a tensor attribute ``c`` is ``c.mul(y)``)
+_ARITHMETIC = (("mul", "mul"), ("add", "add"), ("sub", "sub"), ("div", "div"), ("true_divide", "div"), ("rsub", "rsub"))
 _OPERATORS = {
-    f"_operator.{op}": f"aten.{aten}.Tensor"
-    for op, aten in (("mul", "mul"), ("add", "add"), ("sub", "sub"), ("truediv", "div"))
+    **{
+        ("call_function", f"_operator.{op}"): f"aten.{aten}.Tensor"
+        for op, aten in (("mul", "mul"), ("add", "add"), ("sub", "sub"), ("truediv", "div"))
+    },
+    **{
+        ("call_function", f"_operator.i{op}"): f"aten.{aten}_.Tensor"
+        for op, aten in (("mul", "mul"), ("add", "add"), ("sub", "sub"), ("truediv", "div"))
+    },
+    **{("call_function", f"torch._VariableFunctionsClass.{op}"): f"aten.{aten}.Tensor" for op, aten in _ARITHMETIC},
+    **{("call_method", op): f"aten.{aten}.Tensor" for op, aten in _ARITHMETIC},
+    **{("call_method", f"{op}_"): f"aten.{op}_.Tensor" for op in ("mul", "add", "sub", "div")},
 }
+# modules that pass their input on in eval mode, as the ATen op a rule reads through (``idle``)
+_PASSING: tuple[tuple[type[torch.nn.Module], str], ...] = (
+    (torch.nn.modules.dropout._DropoutNd, "aten.dropout.default"),
+    (torch.nn.Identity, "aten.clone.default"),
+)
 
 
 def _as_aten(cap: Captured) -> GraphSnapshot:
@@ -844,10 +863,14 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
                 else:
                     args.append(None)
             nodes.append(replace(n, op="call_function", target=LINEAR_CALL, args=tuple(args), kwargs=_EMPTY))
+        elif n.name in targets and targets[n.name] == "aten.dropout.default" and x is not None:
+            module = _attr(cap.gm, n.target)  # (its rate and mode, as F.dropout is given them)
+            rate: tuple[Arg, ...] = (x, float(getattr(module, "p", 0.5)), bool(module.training))
+            nodes.append(replace(n, op="call_function", target=targets[n.name], args=rate, kwargs=_EMPTY))
         elif n.name in targets:
             nodes.append(replace(n, op="call_function", target=targets[n.name]))
-        elif n.op == "call_function" and n.target in _OPERATORS and n.name not in sizes:
-            nodes.append(replace(n, target=_OPERATORS[n.target]))
+        elif (n.op, n.target) in _OPERATORS and n.name not in sizes:
+            nodes.append(replace(n, op="call_function", target=_OPERATORS[n.op, n.target]))
         else:
             nodes.append(n)
     return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
@@ -868,19 +891,27 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
     branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
-    if cap.module_calls or any(t in cap.snap.targets for t in _OPERATORS):
+    # (an exported program holds ATen ops, and Python's arithmetic on sizes only)
+    arithmetic = (
+        {}
+        if isinstance(cap.program, ExportedProgram)
+        else {n.name: n.target for n in cap.snap.nodes if (n.op, n.target) in _OPERATORS}
+    )
+    if cap.module_calls or arithmetic:
         calls = {name: what for name, _, what in cap.module_calls}
         real = {a.name for a in _anchors(rule, cap.snap)}
         for a in _anchors(rule, _as_aten(cap)):
             if a.name in real or a.name not in cap.snap.index:  # (not a weight the ATen view gave a module)
                 continue
             via = next((n for n in (a.name, *ref_list(a)) if n in calls), None)
-            if via is None and cap.snap.node(a.name).target not in _OPERATORS:  # the input two linear modules read
+            if via is None and a.name not in arithmetic:  # the input two linear modules read
                 via = next((u for u in cap.snap.users.get(a.name, ()) if u in calls), None)
             if via is not None:
                 what = f"{'' if via == a.name else f'{a.name}: '}{via} calls {calls[via]}"
-            elif cap.snap.node(a.name).target in _OPERATORS:
-                what = f"{a.name} is Python's {cap.snap.node(a.name).target.split('.')[1]}"
+            elif a.name in arithmetic:
+                target = arithmetic[a.name]
+                whose = "Python's" if target.startswith("_operator.") else "torch's" if "." in target else "the method"
+                what = f"{a.name} is {whose} {target.rsplit('.', 1)[-1]}"
             else:
                 continue
             detail = (

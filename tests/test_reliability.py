@@ -17,6 +17,8 @@ import torch
 from executorch.exir import to_edge
 from pyrsistent import pmap
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.nn import functional as F
 
 import adapters
@@ -928,6 +930,55 @@ def test_a_scale_of_a_module_call_in_a_symbolic_trace_graph_module_is_declined_w
             " the model with torch.export and apply the rule to that",
         )
     ]
+
+
+class Spelled(nn.Module):
+    """A linear module's output scaled or shifted in each spelling a symbolic_trace graph holds."""
+
+    c: torch.Tensor
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.lin, self.dp, self.idn = how, nn.Linear(6, 5), nn.Dropout(0.1), nn.Identity()
+        self.register_buffer("c", torch.randn(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        spelled: dict[str, Callable[[], torch.Tensor]] = {
+            "c * y": lambda: self.c * y,  # a method call of the tensor attribute: c.mul(y)
+            "torch.mul": lambda: torch.mul(y, 1.5),
+            "y.mul": lambda: y.mul(1.5),
+            "y.mul_": lambda: y.mul_(1.5),
+            "torch.add alpha": lambda: torch.add(y, self.c, alpha=2),
+            "torch.rsub": lambda: torch.rsub(y, 1.0),
+            "y.div": lambda: y.div(2.0),
+            "dropout module": lambda: self.dp(y) * 1.5,
+            "identity module": lambda: self.idn(y) / 2,
+        }
+        return spelled[self.how]()
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "c * y",
+        "torch.mul",
+        "y.mul",
+        "y.mul_",
+        "torch.add alpha",
+        "torch.rsub",
+        "y.div",
+        "dropout module",
+        "identity module",
+    ],
+)
+def test_every_spelling_of_a_scale_of_a_module_call_in_a_symbolic_trace_graph_module_is_declined(how: str) -> None:
+    # found by a hunt: only `self.lin(x) * c` was declined module-call; these said nothing
+    gm = torch.fx.symbolic_trace(Spelled(how).eval())
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(torch.randn(4, 6))
+    outcome = adapters.transform(gm, [fold_binary()]).unwrap()
+    assert outcome.report.plans == ()
+    assert [r.reason.code for r in outcome.report.rejections] == ["module-call"]
 
 
 class PythonScale(nn.Module):
