@@ -377,6 +377,7 @@ class _Writes:
     each write in the graph, as (the node that writes, the tensor it writes), in graph order."""
 
     written: set[str] = field(default_factory=set)
+    signature: set[str] = field(default_factory=set)  # of those, what the signature writes, after the graph
     events: list[tuple[str, str]] = field(default_factory=list)
     views: dict[str, str] = field(default_factory=dict)  # a view -> the tensor it views
     copies: set[str] = field(default_factory=set)  # views that may be copies (MAYBE_COPIES), or of one
@@ -406,10 +407,11 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
     if ep is not None:
         signature = ep.graph_signature
         mutated = {*signature.buffers_to_mutate.values(), *signature.parameters_to_mutate.values()}
-        w.written |= {
+        w.signature |= {
             s.arg.name for s in ep.graph_signature.input_specs if s.target in mutated and hasattr(s.arg, "name")
         }
-        w.written |= set(signature.user_inputs_to_mutate.values())  # (by their placeholders' names)
+        w.signature |= set(signature.user_inputs_to_mutate.values())  # (by their placeholders' names)
+        w.written |= w.signature
     views = w.views
     attrs: dict[str, list[str]] = {}  # a get_attr target -> its nodes (a module's buffers it updates)
     for n in gm.graph.find_nodes(op="get_attr"):
@@ -728,12 +730,13 @@ def _capture(program: Program) -> Captured:
         if known is not None and op == "call_function":
             refs[n] = known
     writes = _writes(ep, gm)
-    # and every view of one (it holds the written value after the write: an output moved to it
-    # returns that, fxpure.plan.returns_written)
+    # and every view of one the signature writes, after the graph: the view then holds the written
+    # value (an output moved to it returns that, fxpure.plan.returns_written; a write in the graph
+    # is ordered against the reads by the adapter's checks)
     written = writes.written | {
         v
         for v, of in (*writes.views.items(), *((v, x) for v, xs in writes.shared.items() for x in xs))
-        if of in writes.written
+        if of in writes.signature
     }
     if written:  # a tensor the program writes (or one sharing its storage) is no constant to fold
         storages = {constants[k].storage for k in written if k in constants}
@@ -869,11 +872,23 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
             nodes.append(replace(n, op="call_function", target=targets[n.name], args=rate, kwargs=_EMPTY))
         elif n.name in targets:
             nodes.append(replace(n, op="call_function", target=targets[n.name]))
-        elif (n.op, n.target) in _OPERATORS and n.name not in sizes:
-            nodes.append(replace(n, op="call_function", target=_OPERATORS[n.op, n.target]))
+        elif n.name not in sizes and (aten := _arithmetic(n)) is not None:
+            nodes.append(replace(n, op="call_function", target=aten))
         else:
             nodes.append(n)
     return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
+
+
+def _arithmetic(n: NodeSnapshot) -> str | None:
+    """The ATen op a traced graph's arithmetic call exports as; None for one given ``out=``
+    (``aten.mul.out``, a write no rule anchors at)."""
+    target = _OPERATORS.get((n.op, n.target))
+    given = set(n.kwargs)
+    if target is None or not given <= {"alpha", "rounding_mode"}:
+        return None
+    if "rounding_mode" in given:
+        return "aten.div.Tensor_mode" if target == "aten.div.Tensor" else None
+    return target
 
 
 def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:

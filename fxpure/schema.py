@@ -285,6 +285,11 @@ def respell(node: NodeSnapshot, schema: Schema, updates: Mapping[str, Arg]) -> t
     >>> n = NodeSnapshot(name="l", op="call_function", target="aten.linear.default", args=(NodeRef("x"), NodeRef("w")))
     >>> respell(n, s, {"bias": NodeRef("b")})[0]
     (NodeRef(name='x'), NodeRef(name='w'), NodeRef(name='b'))
+
+    A None the argument takes when left out is left out, as export writes it:
+
+    >>> respell(n, s, {"bias": None})[0], arguments(s, {"input": NodeRef("x"), "weight": NodeRef("w"), "bias": None})[0]
+    ((NodeRef(name='x'), NodeRef(name='w')), (NodeRef(name='x'), NodeRef(name='w')))
     """
     back = schema._back
     positional = schema.positional
@@ -296,11 +301,19 @@ def respell(node: NodeSnapshot, schema: Schema, updates: Mapping[str, Arg]) -> t
         i = positional.index(param) if param in positional else len(positional)
         if i < len(args):
             args[i] = updates[name]
+        elif param not in kwargs and _none_by_default(schema, param, updates[name]):
+            continue  # left out, as export writes it (``linear(x, w)``; a delegate may read a None as a bias)
         elif i == len(args) and param not in kwargs and param in positional:
             args.append(updates[name])
         else:
             kwargs[param] = updates[name]
     return tuple(args), pmap(kwargs)
+
+
+def _none_by_default(schema: Schema, name: str, value: Arg) -> bool:
+    """``value`` is None, which parameter ``name`` takes when left out."""
+    p = schema.param(name)
+    return value is None and p is not None and p.has_default and p.default is None
 
 
 def arguments(schema: Schema, values: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], PMap[str, Arg]]:
@@ -312,7 +325,8 @@ def arguments(schema: Schema, values: Mapping[str, Arg]) -> tuple[tuple[Arg, ...
     ((NodeRef(name='a'), NodeRef(name='b')), 1)
     """
     back = schema._back
-    given = {back.get(k, k): v for k, v in values.items()}
+    # a None an argument takes when left out is left out (``linear(x, w)``, as export writes it)
+    given = {n: v for k, v in values.items() if not _none_by_default(schema, n := back.get(k, k), v)}
     positional = schema.positional
     last = max((i for i, n in enumerate(positional) if n in given), default=-1)
     args = tuple(given[n] if n in given else _default(schema, n) for n in positional[: last + 1])

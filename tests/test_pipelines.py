@@ -19,7 +19,7 @@ from executorch.runtime import Runtime
 import adapters
 from adapters.passes import FuseConvBatchNormPass, QuantizedConvolutionPass, RulesPass, SplitGroupConvolutionPass
 from adapters.torchnames import target_name
-from fxpure.rules import RULES, fuse_conv_bn, split_group_conv
+from fxpure.rules import RULES, fold_binary, fuse_conv_bn, split_group_conv
 from fxpure.rules.quantized_conv import DEQUANTIZE_WEIGHT
 from tests.models import QGrouped, QMobile, QOddDepthwise, QResNet, QTransposed, QTwin, ResNeXtish, randomize_bn
 from tests.programs import assert_close, count, run, run_pte
@@ -48,6 +48,35 @@ def test_passes_without_a_program_in_to_edge_transform_and_lower(make: object) -
         torch.export.export(model, x), transform_passes=[p], partitioner=[XnnpackPartitioner()]
     )
     assert p.last is not None and len(p.last.report.plans) > 0 and p.last.report.rejections == ()
+    assert_close(run_pte(lowered.to_executorch().buffer, x), want)
+
+
+class ScaledHeads(torch.nn.Module):
+    """Linears with and without bias, scaled: each fold re-spells its linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k, self.v = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k(x) * 0.5, self.v(x) * 2.0
+
+
+def test_a_folded_linear_without_bias_lowers_through_xnnpack() -> None:
+    # found by a composition hunt: fold-binary wrote linear(x, w, None), and XNNPACK's linear read the
+    # None as a bias node (AttributeError while lowering); a None an argument takes when left out is
+    # left out, as export writes it
+    torch.manual_seed(0)
+    model, x = ScaledHeads().eval(), (torch.randn(4, 8),)
+    with torch.no_grad():
+        want = list(model(*x))
+    fold = RulesPass([fold_binary()])
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model, x), transform_passes=[fold], partitioner=[XnnpackPartitioner()]
+    )
+    assert fold.last is not None and len(fold.last.report.plans) == 2
+    linears = [n for n in fold.last.report.after.nodes if n.target == "aten.linear.default"]
+    assert sorted(len(n.args) for n in linears) == [2, 3]
     assert_close(run_pte(lowered.to_executorch().buffer, x), want)
 
 
