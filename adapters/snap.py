@@ -780,6 +780,7 @@ _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (torch.nn.modules.batchnorm._BatchNorm, "aten.batch_norm.default"),
     (torch.nn.Linear, LINEAR_CALL),
     (torch.nn.ReLU, "aten.relu.default"),
+    # modules that pass their input on in eval mode, as the ATen ops a rule reads through (``idle``)
     (torch.nn.modules.dropout._DropoutNd, "aten.dropout.default"),
     (torch.nn.Identity, "aten.clone.default"),
 )
@@ -831,11 +832,6 @@ _OPERATORS = {
     **{("call_method", op): f"aten.{aten}.Tensor" for op, aten in _ARITHMETIC},
     **{("call_method", f"{op}_"): f"aten.{op}_.Tensor" for op in ("mul", "add", "sub", "div")},
 }
-# modules that pass their input on in eval mode, as the ATen op a rule reads through (``idle``)
-_PASSING: tuple[tuple[type[torch.nn.Module], str], ...] = (
-    (torch.nn.modules.dropout._DropoutNd, "aten.dropout.default"),
-    (torch.nn.Identity, "aten.clone.default"),
-)
 
 
 def _as_aten(cap: Captured) -> GraphSnapshot:
