@@ -784,6 +784,7 @@ _MODULE_OPS: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (torch.nn.modules.dropout._DropoutNd, "aten.dropout.default"),
     (torch.nn.Identity, "aten.clone.default"),
 )
+_PASSES = frozenset({"aten.dropout.default", "aten.clone.default"})
 
 
 def _module_call(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[tuple[str, str, str]]:
@@ -862,14 +863,20 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
                 else:
                     args.append(None)
             nodes.append(replace(n, op="call_function", target=LINEAR_CALL, args=tuple(args), kwargs=_EMPTY))
-        elif n.name in targets and targets[n.name] == "aten.dropout.default" and x is not None:
-            module = _attr(cap.gm, n.target)  # (its rate and mode, as F.dropout is given them)
-            rate: tuple[Arg, ...] = (x, float(getattr(module, "p", 0.5)), bool(module.training))
-            nodes.append(replace(n, op="call_function", target=targets[n.name], args=rate, kwargs=_EMPTY))
+        elif n.name in targets and targets[n.name] in _PASSES and x is not None:  # (``self.drop(input=y)`` too)
+            module = _attr(cap.gm, n.target)  # (a dropout's rate and mode, as F.dropout is given them)
+            passed: tuple[Arg, ...] = (
+                (x, float(getattr(module, "p", 0.5)), bool(module.training))
+                if targets[n.name] == "aten.dropout.default"
+                else (x,)
+            )
+            nodes.append(replace(n, op="call_function", target=targets[n.name], args=passed, kwargs=_EMPTY))
         elif n.name in targets:
             nodes.append(replace(n, op="call_function", target=targets[n.name]))
         elif n.name not in sizes and (aten := _arithmetic(n)) is not None:
-            nodes.append(replace(n, op="call_function", target=aten))
+            # (torch's functions name the first operand ``input``: ``torch.mul(input=y, other=c)``)
+            given = pmap({"self" if k == "input" else k: v for k, v in n.kwargs.items()}) if n.kwargs else _EMPTY
+            nodes.append(replace(n, op="call_function", target=aten, kwargs=given))
         else:
             nodes.append(n)
     return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
@@ -880,7 +887,7 @@ def _arithmetic(n: NodeSnapshot) -> str | None:
     (``aten.mul.out``, a write no rule anchors at)."""
     target = _OPERATORS.get((n.op, n.target))
     given = set(n.kwargs)
-    if target is None or not given <= {"alpha", "rounding_mode"}:
+    if target is None or not given <= {"input", "self", "other", "alpha", "rounding_mode"}:
         return None
     if "rounding_mode" in given:
         return "aten.div.Tensor_mode" if target == "aten.div.Tensor" else None

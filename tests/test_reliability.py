@@ -954,6 +954,10 @@ class Spelled(nn.Module):
             "y.div": lambda: y.div(2.0),
             "dropout module": lambda: self.dp(y) * 1.5,
             "identity module": lambda: self.idn(y) / 2,
+            # operands by keyword (found by a review)
+            "y.mul(other=)": lambda: y.mul(other=self.c),
+            "torch.mul(input=, other=)": lambda: torch.mul(input=y, other=self.c),
+            "identity module(input=)": lambda: self.idn(input=y) * 2.0,
         }
         return spelled[self.how]()
 
@@ -970,6 +974,9 @@ class Spelled(nn.Module):
         "y.div",
         "dropout module",
         "identity module",
+        "y.mul(other=)",
+        "torch.mul(input=, other=)",
+        "identity module(input=)",
     ],
 )
 def test_every_spelling_of_a_scale_of_a_module_call_in_a_symbolic_trace_graph_module_is_declined(how: str) -> None:
