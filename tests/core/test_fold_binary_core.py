@@ -517,15 +517,14 @@ def test_a_chain_folds_whole_the_rule_running_again_while_it_folds() -> None:
     assert set(both.after.constants) == {"conv_mul_weight", "conv_mul_add_bias"}
 
 
-def _edge_conv_copied(conv_dtype: str, **copy: Arg) -> tuple[GraphBuilder, NodeRef]:
-    """An edge program's conv of ``conv_dtype``, then a ``_to_dim_order_copy`` of its output."""
-    g = GraphBuilder(dialect="edge")
-    y = g.call(
+def _edge_conv(g: GraphBuilder, x: NodeRef, w: NodeRef, out: Shape | TensorSpec, name: str | None = None) -> NodeRef:
+    """An edge program's 3x3 convolution of ``x`` by ``w``, no bias, strides and dilations 1."""
+    return g.call(
         "aten.convolution.default",
-        name="conv",
-        out=spec(B, OC, 6, 6, dtype=conv_dtype),
-        input=g.input("x", (B, IC, 8, 8), conv_dtype),
-        weight=g.parameter("w", (OC, IC, 3, 3), conv_dtype),
+        name=name,
+        out=out,
+        input=x,
+        weight=w,
         bias=None,
         stride=(1, 1),
         padding=(0, 0),
@@ -534,6 +533,13 @@ def _edge_conv_copied(conv_dtype: str, **copy: Arg) -> tuple[GraphBuilder, NodeR
         output_padding=(0, 0),
         groups=1,
     )
+
+
+def _edge_conv_copied(conv_dtype: str, **copy: Arg) -> tuple[GraphBuilder, NodeRef]:
+    """An edge program's conv of ``conv_dtype``, then a ``_to_dim_order_copy`` of its output."""
+    g = GraphBuilder(dialect="edge")
+    x, w = g.input("x", (B, IC, 8, 8), conv_dtype), g.parameter("w", (OC, IC, 3, 3), conv_dtype)
+    y = _edge_conv(g, x, w, spec(B, OC, 6, 6, dtype=conv_dtype), name="conv")
     return g, g.call("dim_order_ops._to_dim_order_copy.default", name="copy", out=(B, OC, 6, 6), self=y, **copy)
 
 
@@ -741,19 +747,7 @@ def test_a_scale_of_an_unbatched_product_on_edge_is_declined_and_of_a_batched_on
     x = g.input("x", shape if unsqueezed else (1, *shape))
     u = g.call("aten.unsqueeze_copy.default", out=(1, *shape), self=x, dim=0) if unsqueezed else x
     if product == "conv":
-        y = g.call(
-            "aten.convolution.default",
-            out=(1, OC, 6, 6),
-            input=u,
-            weight=g.parameter("w", (OC, IC, 3, 3)),
-            bias=None,
-            stride=(1, 1),
-            padding=(0, 0),
-            dilation=(1, 1),
-            transposed=False,
-            output_padding=(0, 0),
-            groups=1,
-        )
+        y = _edge_conv(g, u, g.parameter("w", (OC, IC, 3, 3)), (1, OC, 6, 6))
         out: Shape = (OC, 6, 6)
     else:
         wt = g.call("aten.permute_copy.default", out=(IN, F), self=g.parameter("w", (F, IN)), dims=(1, 0))
