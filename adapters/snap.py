@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -789,7 +790,7 @@ _PASSES = frozenset({"aten.dropout.default", "aten.clone.default"})
 
 def _module_call(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[tuple[str, str, str]]:
     module = _attr(gm, str(n.target))
-    found = next((t for cls, t in _MODULE_OPS if isinstance(module, cls)), None)
+    found = next((t for cls, t in _MODULE_OPS if isinstance(module, cls)), None) or _module_op(type(module))
     return [(n.name, found, f"an nn.{type(module).__name__} module")] if found is not None else []
 
 
@@ -882,12 +883,57 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
     return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
 
 
+# the modules a function a symbolic_trace graph calls comes from (``torch.sigmoid``, ``F.silu``, ``F.gelu``)
+_TORCH_FUNCTIONS = ("torch._VariableFunctionsClass.", "torch.nn.functional.", "torch._C._nn.")
+# of an ATen op's overloads, the one a call by its name stands for (``torch.softmax(x, 1)``: ``softmax.int``)
+_OVERLOADS = ("default", "Tensor", "int", "dim", "input")
+
+
+@functools.cache
+def _aten_ops() -> frozenset[str]:
+    """The name of every ATen op (not a private one)."""
+    names = {s.split("::")[1].split(".")[0] for s in torch._C._dispatch_get_all_op_names() if s.startswith("aten::")}
+    return frozenset(n for n in names if not n.startswith("_"))
+
+
+@functools.cache
+def _aten_named(name: str) -> str | None:
+    """The canonical target of the ATen op called ``name`` (its overload of ``_OVERLOADS``, else its
+    first), or None where ATen has no public op of that name (``sym_float``, ``_assert``)."""
+    if name not in _aten_ops() or name.startswith("sym_"):
+        return None
+    overloads = sorted(getattr(torch.ops.aten, name).overloads())
+    chosen = next((o for o in _OVERLOADS if o in overloads), overloads[0] if overloads else None)
+    return None if chosen is None else f"aten.{name}.{chosen}"
+
+
+@functools.cache
+def _by_class_name() -> dict[str, str]:
+    """ATen's ops (not the in-place ones) by their name without underscores, as a module's class
+    is named: ``leakyrelu`` for ``leaky_relu``."""
+    return {n.replace("_", ""): n for n in sorted(_aten_ops()) if not n.endswith("_")}
+
+
+def _module_op(kind: type) -> str | None:
+    """The ATen op a ``torch.nn`` module computes, by its class name (``nn.SiLU``: ``aten.silu``,
+    ``nn.LeakyReLU``: ``aten.leaky_relu``)."""
+    if not kind.__module__.startswith("torch.nn."):
+        return None
+    name = _by_class_name().get(kind.__name__.lower())
+    return _aten_named(name) if name is not None else None
+
+
 def _arithmetic(n: NodeSnapshot) -> str | None:
-    """The ATen op a traced graph's arithmetic call exports as; None for one given ``out=``
-    (``aten.mul.out``, a write no rule anchors at)."""
+    """The ATen op a traced graph's arithmetic call exports as, or a call of a torch function or a
+    tensor method the ATen op of its name (``torch.sigmoid``, ``x.t()``); None for arithmetic given
+    ``out=`` (``aten.mul.out``, a write no rule anchors at)."""
     target = _OPERATORS.get((n.op, n.target))
     given = set(n.kwargs)
-    if target is None or not given <= {"input", "self", "other", "alpha", "rounding_mode"}:
+    if target is None:
+        function = n.op == "call_function" and n.target.startswith(_TORCH_FUNCTIONS)
+        named = n.target if n.op == "call_method" else n.target.rsplit(".", 1)[-1] if function else None
+        return _aten_named(named) if named is not None and "out" not in given else None
+    if not given <= {"input", "self", "other", "alpha", "rounding_mode"}:
         return None
     if "rounding_mode" in given:
         return "aten.div.Tensor_mode" if target == "aten.div.Tensor" else None
@@ -913,7 +959,7 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     arithmetic = (
         {}
         if isinstance(cap.program, ExportedProgram)
-        else {n.name: n.target for n in cap.snap.nodes if (n.op, n.target) in _OPERATORS}
+        else {n.name: n.target for n in cap.snap.nodes if _arithmetic(n) is not None}
     )
     if cap.module_calls or arithmetic:
         calls = {name: what for name, _, what in cap.module_calls}

@@ -25,8 +25,8 @@ import adapters
 import adapters.snap
 import fxpure
 from adapters.validate import check_plans
-from fxpure.families import CONV, MUL
-from fxpure.pattern import Bound, Const, Op, Planner, Scalar, Var, rule
+from fxpure.families import CONV, MUL, SIGMOID, family
+from fxpure.pattern import ANY, Bound, Const, Op, Planner, Scalar, Var, rule
 from fxpure.plan import RewritePlan, Rule
 from fxpure.rules import (
     RULES,
@@ -986,6 +986,53 @@ def test_every_spelling_of_a_scale_of_a_module_call_in_a_symbolic_trace_graph_mo
     outcome = adapters.transform(gm, [fold_binary()]).unwrap()
     assert outcome.report.plans == ()
     assert [r.reason.code for r in outcome.report.rejections] == ["module-call"]
+
+
+SILU = family("silu", "a silu", ["aten.silu.default(Tensor self) -> Tensor"])
+
+
+def _silu(p: Planner, mul: Bound, x: NodeRef) -> RewritePlan:
+    return p.replace(mul, p.call(SILU.schemas["aten.silu.default"], name="silu", spec=mul.spec, self=x))
+
+
+# an outside author's rule on ops fxpure has no rule of: x * sigmoid(x) -> silu(x)
+TO_SILU = rule(
+    "to-silu",
+    Op(MUL, name="mul", commute=True, self=Var("x"), other=Op(SIGMOID, self=Var("x"))),
+    plan=_silu,
+    candidate=Op(MUL, commute=True, other=Op(SIGMOID, users=ANY)),
+)
+
+
+class Swish(nn.Module):
+    """``x * sigmoid(x)``, the sigmoid spelled ``how``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.sigmoid = how, nn.Sigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spelled: dict[str, Callable[[], torch.Tensor]] = {
+            "torch.sigmoid": lambda: torch.sigmoid(x),
+            "F.sigmoid": lambda: F.sigmoid(x),
+            "x.sigmoid()": lambda: x.sigmoid(),
+            "nn.Sigmoid": lambda: self.sigmoid(x),
+            "tanh": lambda: torch.tanh(x),  # no sigmoid: no candidate
+        }
+        return x * spelled[self.how]()
+
+
+@pytest.mark.parametrize("how", ["torch.sigmoid", "F.sigmoid", "x.sigmoid()", "nn.Sigmoid", "tanh"])
+def test_a_symbolic_trace_graph_module_declines_what_an_outside_rule_would_take_were_it_exported(how: str) -> None:
+    # found by an outside author: a rule on ops of no built-in rule (sigmoid, silu) said nothing of a
+    # symbolic_trace graph (only the ops of fxpure's own rules were read as the ATen ops they stand for)
+    x = (torch.randn(2, 4),)
+    exported = adapters.transform(torch.export.export(Swish(how), x), [TO_SILU]).unwrap().report
+    assert len(exported.plans) == (how != "tanh")
+    gm = torch.fx.symbolic_trace(Swish(how))
+    report = adapters.transform(gm, [TO_SILU]).unwrap().report
+    assert report.plans == ()
+    assert [(r.node, r.reason.code) for r in report.rejections] == ([] if how == "tanh" else [("mul", "module-call")])
 
 
 class PythonScale(nn.Module):
