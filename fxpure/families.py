@@ -105,23 +105,44 @@ def family(
     *,
     normalize: Normalizer | None = None,
     commutes: tuple[str, str] | None = None,
-    strict: Iterable[str] = (),
+    strict: Iterable[str] | None = None,
 ) -> Family:
     """A family from schema text (or parsed schemas), one per spelling. ``strict``: the arguments
     that change what the op computes (``alpha`` of ``add``): a pattern that does not name one
     matches only a call where it holds its default, or None where it has none (``arg-mismatch`` at
     it otherwise), so a rule written without it in mind is not applied to ``add(y, c, alpha=2)``.
+    Left out, they are every number, bool, string or dtype that has a default in each spelling that
+    has it (a pad's ``value``, a gelu's ``approximate``; not an int, a dim or size a rule reads);
+    ``strict=()`` for none.
 
     >>> mm = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
-    >>> sorted(mm.params), sorted(mm.targets)
-    (['mat2', 'self'], ['aten.mm.default'])
+    >>> sorted(mm.params), sorted(mm.targets), sorted(mm.strict)
+    (['mat2', 'self'], ['aten.mm.default'], [])
+    >>> pad = "aten.constant_pad_nd.default(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor"
+    >>> sorted(family("pad", "a pad", [pad]).strict)
+    ['value']
     """
     parsed = [s if isinstance(s, Schema) else parse_schema(s) for s in schemas]
-    made = Family(name, noun, {s.target: s for s in parsed}, normalize, commutes, frozenset(strict))
+    chosen = _modifiers(parsed) if strict is None else frozenset(strict)
+    made = Family(name, noun, {s.target: s for s in parsed}, normalize, commutes, chosen)
     unknown = sorted(made.strict - made.params)
     if unknown:
         raise ValueError(f"family {name}: strict names {unknown[0]!r}, which no spelling has")
     return made
+
+
+# the kinds of argument that modify what an op computes (a pad's value, a gelu's approximation, a
+# sum's dtype); an int (a dim, a size, an index) is the op's structure, which a rule reads
+_MODIFIER_KINDS: frozenset[Kind] = frozenset({"float", "scalar", "bool", "str", "dtype"})
+
+
+def _modifiers(schemas: Iterable[Schema]) -> frozenset[str]:
+    """The arguments of a modifier's kind that have a default in every spelling that has them."""
+    found: dict[str, bool] = {}
+    for schema in schemas:
+        for k, param in schema.family_params.items():
+            found[k] = found.get(k, True) and param.has_default and param.kind in _MODIFIER_KINDS
+    return frozenset(k for k, ok in found.items() if ok)
 
 
 def _ints(node: str, name: str, value: Arg, rank: int) -> Result[tuple[int, ...], Malformed]:
@@ -402,6 +423,7 @@ CLONE = family(
         "dim_order_ops._clone_dim_order.default(Tensor self, *, bool non_blocking=False, int[]? dim_order=None)"
         " -> Tensor",
     ],
+    strict=(),  # (a memory format or dim order changes no value)
 )
 _COPY = "ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None"
 CAST = family(
@@ -424,6 +446,7 @@ CAST = family(
             fixed=_COPIES,
         ),
     ],
+    strict=(),  # (a device, layout or memory format changes no value; ``dtype`` shows in its spec)
 )
 """A copy to another dtype (or layout, device, memory format, dim order): ``dtype`` None keeps it."""
 EXPAND = family(
@@ -433,6 +456,7 @@ EXPAND = family(
         f"aten.{op}.default(Tensor self, SymInt[] size, *, bool implicit=False) -> Tensor"
         for op in ("expand", "expand_copy")
     ],
+    strict=(),  # (``implicit`` changes no value)
 )
 
 _BINARY = "(Tensor self, {other} other{alpha}) -> Tensor"
@@ -530,6 +554,7 @@ DEQUANTIZE_PER_TENSOR = family(
         )
         for overload, scale, zero_point in (("default", "float", "int"), ("tensor", "Tensor", "Tensor"))
     ],
+    strict=(),  # (``out_dtype`` shows in its spec)
 )
 DEQUANTIZE_PER_CHANNEL = family(
     "dequantize_per_channel",
@@ -541,6 +566,7 @@ DEQUANTIZE_PER_CHANNEL = family(
             rename={"scales": "scale", "zero_points": "zero_point"},
         )
     ],
+    strict=(),  # (``out_dtype`` shows in its spec)
 )
 DEQUANTIZE = replace(DEQUANTIZE_PER_TENSOR | DEQUANTIZE_PER_CHANNEL, name="dequantize")
 """Per-tensor and per-channel dequantize, with common names: ``input``, ``scale`` (a float, or a

@@ -935,12 +935,43 @@ def test_a_pattern_that_leaves_a_strict_argument_unnamed_takes_only_its_default(
     assert "arg-mismatch" not in rule("r", Op(ADD, other=Const("k"), alpha=Scalar("a")), plan=_plan_nothing).codes
     assert in_place(ADD).strict == ADD.strict == frozenset({"alpha"})
     assert (ADD | DIV).strict == frozenset({"alpha", "rounding_mode"})
+    # (a strict argument a spelling lacks is passed over: the next is still checked)
+    assert match(Op(ADD | DIV, other=Const("k")), snap, snap.node("floor")).failure().path == "add|div.rounding_mode"
     with pytest.raises(ValueError, match="strict names 'beta'"):
         family("f", "an f", ["aten.f.default(Tensor self, *, Scalar alpha=1) -> Tensor"], strict=["beta"])
     # a candidate filter given as a pattern keeps such a node a candidate: the rule declines it
     fold = rule("fold", Op(ADD, name="add", other=Const("k")), plan=_plan_nothing, candidate=Op(ADD, other=Const("k")))
     (r,) = plan(snap, [fold]).rejections
     assert (r.node, r.reason.code, r.reason.path) == ("scaled", "arg-mismatch", "add.alpha")
+
+
+_CONSTANT_PAD = "aten.constant_pad_nd.default(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor"
+_LEAKY = "aten.leaky_relu.default(Tensor self, Scalar negative_slope=0.01) -> Tensor"
+_SUM = "aten.sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"
+
+
+def test_a_family_an_author_makes_is_strict_in_every_modifier_it_leaves_to_its_default() -> None:
+    # found by an outside author: a "pad -> conv padding" rule whose own pad family had no strict
+    # arguments took F.pad(x, p, value=1.0) as a zero pad (0.91 off, no reason given)
+    pad, leaky, total = (family(n, n, [s]) for n, s in (("pad", _CONSTANT_PAD), ("leaky", _LEAKY), ("sum", _SUM)))
+    assert (pad.strict, leaky.strict) == (frozenset({"value"}), frozenset({"negative_slope"}))
+    assert total.strict == {"keepdim", "dtype"}  # (not ``dim``: an int, the op's structure, which a rule reads)
+    g = GraphBuilder(schemas=[pad, leaky])
+    x = g.input("x", (1, 2, 3))
+    ones = g.call("aten.constant_pad_nd.default", name="ones", self=x, pad=(1, 1), value=1.0, out=(1, 2, 5))
+    zeros = g.call("aten.constant_pad_nd.default", name="zeros", self=x, pad=(1, 1), out=(1, 2, 5))
+    g.output(ones, zeros, g.call("aten.leaky_relu.default", name="lr", self=x, negative_slope=0.2, out=(1, 2, 3)))
+    snap = g.build()
+    assert match(Op(pad, name="p", self=Var("x")), snap, snap.node("ones")).failure() == ArgMismatch(
+        node="ones", role="value", value=1.0, expected=(0,), path="p.value"
+    )
+    assert isinstance(match(Op(pad, self=Var("x")), snap, snap.node("zeros")), Success)
+    assert match(Op(leaky, self=Var("x")), snap, snap.node("lr")).failure().path == "leaky.negative_slope"
+    # named, or the family made loose, any value matches
+    assert match(Op(pad, self=Var("x"), value=Scalar("v")), snap, snap.node("ones")).unwrap().bindings["v"] == 1.0
+    assert isinstance(
+        match(Op(family("pad", "a pad", [_CONSTANT_PAD], strict=()), self=Var("x")), snap, snap.node("ones")), Success
+    )
 
 
 def test_explain_reports_a_candidate_the_fallback_rewrites_as_rewriting() -> None:

@@ -184,6 +184,8 @@ def test_respell_keeps_the_node_spelling() -> None:
     assert respell(n, slice_, {"step": 2, "start": 3}) == ((X, 1, 3), pmap({"end": 4, "step": 2}))
     assert respell(call("t", X, 1), slice_, {"end": 5, "start": 2}) == ((X, 1, 2, 5), pmap())
     assert respell(call("t", X, 1), slice_, {"extra": 7, "start": 2}) == ((X, 1, 2), pmap({"extra": 7}))
+    # a None the argument takes when left out is left out, and what comes after it is still given
+    assert respell(call("t", X, 1), slice_, {"start": None, "end": 5}) == ((X, 1), pmap({"end": 5}))
     assert respell(call("t", X, Y, Z), addmm, {"alpha": 3}) == ((X, Y, Z), pmap({"alpha": 3}))
     s = parse_schema(RESHAPE, rename={"shape": "size"})
     assert respell(call("t", X), s, {"size": (4,)}) == ((X, (4,)), pmap())
