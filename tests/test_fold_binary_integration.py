@@ -27,6 +27,7 @@ from tests import programs
 from tests.linear_fold_support import arm_stand_in, assert_symbolic, nxp_stand_in
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, assert_sound, count, run, run_pte
+from tests.quantized import pt2e
 
 FORMS = ("gm", "aten", "edge", "edge-linear")
 Inputs = tuple[torch.Tensor, ...]
@@ -1154,3 +1155,40 @@ def test_a_scale_of_a_reshape_of_a_batched_conv_is_no_candidate(form: str) -> No
     model, x = Reshaped().eval(), (torch.randn(1, 3, 8, 8),)
     outcome = adapters.transform(programs.build(model, x, form), [fold_binary()]).unwrap()
     assert (outcome.report.plans, outcome.report.rejections) == ((), ())
+
+
+class QuantizedScale(nn.Module):
+    """A conv's output scaled and shifted, a linear's scaled: quantized, each output is quantized
+    and dequantized before the scale reads it."""
+
+    s: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.lin = nn.Conv2d(4, 8, 3), nn.Linear(6, 6)
+        self.register_buffer("s", torch.rand(8, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.lin(self.c(x) * self.s + 0.25) * 2.0
+        return y
+
+
+@pytest.mark.parametrize("form", ["aten", "edge"])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_a_scale_of_a_statically_quantized_output_is_declined_with_a_reason(form: str, per_channel: bool) -> None:
+    # found by a hunt: after PT2E's static quantization the scales read dequantize(quantize(conv)), and
+    # fold-binary said nothing of them (the float program folds them; a dynamically quantized one
+    # declines them not-constant). Folded, they would scale what the output's quantization was fixed for.
+    x = (torch.randn(1, 4, 8, 8),)
+    ep = pt2e(QuantizedScale().eval(), x, per_channel=per_channel)
+    program = to_edge(ep).exported_program() if form == "edge" else ep
+    before = adapters.capture(program)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert outcome.report.plans == ()
+    got = [
+        (r.reason.code, r.reason.path, r.reason.message.split(" comes from ")[1].split(" (")[0])
+        for r in outcome.report.rejections
+    ]
+    assert [(code, path) for code, path, _ in got] == [("producer-not-conv-or-linear", "bin.self/conv")] * 2
+    assert all("dequantize_per_tensor" in what for _, _, what in got)
+    assert adapters.capture(program) == before

@@ -32,6 +32,7 @@ from fxpure.families import (
     CAST,
     CLONE,
     CONV,
+    DEQUANTIZE,
     DIV,
     DIV_,
     DROPOUT,
@@ -39,6 +40,7 @@ from fxpure.families import (
     MM,
     MUL,
     MUL_,
+    QUANTIZE_PER_TENSOR,
     RSUB,
     SQUEEZE,
     SUB,
@@ -131,7 +133,8 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     conv or ``mm`` of an unsqueezed input (:func:`_unbatched`, declined), or the add of a ``bmm``'s bias;
     or a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so:
     a candidate, declined as the aten form's is reported); or an eval dropout of one, or a copy (the
-    ops :func:`fxpure.pattern.idle` takes)."""
+    ops :func:`fxpure.pattern.idle` takes); or one quantized and dequantized (a PT2E program's
+    quantized activation: declined, as what reads it scales the values its quantization was fixed for)."""
     node = _node(snap, value)
     if node is not None and node.target in CAST.targets and node.args and _promotes(snap, node):
         return _computed_by_product(snap, node.args[0])
@@ -140,6 +143,9 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     )
     if node is not None and idle and node.args:  # (a copy, or a dropout in eval mode: of its input)
         return _computed_by_product(snap, node.args[0])
+    quantized = _node(snap, node.args[0]) if node is not None and node.target in DEQUANTIZE.targets else None
+    if quantized is not None and quantized.target in QUANTIZE_PER_TENSOR.targets and quantized.args:
+        return _computed_by_product(snap, quantized.args[0])  # (PT2E's quantized output: declined)
     if node is not None and node.target in SQUEEZE.targets and _unbatched(snap, node):
         return True
     if node is None or node.target not in VIEW.targets:

@@ -759,3 +759,41 @@ def test_a_scale_of_an_unbatched_product_on_edge_is_declined_and_of_a_batched_on
     assert report.plans == ()
     want = [("mul", "producer-not-conv-or-linear")] if unsqueezed else []
     assert [(r.node, r.reason.code) for r in report.rejections] == want
+
+
+@pytest.mark.parametrize("requantized", [True, False])
+def test_a_scale_of_a_quantized_and_dequantized_output_is_declined(requantized: bool) -> None:
+    # PT2E's static quantization writes q/dq after the conv: the scale of dequantize(quantize(conv)) is
+    # a candidate, declined (folded, it would scale what the quantization was fixed for); a dequantize
+    # of anything else (an input's) is no conv's output
+    g = GraphBuilder(dialect="edge")
+    x, w = g.input("x", (B, IC, 8, 8)), g.parameter("w", (OC, IC, 3, 3))
+    y = _edge_conv(g, x, w, (B, OC, 6, 6), name="conv")
+    q = g.call(
+        "quantized_decomposed.quantize_per_tensor.default",
+        name="q",
+        out=spec(B, OC, 6, 6, dtype="int8"),
+        input=y if requantized else g.input("xq", (B, OC, 6, 6)),
+        scale=0.1,
+        zero_point=0,
+        quant_min=-128,
+        quant_max=127,
+        dtype=DTypeArg(name="int8"),
+    )
+    dq = g.call(
+        "quantized_decomposed.dequantize_per_tensor.default",
+        name="dq",
+        out=(B, OC, 6, 6),
+        input=q,
+        scale=0.1,
+        zero_point=0,
+        quant_min=-128,
+        quant_max=127,
+        dtype=DTypeArg(name="int8"),
+    )
+    g.output(g.call("aten.mul.Tensor", name="bin", out=(B, OC, 6, 6), self=dq, other=2.5), y)
+    report = plan(g.build(), [RULE])
+    got = [(r.node, r.reason.code, r.reason.path) for r in report.rejections]
+    assert report.plans == () and got == (
+        [("bin", "producer-not-conv-or-linear", "bin.self/conv")] if requantized else []
+    )
