@@ -790,7 +790,7 @@ _PASSES = frozenset({"aten.dropout.default", "aten.clone.default"})
 
 def _module_call(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[tuple[str, str, str]]:
     module = _attr(gm, str(n.target))
-    found = next((t for cls, t in _MODULE_OPS if isinstance(module, cls)), None) or _module_op(type(module))
+    found = next((t for cls, t in _MODULE_OPS if isinstance(module, cls)), None)
     return [(n.name, found, f"an nn.{type(module).__name__} module")] if found is not None else []
 
 
@@ -836,10 +836,23 @@ _OPERATORS = {
 }
 
 
+def _generic_modules(cap: Captured) -> dict[str, tuple[str, dict[str, Arg]]]:
+    """The calls of ``torch.nn`` modules outside :data:`_MODULE_OPS` that name an ATen op, as that
+    op with the module's settings (:func:`_module_as_aten`), by node."""
+    fixed = {name for name, _, _ in cap.module_calls}
+    out = {}
+    for n in cap.snap.nodes:
+        found = _module_as_aten(_attr(cap.gm, n.target)) if n.op == "call_module" and n.name not in fixed else None
+        if found is not None:
+            out[n.name] = found
+    return out
+
+
 def _as_aten(cap: Captured) -> GraphSnapshot:
     """``cap``'s snapshot with each module (or function) call spelled as the ATen op it stands for,
     and Python's arithmetic as ATen's: what a rule would find were the model exported."""
     targets = {name: target for name, target, _ in cap.module_calls}
+    settings = _generic_modules(cap)
     # (not the size arithmetic of an exported graph: ``x.shape[0] * 2``'s value is a number)
     sizes = {
         n.name
@@ -874,6 +887,9 @@ def _as_aten(cap: Captured) -> GraphSnapshot:
             nodes.append(replace(n, op="call_function", target=targets[n.name], args=passed, kwargs=_EMPTY))
         elif n.name in targets:
             nodes.append(replace(n, op="call_function", target=targets[n.name]))
+        elif n.name in settings and len(n.args) == 1 and not n.kwargs:  # (its one input, and its settings)
+            target, setting = settings[n.name]
+            nodes.append(replace(n, op="call_function", target=target, kwargs=pmap(setting)))
         elif n.name not in sizes and (aten := _arithmetic(n)) is not None:
             # (torch's functions name the first operand ``input``: ``torch.mul(input=y, other=c)``)
             given = pmap({"self" if k == "input" else k: v for k, v in n.kwargs.items()}) if n.kwargs else _EMPTY
@@ -914,13 +930,26 @@ def _by_class_name() -> dict[str, str]:
     return {n.replace("_", ""): n for n in sorted(_aten_ops()) if not n.endswith("_")}
 
 
-def _module_op(kind: type) -> str | None:
-    """The ATen op a ``torch.nn`` module computes, by its class name (``nn.SiLU``: ``aten.silu``,
-    ``nn.LeakyReLU``: ``aten.leaky_relu``)."""
-    if not kind.__module__.startswith("torch.nn."):
+def _module_as_aten(module: object) -> tuple[str, dict[str, Arg]] | None:
+    """The ATen op a ``torch.nn`` module computes, by its class name, with the module's settings as
+    the op's arguments of their names (``nn.LeakyReLU(0.2)``: ``leaky_relu`` of ``negative_slope``
+    0.2; ``nn.Softmax(dim=1)``: ``softmax`` of ``dim`` 1); None where the op needs an argument the
+    module has no setting of (``nn.Unfold`` is no ``aten.unfold``)."""
+    kind = type(module)
+    name = _by_class_name().get(kind.__name__.lower()) if kind.__module__.startswith("torch.nn.") else None
+    target = _aten_named(name) if name is not None else None
+    if target is None:
         return None
-    name = _by_class_name().get(kind.__name__.lower())
-    return _aten_named(name) if name is not None else None
+    _, op, overload = target.split(".")
+    given: dict[str, Arg] = {}
+    for param in getattr(getattr(torch.ops.aten, op), overload)._schema.arguments[1:]:
+        value = getattr(module, param.name, None)
+        if value is None or isinstance(value, torch.Tensor):  # (a parameter: no node of the view's)
+            if not param.has_default_value():
+                return None
+            continue
+        given[param.name] = _arg(value, {})
+    return target, given
 
 
 def _arithmetic(n: NodeSnapshot) -> str | None:
@@ -956,12 +985,14 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
     # (an exported program holds ATen ops, and Python's arithmetic on sizes only)
-    arithmetic = (
-        {}
-        if isinstance(cap.program, ExportedProgram)
-        else {n.name: n.target for n in cap.snap.nodes if _arithmetic(n) is not None}
-    )
-    if cap.module_calls or arithmetic:
+    traced = not isinstance(cap.program, ExportedProgram)
+    arithmetic = {n.name: n.target for n in cap.snap.nodes if (n.op, n.target) in _OPERATORS} if traced else {}
+    # torch's other functions, tensor methods and modules read as the ATen ops they name
+    named = {n.name: n.target for n in cap.snap.nodes if n.name not in arithmetic and _arithmetic(n) is not None}
+    modules = {
+        k: f"an nn.{type(_attr(cap.gm, cap.snap.node(k).target)).__name__} module" for k in _generic_modules(cap)
+    }
+    if cap.module_calls or (traced and (arithmetic or named or modules)):
         calls = {name: what for name, _, what in cap.module_calls}
         real = {a.name for a in _anchors(rule, cap.snap)}
         for a in _anchors(rule, _as_aten(cap)):
@@ -970,12 +1001,16 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
             via = next((n for n in (a.name, *ref_list(a)) if n in calls), None)
             if via is None and a.name not in arithmetic:  # the input two linear modules read
                 via = next((u for u in cap.snap.users.get(a.name, ()) if u in calls), None)
+            # else the op itself, or what it reads, is spelled otherwise than in ATen
+            spelled = next((n for n in (a.name, *ref_list(a)) if n in arithmetic or n in named or n in modules), None)
             if via is not None:
                 what = f"{'' if via == a.name else f'{a.name}: '}{via} calls {calls[via]}"
-            elif a.name in arithmetic:
-                target = arithmetic[a.name]
+            elif spelled is not None and spelled in modules:
+                what = f"{'' if spelled == a.name else f'{a.name}: '}{spelled} calls {modules[spelled]}"
+            elif spelled is not None:
+                target = arithmetic.get(spelled) or named[spelled]
                 whose = "Python's" if target.startswith("_operator.") else "torch's" if "." in target else "the method"
-                what = f"{a.name} is {whose} {target.rsplit('.', 1)[-1]}"
+                what = f"{'' if spelled == a.name else f'{a.name}: '}{spelled} is {whose} {target.rsplit('.', 1)[-1]}"
             else:
                 continue
             detail = (

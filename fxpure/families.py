@@ -111,9 +111,9 @@ def family(
     that change what the op computes (``alpha`` of ``add``): a pattern that does not name one
     matches only a call where it holds its default, or None where it has none (``arg-mismatch`` at
     it otherwise), so a rule written without it in mind is not applied to ``add(y, c, alpha=2)``.
-    Left out, they are every number, bool, string or dtype that has a default in each spelling that
-    has it (a pad's ``value``, a gelu's ``approximate``; not an int, a dim or size a rule reads);
-    ``strict=()`` for none.
+    Left out, they are every float, scalar or string that has a default in each spelling that has it
+    (a pad's ``value``, a gelu's ``approximate``; not an int, a dim or size a rule reads, nor a bool
+    or dtype); ``strict=()`` for none.
 
     >>> mm = family("mm", "a matrix product", ["aten.mm.default(Tensor self, Tensor mat2) -> Tensor"])
     >>> sorted(mm.params), sorted(mm.targets), sorted(mm.strict)
@@ -131,9 +131,10 @@ def family(
     return made
 
 
-# the kinds of argument that modify what an op computes (a pad's value, a gelu's approximation, a
-# sum's dtype); an int (a dim, a size, an index) is the op's structure, which a rule reads
-_MODIFIER_KINDS: frozenset[Kind] = frozenset({"float", "scalar", "bool", "str", "dtype"})
+# the kinds of argument that modify what an op computes (a pad's value, a gelu's approximation); an
+# int (a dim, a size, an index) is the op's structure, which a rule reads, and a bool or a dtype is
+# as often a setting export writes out that changes no value (``cudnn_enable``, ``pin_memory``)
+_MODIFIER_KINDS: frozenset[Kind] = frozenset({"float", "scalar", "str"})
 
 
 def _modifiers(schemas: Iterable[Schema]) -> frozenset[str]:
@@ -423,7 +424,6 @@ CLONE = family(
         "dim_order_ops._clone_dim_order.default(Tensor self, *, bool non_blocking=False, int[]? dim_order=None)"
         " -> Tensor",
     ],
-    strict=(),  # (a memory format or dim order changes no value)
 )
 _COPY = "ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None"
 CAST = family(
@@ -446,7 +446,6 @@ CAST = family(
             fixed=_COPIES,
         ),
     ],
-    strict=(),  # (a device, layout or memory format changes no value; ``dtype`` shows in its spec)
 )
 """A copy to another dtype (or layout, device, memory format, dim order): ``dtype`` None keeps it."""
 EXPAND = family(
@@ -456,7 +455,6 @@ EXPAND = family(
         f"aten.{op}.default(Tensor self, SymInt[] size, *, bool implicit=False) -> Tensor"
         for op in ("expand", "expand_copy")
     ],
-    strict=(),  # (``implicit`` changes no value)
 )
 
 _BINARY = "(Tensor self, {other} other{alpha}) -> Tensor"
@@ -554,7 +552,6 @@ DEQUANTIZE_PER_TENSOR = family(
         )
         for overload, scale, zero_point in (("default", "float", "int"), ("tensor", "Tensor", "Tensor"))
     ],
-    strict=(),  # (``out_dtype`` shows in its spec)
 )
 DEQUANTIZE_PER_CHANNEL = family(
     "dequantize_per_channel",
@@ -566,7 +563,6 @@ DEQUANTIZE_PER_CHANNEL = family(
             rename={"scales": "scale", "zero_points": "zero_point"},
         )
     ],
-    strict=(),  # (``out_dtype`` shows in its spec)
 )
 DEQUANTIZE = replace(DEQUANTIZE_PER_TENSOR | DEQUANTIZE_PER_CHANNEL, name="dequantize")
 """Per-tensor and per-channel dequantize, with common names: ``input``, ``scale`` (a float, or a

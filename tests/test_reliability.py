@@ -26,7 +26,7 @@ import adapters.snap
 import fxpure
 from adapters.validate import check_plans
 from fxpure.families import CONV, MUL, SIGMOID, family
-from fxpure.pattern import ANY, Bound, Const, Op, Planner, Scalar, Var, rule
+from fxpure.pattern import ANY, Bound, Const, Lit, Op, Planner, Scalar, Var, rule
 from fxpure.plan import RewritePlan, Rule
 from fxpure.rules import (
     RULES,
@@ -1033,6 +1033,44 @@ def test_a_symbolic_trace_graph_module_declines_what_an_outside_rule_would_take_
     report = adapters.transform(gm, [TO_SILU]).unwrap().report
     assert report.plans == ()
     assert [(r.node, r.reason.code) for r in report.rejections] == ([] if how == "tanh" else [("mul", "module-call")])
+
+
+SOFTMAX = family("softmax", "a softmax", ["aten.softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"])
+# an outside author's rule on the last dim's softmax alone (a kernel for it, say)
+LAST_SOFTMAX = rule(
+    "last-softmax",
+    Op(SOFTMAX, name="sm", self=Var("x"), dim=Lit(-1)),
+    plan=lambda p, sm, x: p.replace(sm, x),
+    candidate=Op(SOFTMAX, dim=Lit(-1)),
+)
+
+
+class Heads(nn.Module):
+    """A layer norm read by two linear modules, then a softmax module over ``dim``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ln, self.a, self.b, self.sm = nn.LayerNorm(8), nn.Linear(8, 4), nn.Linear(8, 4), nn.Softmax(dim=dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        y: torch.Tensor = self.sm(self.a(h) + self.b(h))
+        return y
+
+
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_a_module_of_a_symbolic_trace_graph_is_read_as_its_aten_op_with_its_own_settings(dim: int) -> None:
+    # found by a review: nn.Softmax(dim=1) was read as a softmax of no dim, reported for a rule the
+    # exported program gives no candidate; and the input two linears read, itself a module's output,
+    # was said to be blocked by that module (a layer norm), not by the linear modules
+    gm = torch.fx.symbolic_trace(Heads(dim).eval())
+    report = adapters.transform(gm, [LAST_SOFTMAX, concat_parallel_linears()]).unwrap().report
+    got = [(r.rule, r.node, r.reason.code, r.reason.message.split(" (")[0]) for r in report.rejections]
+    expected = [("concat-parallel-linears", "ln", "module-call", "ln: a calls an nn.Linear module")]
+    expected += [("last-softmax", "sm", "module-call", "sm calls an nn.Softmax module")] if dim == -1 else []
+    assert report.plans == () and sorted(got) == sorted(expected)
+    exported = adapters.transform(torch.export.export(Heads(dim).eval(), (torch.randn(2, 8),)), [LAST_SOFTMAX])
+    assert len(exported.unwrap().report.plans) == (dim == -1)
 
 
 class PythonScale(nn.Module):

@@ -780,16 +780,13 @@ def test_a_scale_of_a_quantized_and_dequantized_output_is_declined(requantized: 
         quant_max=127,
         dtype=DTypeArg(name="int8"),
     )
-    dq = g.call(
+    # (given by keyword, as a GraphModule may call it)
+    given: dict[str, Arg] = {"input": q, "scale": 0.1, "zero_point": 0, "quant_min": -128, "quant_max": 127}
+    dq = g.node(
         "quantized_decomposed.dequantize_per_tensor.default",
+        kwargs={**given, "dtype": DTypeArg(name="int8")},
         name="dq",
         out=(B, OC, 6, 6),
-        input=q,
-        scale=0.1,
-        zero_point=0,
-        quant_min=-128,
-        quant_max=127,
-        dtype=DTypeArg(name="int8"),
     )
     g.output(g.call("aten.mul.Tensor", name="bin", out=(B, OC, 6, 6), self=dq, other=2.5), y)
     report = plan(g.build(), [RULE])
