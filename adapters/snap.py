@@ -986,13 +986,16 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     out: list[tuple[str, Reason]] = []
     # (an exported program holds ATen ops, and Python's arithmetic on sizes only)
     traced = not isinstance(cap.program, ExportedProgram)
-    arithmetic = {n.name: n.target for n in cap.snap.nodes if (n.op, n.target) in _OPERATORS} if traced else {}
+    nodes = cap.snap.nodes if traced else ()
+    arithmetic = {n.name: n.target for n in nodes if (n.op, n.target) in _OPERATORS}
     # torch's other functions, tensor methods and modules read as the ATen ops they name
-    named = {n.name: n.target for n in cap.snap.nodes if n.name not in arithmetic and _arithmetic(n) is not None}
-    modules = {
-        k: f"an nn.{type(_attr(cap.gm, cap.snap.node(k).target)).__name__} module" for k in _generic_modules(cap)
-    }
-    if cap.module_calls or (traced and (arithmetic or named or modules)):
+    named = {n.name: n.target for n in nodes if n.name not in arithmetic and _arithmetic(n) is not None}
+    modules = (
+        {k: f"an nn.{type(_attr(cap.gm, cap.snap.node(k).target)).__name__} module" for k in _generic_modules(cap)}
+        if traced
+        else {}
+    )
+    if cap.module_calls or arithmetic or named or modules:
         calls = {name: what for name, _, what in cap.module_calls}
         real = {a.name for a in _anchors(rule, cap.snap)}
         for a in _anchors(rule, _as_aten(cap)):
