@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, NamedTuple, cast, final
 
 import torch
 from pyrsistent import pmap
@@ -180,6 +181,8 @@ class Captured:
     copies: frozenset[str] = frozenset()  # views that may be copies (``MAYBE_COPIES``), or of one
     # a node that may alias several tensors (``broadcast_tensors``) -> each of them (its own root)
     shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # a symbolic_trace graph read as the ATen ops it calls, found once for every rule (``_traced``)
+    traced: _Traced | None = field(default=None, repr=False, compare=False)
 
 
 def _pinned(ep: ExportedProgram | None) -> dict[str, str]:
@@ -848,11 +851,11 @@ def _generic_modules(cap: Captured) -> dict[str, tuple[str, dict[str, Arg]]]:
     return out
 
 
-def _as_aten(cap: Captured) -> GraphSnapshot:
-    """``cap``'s snapshot with each module (or function) call spelled as the ATen op it stands for,
-    and Python's arithmetic as ATen's: what a rule would find were the model exported."""
+def _as_aten(cap: Captured, settings: Mapping[str, tuple[str, dict[str, Arg]]]) -> GraphSnapshot:
+    """``cap``'s snapshot with each module (or function) call spelled as the ATen op it stands for
+    (the modules of ``settings`` with them, :func:`_generic_modules`), and Python's arithmetic as
+    ATen's: what a rule would find were the model exported."""
     targets = {name: target for name, target, _ in cap.module_calls}
-    settings = _generic_modules(cap)
     # (not the size arithmetic of an exported graph: ``x.shape[0] * 2``'s value is a number)
     sizes = {
         n.name
@@ -976,6 +979,39 @@ def _anchors(rule: Any, snap: GraphSnapshot) -> list[NodeSnapshot]:
         return []
 
 
+@final
+class _Traced(NamedTuple):
+    """A GraphModule read as the ATen ops it calls (None where it calls none otherwise), the nodes
+    that are Python's arithmetic, and how each node read so is spelled (``is Python's mul``, ``is
+    torch's sigmoid``, ``calls an nn.Softmax module``)."""
+
+    view: GraphSnapshot | None
+    arithmetic: frozenset[str]
+    spelled: dict[str, str]
+
+
+def _traced(cap: Captured) -> _Traced:
+    """``cap``'s :class:`_Traced`, found once (an exported program holds ATen ops, and Python's
+    arithmetic on sizes only: nothing to read)."""
+    if cap.traced is not None:
+        return cap.traced
+    spelled: dict[str, str] = {}
+    arithmetic: set[str] = set()
+    settings = _generic_modules(cap) if not isinstance(cap.program, ExportedProgram) else {}
+    for n in cap.snap.nodes if not isinstance(cap.program, ExportedProgram) else ():
+        if n.name in settings:
+            spelled[n.name] = f"calls an nn.{type(_attr(cap.gm, n.target)).__name__} module"
+        elif _arithmetic(n) is not None or (n.op, n.target) in _OPERATORS:
+            target = str(n.target)
+            whose = "Python's" if target.startswith("_operator.") else "torch's" if "." in target else "the method"
+            spelled[n.name] = f"is {whose} {target.rsplit('.', 1)[-1]}"
+            if (n.op, n.target) in _OPERATORS:
+                arithmetic.add(n.name)
+    view = _as_aten(cap, settings) if cap.module_calls or spelled else None
+    cap.traced = _Traced(view, frozenset(arithmetic), spelled)
+    return cap.traced
+
+
 def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, Reason]]:
     """The candidates of ``rule`` that fxpure does not rewrite, each with a typed reason: a module
     call in a ``symbolic_trace`` GraphModule (its parameters live in the module), or a node the rule
@@ -984,36 +1020,22 @@ def unreachable(cap: Captured, rule: Any, within: str = "") -> list[tuple[str, R
     control-flow branches (``torch.cond``: only the top-level graph is rewritten), named by the
     branches they are in (``within``: the outer ones', as ``true_graph_0.``)."""
     out: list[tuple[str, Reason]] = []
-    # (an exported program holds ATen ops, and Python's arithmetic on sizes only)
-    traced = not isinstance(cap.program, ExportedProgram)
-    nodes = cap.snap.nodes if traced else ()
-    arithmetic = {n.name: n.target for n in nodes if (n.op, n.target) in _OPERATORS}
-    # torch's other functions, tensor methods and modules read as the ATen ops they name
-    named = {n.name: n.target for n in nodes if n.name not in arithmetic and _arithmetic(n) is not None}
-    modules = (
-        {k: f"an nn.{type(_attr(cap.gm, cap.snap.node(k).target)).__name__} module" for k in _generic_modules(cap)}
-        if traced
-        else {}
-    )
-    if cap.module_calls or arithmetic or named or modules:
+    traced = _traced(cap)
+    if traced.view is not None:
         calls = {name: what for name, _, what in cap.module_calls}
         real = {a.name for a in _anchors(rule, cap.snap)}
-        for a in _anchors(rule, _as_aten(cap)):
+        for a in _anchors(rule, traced.view):
             if a.name in real or a.name not in cap.snap.index:  # (not a weight the ATen view gave a module)
                 continue
             via = next((n for n in (a.name, *ref_list(a)) if n in calls), None)
-            if via is None and a.name not in arithmetic:  # the input two linear modules read
+            if via is None and a.name not in traced.arithmetic:  # the input two linear modules read
                 via = next((u for u in cap.snap.users.get(a.name, ()) if u in calls), None)
             # else the op itself, or what it reads, is spelled otherwise than in ATen
-            spelled = next((n for n in (a.name, *ref_list(a)) if n in arithmetic or n in named or n in modules), None)
+            spelled = next((n for n in (a.name, *ref_list(a)) if n in traced.spelled), None)
             if via is not None:
                 what = f"{'' if via == a.name else f'{a.name}: '}{via} calls {calls[via]}"
-            elif spelled is not None and spelled in modules:
-                what = f"{'' if spelled == a.name else f'{a.name}: '}{spelled} calls {modules[spelled]}"
             elif spelled is not None:
-                target = arithmetic.get(spelled) or named[spelled]
-                whose = "Python's" if target.startswith("_operator.") else "torch's" if "." in target else "the method"
-                what = f"{'' if spelled == a.name else f'{a.name}: '}{spelled} is {whose} {target.rsplit('.', 1)[-1]}"
+                what = f"{'' if spelled == a.name else f'{a.name}: '}{spelled} {traced.spelled[spelled]}"
             else:
                 continue
             detail = (
