@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, TypeAlias, final
+from typing import Literal, TypeAlias, cast, final
 
 from pyrsistent import pmap
 from pyrsistent.typing import PMap
@@ -254,6 +254,15 @@ def bind(node: NodeSnapshot, schema: Schema) -> Result[Mapping[str, Arg], Malfor
     >>> bind(NodeSnapshot(name="mm", op="call_function", target="t", args=(NodeRef("a"),)), s).failure().message
     "mm: missing argument 'mat2'"
     """
+    memo = node._bound
+    if memo is not None and memo[0] is schema:
+        return cast(Result[Mapping[str, Arg], Malformed], memo[1])
+    bound = _bind(node, schema)
+    object.__setattr__(node, "_bound", (schema, bound))  # (a cache of the record's own fields)
+    return bound
+
+
+def _bind(node: NodeSnapshot, schema: Schema) -> Result[Mapping[str, Arg], Malformed]:
     positional, args = schema.positional, node.args
     if len(args) > len(positional):
         return Failure(Malformed(node=node.name, detail=f"{len(args)} positional arguments"))

@@ -100,6 +100,9 @@ class NodeSnapshot:
     # the names the arguments read, in order, found once when the record is made (every rewrite
     # derives users from every node's reads: most nodes are the same records stage after stage)
     _reads: tuple[str, ...] = field(init=False, repr=False, compare=False, hash=False)
+    # the arguments bound by name (``fxpure.schema.bind``) under the last schema asked: a node is
+    # bound again and again (its candidate test, its match, the rules after), its record never changes
+    _bound: tuple[object, object] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         out = _collect(self.args, [])
