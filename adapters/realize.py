@@ -950,28 +950,38 @@ def _inside_preserved(cap: Captured, report: RewriteReport) -> dict[tuple[str, s
 
 
 def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
-    """Every plan moving a program output to a new node that is a view (an op returning an alias of
-    what it is given, as its schema says: ``aten.view``, ``t``, ``alias``) of a tensor the program
-    writes in place, or of a view of one: the output would hold the written value when the program
-    returns. The core's ``returns_written`` sees the program's own tensors and views, not what a
-    plan's new nodes alias."""
-    written = cap.snap.written
-    if not written or not report.plans:
-        return {}
+    """Every plan moving a program output to a view (an op returning an alias of what it is given, as
+    its schema says: ``aten.view``, ``t``, ``alias``), new or of the program, of a tensor the program
+    writes in place (the output would hold the written value when the program returns) or holds or
+    is given (its caller would get a view of a parameter or of its own input, through which a write
+    changes them), or to such a tensor itself (``w * 1`` dropped). The core's ``returns_written``
+    sees the tensors the program writes themselves, not what views alias."""
     out: dict[tuple[str, str], Reason] = {}
+    written = cap.snap.written
     for snap, stage in planned_on(report):
+        al: _Aliasing | None = None
         for p in stage:
             made = {n.name: n for n in p.nodes}
             for old, new in p.replace:
-                returned = any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index)
-                root = _aliased(new, made, snap.dialect) if returned and new in made else None
-                if root in written:
-                    detail = (
-                        f"the output {old} would return {new}, a view of {root}, which the program writes in"
-                        " place (its value after the write)"
-                    )
-                    out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
-                    break
+                if not any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index):
+                    continue
+                viewed = _aliased(new, made, snap.dialect) if new in made else new
+                if viewed is None or viewed not in snap.index:
+                    continue
+                al = al or _aliasing(cap, snap)
+                root = al.root.get(viewed, viewed)
+                if root not in snap.index:
+                    continue
+                if root in written and new in made:
+                    how = "writes in place (its value after the write)"
+                elif root not in written and snap.node(root).op in ("placeholder", "get_attr"):
+                    how = "holds or is given"
+                else:  # (the program's own view of a written tensor, or the tensor: the core's, _written_between's)
+                    continue
+                what = f"{new} itself" if root == new else f"{new}, a view of {root}"
+                detail = f"the output {old} would return {what}, which the program {how}"
+                out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
+                break
     return out
 
 
@@ -1003,7 +1013,7 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     that tensor in between (an aten program may hold ``x.mul_(2)``: a conv fused at its batch norm's
     place would read the written ``x``); or the uses it moves go to another tensor that is written
     while they read it, or that they write (``y = z.clone(); y.add_(1)`` with the clone dropped
-    would write ``z``)."""
+    would write ``z``); or it removes a write that is read after it (:func:`_lost_writes`)."""
     dialect = cap.snap.dialect
     if not cap.writes and not any(w for p in report.plans for n in p.nodes for _, w, _, _ in _effects(n, dialect)):
         return {}  # nothing is written in place: no stage need be made again
@@ -1021,7 +1031,7 @@ def _written_between(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
                 for i, w in al.at.get(al.root.get(name, name), ())
                 if start <= i < stop
             ]
-            hits += _moved_writes(snap, p, al)
+            hits += _moved_writes(snap, p, al) + _lost_writes(snap, p, al)
             if hits:
                 out[(p.rule, p.anchor)] = Declined(code="written-between", node=p.anchor, detail=hits[0])
     return out
@@ -1177,6 +1187,28 @@ def _moved_writes(snap: GraphSnapshot, p: RewritePlan, al: _Aliasing) -> list[st
             for i, w in al.at.get(now, ())
             if start < i <= stop and now != was
         ]
+    return out
+
+
+def _lost_writes(snap: GraphSnapshot, p: RewritePlan, al: _Aliasing) -> list[str]:
+    """The in-place writes ``p`` removes (a node it erases, replaces or prunes writes a tensor) that no
+    new node of ``p`` makes again, where the written tensor is seen after the write: a tensor the
+    program holds or is given (its state, its caller's input), or one a node ``p`` keeps reads after
+    it, directly or through a view (``F.hardswish(x[:4], inplace=True)`` replaced by a functional
+    hardswish would leave ``x`` unwritten). A write only the removed nodes see goes with them."""
+    consumed = p.claims | set(p.prune)
+    remade = {al.root.get(x, x) for n in p.nodes for x, write, _, _ in _effects(n, snap.dialect) if write}
+    out = []
+    for tensor, writes in al.at.items():
+        for i, w in writes:
+            if w not in consumed or tensor in remade:
+                continue
+            held = tensor in snap.index and snap.node(tensor).op in ("placeholder", "get_attr")
+            seen = [v for v in (tensor, *al.of.get(tensor, ())) if v != w and v in snap.index and v not in consumed]
+            later = next((u for v in seen for u in snap.users[v] if snap.index[u] > i and u not in consumed), None)
+            if held or later is not None:
+                after = "the program holds or is given" if held else f"{later} reads after it"
+                out.append(f"{w} writes {tensor} in place, which {after}: the plan removes the write")
     return out
 
 

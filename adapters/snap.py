@@ -513,6 +513,8 @@ _SETS = frozenset(
     getattr(operator, f"i{op}")
     for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
 ) | {operator.setitem, operator.imatmul}
+# and its spelling as a method call: ``x.__iadd__(v)``, ``x.__setitem__(i, v)``
+_SET_METHODS = frozenset(f"__{f.__name__}__" for f in _SETS)
 # attributes of a tensor that are views of it (``w.data``, ``w.mT``)
 _VIEW_ATTRS = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
 # methods of no aten op of the same name that return the tensor itself when it already has the dtype
@@ -526,7 +528,8 @@ def _flat(value: Any) -> list[Any]:
 def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
     """What a call of no aten op (a torch function, an operator, a method of no aten op of its name,
     in a symbolic_trace graph) writes and aliases, as far as its name and arguments tell: in place
-    by name (``torch.relu_``, ``torch.Tensor.mul_``), ``x[i] = v`` and ``x *= v``, ``inplace=True``,
+    by name (``torch.relu_``, ``torch.Tensor.mul_``), ``x[i] = v`` and ``x *= v`` (also spelled
+    ``x.__imul__(v)``), ``inplace=True``,
     ``out=``, a norm in training mode; ``w.data``, ``w.mT`` and ``w.float()`` are views of ``w``."""
     x = n.args[0] if n.args else None
     first = x if isinstance(x, torch.fx.Node) else None
@@ -549,7 +552,9 @@ def _python_writes(w: _Writes, n: torch.fx.Node) -> None:
         given = [a.name for a in _flat([*n.args, *n.kwargs.values()]) if isinstance(a, torch.fx.Node)]
         _view_of(w, n.name, given if op._schema.name in _ALIASES_ALL else given[:1], may_copy(op))
     in_place = name.endswith("_") and not name.startswith("_") and name not in _NOT_DATA_WRITES
-    if first is not None and (in_place or n.target in _SETS or bound.get("inplace", n.kwargs.get("inplace")) is True):
+    if first is not None and (
+        in_place or n.target in _SETS or name in _SET_METHODS or bound.get("inplace", n.kwargs.get("inplace")) is True
+    ):
         w.write(n.name, first.name)
         w.view(n.name, first.name)
     for out in _flat(n.kwargs.get("out")):

@@ -95,13 +95,34 @@ def _factors(d: Dim) -> tuple[int, Counter[str]] | None:
     return number, Counter(p for p in parts if not p.isdigit())
 
 
+# the same readers as a ``symbolic_trace`` GraphModule calls them: tensor methods (``x.view(-1)``) and
+# torch functions (``torch.as_strided``), by name
+BY_NAME = {
+    "view": "aten.view.default",
+    "view_as": "aten.view_as.default",
+    "as_strided": "aten.as_strided.default",
+    "view_as_complex": "aten.view_as_complex.default",
+}
+
+
+def _aten(node: NodeSnapshot) -> str:
+    """The aten op a call stands for as a reader of strides: its own target, or that of a tensor
+    method or torch function of one of :data:`BY_NAME` (another spelling stands for none)."""
+    if node.op == "call_function" and node.target.startswith("aten."):
+        return node.target
+    if node.op in ("call_method", "call_function"):
+        return BY_NAME.get(node.target.rsplit(".", 1)[-1], "")
+    return ""
+
+
 def _sensitive(reader: NodeSnapshot, src: TensorSpec | None) -> bool:
     """True when ``reader`` needs its input's own strides: ``as_strided``, or a view (of an input of
     spec ``src``) that may merge dims."""
-    if reader.target in STRIDED:
+    target = _aten(reader)
+    if target in STRIDED:
         return True
     out = reader.tensor_spec
-    return reader.target in VIEWS and (src is None or out is None or not only_splits(src.shape, out.shape))
+    return target in VIEWS and (src is None or out is None or not only_splits(src.shape, out.shape))
 
 
 def layout_reader(snap: GraphSnapshot, name: str, *, path: str = "", views: bool = True) -> Declined | None:
@@ -130,8 +151,19 @@ SIZE_QUERIES = frozenset({"aten.sym_size.int", "aten.sym_numel.default", "aten.s
 
 def passes_strides(node: NodeSnapshot) -> bool:
     """``node``'s result has its inputs' strides (an elementwise op, a view), as far as a reader of
-    its strides is concerned: every call but :data:`FRESH` ones and :data:`SIZE_QUERIES`."""
+    its strides is concerned: every call but :data:`FRESH` ones and :data:`SIZE_QUERIES` (in a
+    ``symbolic_trace`` GraphModule also a tensor method's, but ``contiguous``, and a module's: fxpure
+    does not look in)."""
+    if node.op in ("call_method", "call_module"):
+        return node.target != "contiguous" or node.op == "call_module"
     return node.op == "call_function" and node.target not in FRESH and node.target not in SIZE_QUERIES
+
+
+def _named(node: NodeSnapshot, readers: frozenset[str]) -> bool:
+    """``node`` is a tensor method or a torch function standing for one of ``readers``."""
+    return (
+        node.op in ("call_method", "call_function") and not node.target.startswith("aten.") and _aten(node) in readers
+    )
 
 
 # what _exposed found on the last snapshot asked about, by the readers it looked for (the rules ask
@@ -154,7 +186,9 @@ def _exposed(snap: GraphSnapshot, readers: frozenset[str]) -> dict[str, tuple[st
         return known[readers]
     out: dict[str, tuple[str, str]] = {}
     todo: list[str] = []
-    for r in snap.calls(readers):
+    # (a GraphModule may spell them as methods or torch functions: found by a look at every node)
+    named = [n for n in snap.nodes if _named(n, readers)] if not snap.lifted else []
+    for r in [*snap.calls(readers), *named]:
         x = r.args[0] if r.args else None
         if isinstance(x, NodeRef) and x.name not in out and _sensitive(r, snap.node(x.name).tensor_spec):
             out[x.name] = (r.name, x.name)

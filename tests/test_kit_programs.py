@@ -189,6 +189,40 @@ def test_a_plan_that_drops_an_op_for_another_matched_node_applies(form: str) -> 
     assert_sound(program, X, [torch.relu(X[0]) + 1.0])
 
 
+class TimesOne4(torch.nn.Module):
+    """Four outputs times one: of a parameter, of the input, of a view of the parameter, of a relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.w * 1.0, x * 1.0, self.w.t() * 1.0, torch.relu(x) * 1.0
+
+
+# y * 1 -> y
+TIMES_ONE = rule("times-one", Op(MUL, name="m", self=Var("y"), other=1.0), plan=lambda p, m, y: p.replace(m, y))
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_an_output_moved_to_a_tensor_the_program_holds_or_is_given_is_declined(form: str) -> None:
+    # found by an outside author: a rule dropping ``w * 1`` made the program return the parameter
+    # itself (or the caller's input, or a view of the parameter): a caller writing into what it got
+    # back then changed the model
+    x, model = torch.randn(3, 3), TimesOne4()
+    program, reference = build(model, (x,), form), build(model, (x,), form)
+    outcome = adapters.transform(program, [TIMES_ONE]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["mul_3"]
+    whys = [j.reason for j in outcome.report.rejections]
+    assert [(j.code, j.path) for j in whys] == [("plan-conflict", "plan")] * 3
+    assert "holds or is given" in whys[0].message and "a view of" in whys[2].message
+    for _ in range(2):
+        got, want = run(program, (x,)), run(reference, (x,))
+        assert_close(got, want)
+        for t in got:
+            t.add_(100.0)  # the caller writes into what it got back
+
+
 def test_apply_declines_an_op_the_edge_programs_verifier_refuses_as_transform_does() -> None:
     program = _edge(preserve=False)
     before = program.graph_module.code

@@ -243,3 +243,47 @@ def test_other_views_that_need_the_values_strides_keep_it_too(reader: str, form:
     if form != "edge":  # (edge spells views as copies)
         assert [j.reason.code for j in report.rejections] == ["layout-sensitive-reader"] and not report.plans
     assert_sound(program, x, want)
+
+
+class MethodReaders(torch.nn.Module):
+    """Two linears of one rank-3 input and a conv1d, as a ``symbolic_trace`` graph keeps aten calls,
+    their results read by a tensor method of their strides (``how``): ``view`` merging dims, or
+    ``as_strided``; or through a method passing the strides on first (``relu().view``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.q, self.k = torch.nn.Parameter(torch.randn(6, 8)), torch.nn.Parameter(torch.randn(4, 8))
+        self.c = torch.nn.Parameter(torch.randn(6, 4, 3))
+
+    def read(self, y: torch.Tensor) -> torch.Tensor:
+        if self.how == "view":
+            return y.view(-1)
+        if self.how == "relu().view":
+            return y.relu().view(-1)
+        return y.as_strided((y.numel(),), (1,))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        aten = torch.ops.aten
+        q, k = aten.linear.default(x, self.q), aten.linear.default(x, self.k)
+        return self.read(q), self.read(k), self.read(aten.conv1d.default(c, self.c))
+
+
+@pytest.mark.parametrize("how", ["view", "relu().view", "as_strided"])
+def test_a_traced_graphs_method_reading_strides_is_a_layout_sensitive_reader(how: str) -> None:
+    # found by a hunt: in a symbolic_trace graph ``q.view(-1)`` was no reader of strides, so the
+    # linears were joined (or made convs): the view then failed, and as_strided read other values
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    x = (torch.randn(2, 5, 8), torch.randn(2, 4, 9))
+    model = MethodReaders(how)
+    gm = torch.fx.symbolic_trace(model)
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*x)
+    rules = [RULES[r]() for r in ("concat-parallel-linears", "linear-to-conv2d", "conv1d-to-conv2d")]
+    outcome = adapters.transform(gm, rules).unwrap()
+    assert not outcome.changed
+    codes = {(j.rule, j.node): j.reason.code for j in outcome.report.rejections}
+    for r, node in [("linear-to-conv2d", "linear_default"), ("conv1d-to-conv2d", "conv1d_default")]:
+        assert codes[(r, node)] == "layout-sensitive-reader"
+    assert_close(run(gm, x), run(torch.fx.symbolic_trace(model), x))

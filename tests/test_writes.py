@@ -464,6 +464,10 @@ class MethodWrites(nn.Module):
             torch.flatten(x).mul_(-2.0)
         elif self.mode == "torch.dropout":
             torch.dropout(x, 0.5, False).mul_(-2.0)
+        elif self.mode == "__imul__":  # x *= -2.0, spelled as the method it calls
+            x.__imul__(-2.0)
+        elif self.mode == "__setitem__":
+            x.__setitem__(0, -2.0)
         elif self.mode == "torch.broadcast_tensors":
             torch.broadcast_tensors(x.new_zeros(1), x)[1].mul_(-2.0)  # type: ignore[no-untyped-call]
         else:
@@ -489,6 +493,7 @@ def _traced(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
         *("method", "view", "module", "data", "index", "function", "inplace=True", "out=", "cast"),
         *("dropout-module", "dropout-function", "type_as"),  # (found by reviews: not seen before)
         *("torch.flatten", "torch.dropout", "torch.broadcast_tensors"),
+        *("__imul__", "__setitem__"),  # (found by a hunt: an in-place operator spelled as its method)
     ],
 )
 def test_a_symbolic_trace_graphs_method_and_in_place_module_writes_count(mode: str) -> None:
@@ -852,3 +857,51 @@ def test_an_output_moved_to_a_tensor_the_program_writes_is_declined(cls: type[nn
     assert "which the program writes in place (its value after the write)" in r.reason.message
     want = cls()(torch.ones(3))
     assert_close(run(program, (torch.ones(3),)), [want])
+
+
+def _functional_relu(p: Planner, r: Bound, x: NodeRef) -> RewritePlan:
+    return p.replace(r, p.call("aten.relu.default", name="relu_new", spec=r.node.spec, self=x))
+
+
+# an in-place relu as a functional one, as an outside author writes it (the write is the plan's to keep)
+FUNCTIONAL_RELU = rule("functional-relu", Op(RELU_, name="r", self=Var("x")), plan=_functional_relu)
+
+
+class InPlaceRelu(nn.Module):
+    """``relu_`` of a slice of the input, of a slice of a buffer, of an intermediate a view taken
+    before reads after it, or of an intermediate only the relu's own result is read of (``where``)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where, self.b = where, nn.Buffer(torch.linspace(-1, 1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.where == "input":
+            F.relu(x[:4], inplace=True)
+            return x * 2
+        if self.where == "buffer":
+            F.relu(self.b[2:], inplace=True)
+            return x + self.b
+        t = x * 3
+        if self.where == "viewed":
+            v = t.view(2, 4)
+            F.relu(t, inplace=True)
+            return v * 2
+        return F.relu(t, inplace=True) * 2
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+@pytest.mark.parametrize("where", ["input", "buffer", "viewed", "own"])
+def test_a_plan_that_removes_an_in_place_write_read_after_it_is_declined(form: str, where: str) -> None:
+    # found by an outside author: a relu_ replaced by a functional relu left the caller's input and
+    # the buffer unwritten (their new nodes, unread, were dropped), every call after the first wrong
+    x, model = torch.linspace(-1, 1, 8), InPlaceRelu(where)
+    program, reference = build(model, (x.clone(),), form), build(model, (x.clone(),), form)
+    assert count(program, "relu_") == 1
+    outcome = adapters.transform(program, [FUNCTIONAL_RELU]).unwrap()
+    codes = [r.reason.code for r in outcome.report.rejections]
+    assert (codes, outcome.changed) == (([], True) if where == "own" else (["written-between"], False))
+    for _ in range(2):  # (the buffer's write shows in the second call)
+        given, want = x.clone(), x.clone()
+        assert_close(run(program, (given,)), run(reference, (want,)))
+        assert_close([given], [want])
