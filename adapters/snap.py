@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, cast, final
 
@@ -841,7 +842,10 @@ _OPERATORS = {
     **{("call_function", f"torch._VariableFunctionsClass.{op}"): f"aten.{aten}.Tensor" for op, aten in _ARITHMETIC},
     **{("call_method", op): f"aten.{aten}.Tensor" for op, aten in _ARITHMETIC},
     **{("call_method", f"{op}_"): f"aten.{op}_.Tensor" for op in ("mul", "add", "sub", "div")},
+    ("call_function", "_operator.matmul"): "aten.matmul.default",
 }
+# a tensor's attributes that are ATen ops of it (``x @ w.T``)
+_ATTRIBUTES = {"T": "aten.numpy_T.default", "mT": "aten.mT.default", "mH": "aten.mH.default", "H": "aten.mH.default"}
 
 
 def _generic_modules(cap: Captured) -> dict[str, tuple[str, dict[str, Arg]]]:
@@ -867,24 +871,14 @@ def _as_aten(cap: Captured, settings: Mapping[str, tuple[str, dict[str, Arg]]]) 
         for n in cap.gm.graph.nodes
         if n.op == "call_function" and "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor)
     }
+    functions = {n.name: n.target for n in cap.gm.graph.nodes if n.op == "call_function"}
     nodes: list[NodeSnapshot] = []
     constants = dict(cap.snap.constants.items())
     for n in cap.snap.nodes:
         # (the one input of a linear module's call: ``self.fc(x)`` or ``self.fc(input=x)``)
         x = n.args[0] if len(n.args) == 1 and not n.kwargs else n.kwargs.get("input") if len(n.kwargs) == 1 else None
-        if n.op == "call_module" and targets.get(n.name) == LINEAR_CALL and not n.args[1:] and x is not None:
-            # the module's weight and bias as constants it reads, as an exported linear reads them (a rule
-            # that groups linears by their input, concat-parallel-linears, needs to see them as linears)
-            module, args = _attr(cap.gm, n.target), list[Arg]([x])
-            for role in ("weight", "bias"):
-                value, name = getattr(module, role, None), f"{n.name}.{role}"  # (no node has a dot in its name)
-                if isinstance(value, torch.Tensor) and (spec := tensor_spec(value)) is not None:
-                    nodes.append(NodeSnapshot(name=name, op="get_attr", target=f"{n.target}.{role}", spec=spec))
-                    constants[name] = ConstantInfo(kind="parameter", key=f"{n.target}.{role}", spec=spec)
-                    args.append(NodeRef(name))
-                else:
-                    args.append(None)
-            nodes.append(replace(n, op="call_function", target=LINEAR_CALL, args=tuple(args), kwargs=_EMPTY))
+        if n.op == "call_module" and targets.get(n.name) not in (None, *_PASSES) and x is not None:
+            nodes.extend(_module_op(cap, n, targets[n.name], x, constants))
         elif n.name in targets and targets[n.name] in _PASSES and x is not None:  # (``self.drop(input=y)`` too)
             module = _attr(cap.gm, n.target)  # (a dropout's rate and mode, as F.dropout is given them)
             passed: tuple[Arg, ...] = (
@@ -894,17 +888,101 @@ def _as_aten(cap: Captured, settings: Mapping[str, tuple[str, dict[str, Arg]]]) 
             )
             nodes.append(replace(n, op="call_function", target=targets[n.name], args=passed, kwargs=_EMPTY))
         elif n.name in targets:
-            nodes.append(replace(n, op="call_function", target=targets[n.name]))
+            named = _named_as(functions.get(n.name), targets[n.name], n)  # (``F.batch_norm``)
+            nodes.append(replace(n, op="call_function", target=targets[n.name], **_by(named)))
         elif n.name in settings and len(n.args) == 1 and not n.kwargs:  # (its one input, and its settings)
             target, setting = settings[n.name]
             nodes.append(replace(n, op="call_function", target=target, kwargs=pmap(setting)))
         elif n.name not in sizes and (aten := _arithmetic(n)) is not None:
             # (torch's functions name the first operand ``input``: ``torch.mul(input=y, other=c)``)
             given = pmap({"self" if k == "input" else k: v for k, v in n.kwargs.items()}) if n.kwargs else _EMPTY
-            nodes.append(replace(n, op="call_function", target=aten, kwargs=given))
+            named = _named_as(functions.get(n.name), aten, n)  # (``F.dropout(x, p, training)``)
+            if n.target == "builtins.getattr":  # (``w.T``: of the tensor alone)
+                named = (n.args[:1], _EMPTY)
+            nodes.append(replace(n, op="call_function", target=aten, **_by(named, given)))
         else:
             nodes.append(n)
     return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
+
+
+# what a module of :data:`_MODULE_OPS` gives its op that it holds no attribute of
+_GIVEN: Mapping[str, Callable[[], Arg]] = {"cudnn_enabled": lambda: bool(torch.backends.cudnn.enabled)}
+
+
+def _module_op(
+    cap: Captured, n: NodeSnapshot, target: str, x: Arg, constants: dict[str, ConstantInfo]
+) -> list[NodeSnapshot]:
+    """The call ``n`` of a module of :data:`_MODULE_OPS` on its one input ``x`` as the ATen op
+    ``target``, preceded by the module's tensors as constants it reads, as an exported op reads them
+    (a rule grouping linears by their input needs to see them as linears), its settings as the
+    op's arguments (a conv's ``groups``: a rule for grouped convs takes no other one for a
+    candidate); the op of its input alone where the module has no value for an argument."""
+    module = _attr(cap.gm, n.target)
+    _, op, overload = target.split(".")
+    args, made = [x], []
+    for param in getattr(getattr(torch.ops.aten, op), overload)._schema.arguments[1:]:
+        value = getattr(module, param.name, None)
+        value = _GIVEN[param.name]() if value is None and param.name in _GIVEN else value
+        if isinstance(value, torch.Tensor) and (spec := tensor_spec(value)) is not None:
+            name = f"{n.name}.{param.name}"  # (no node has a dot in its name)
+            made.append(NodeSnapshot(name=name, op="get_attr", target=f"{n.target}.{param.name}", spec=spec))
+            constants[name] = ConstantInfo(kind="parameter", key=f"{n.target}.{param.name}", spec=spec)
+            args.append(NodeRef(name))
+        elif value is not None and not isinstance(value, torch.Tensor):
+            args.append(_arg(value, {}))
+        elif param.has_default_value() or isinstance(param.type, torch.OptionalType):
+            args.append(param.default_value if param.has_default_value() else None)
+        else:
+            return [replace(n, op="call_function", target=target)]
+    return [*made, replace(n, op="call_function", target=target, args=tuple(args), kwargs=_EMPTY)]
+
+
+def _named_as(function: object, target: str, n: NodeSnapshot) -> tuple[tuple[Arg, ...], PMap[str, Arg]] | None:
+    """The arguments of ``n``, a call of a Python function of ``torch.nn.functional``, as the ATen op
+    ``target`` takes them, positional as export writes them (``F.batch_norm(input, running_mean,
+    running_var, ...)``; ``F.dropout``'s ``training`` as ``train``, its ``inplace`` no argument of
+    the op); None for any other function, or where the op needs an argument it is not given."""
+    if getattr(function, "__module__", None) != "torch.nn.functional" or not inspect.isfunction(function):
+        return None
+    try:
+        given = inspect.signature(function).bind(*n.args, **n.kwargs).arguments
+    except TypeError:
+        return None
+    _, op, overload = target.split(".")
+    params = getattr(getattr(torch.ops.aten, op), overload)._schema.arguments
+    names = {p.name for p in params}
+    by_name: dict[str, Arg] = {}
+    for i, (name, value) in enumerate(given.items()):
+        name = params[0].name if i == 0 else name if name in names else _RENAMED.get(name, name)
+        if name in names:
+            by_name[name] = value
+    args: list[Arg] = []
+    kwargs: dict[str, Arg] = {}
+    for p in params:
+        if p.name in by_name:
+            value = by_name[p.name]
+        elif p.name in _GIVEN:
+            value = _GIVEN[p.name]()
+        elif p.has_default_value():
+            value = _arg(p.default_value, {})
+        else:
+            return None
+        if p.kwarg_only:
+            kwargs[p.name] = value
+        else:
+            args.append(value)
+    return tuple(args), pmap(kwargs)
+
+
+def _by(named: tuple[tuple[Arg, ...], PMap[str, Arg]] | None, given: PMap[str, Arg] | None = None) -> dict[str, Any]:
+    """``replace``'s arguments for a call given as the op takes it (``named``), else ``given`` keywords."""
+    if named is not None:
+        return {"args": named[0], "kwargs": named[1]}
+    return {} if given is None else {"kwargs": given}
+
+
+# a function's argument by the name of the ATen op's
+_RENAMED = {"training": "train"}
 
 
 # the modules a function a symbolic_trace graph calls comes from (``torch.sigmoid``, ``F.silu``, ``F.gelu``)
@@ -965,6 +1043,8 @@ def _arithmetic(n: NodeSnapshot) -> str | None:
     tensor method the ATen op of its name (``torch.sigmoid``, ``x.t()``); None for arithmetic given
     ``out=`` (``aten.mul.out``, a write no rule anchors at)."""
     target = _OPERATORS.get((n.op, n.target))
+    if n.target == "builtins.getattr" and len(n.args) == 2 and not n.kwargs and type(n.args[1]) is str:
+        return _ATTRIBUTES.get(n.args[1])  # (read as the op of the tensor alone: ``_as_aten``)
     given = set(n.kwargs)
     if target is None:
         function = n.op == "call_function" and n.target.startswith(_TORCH_FUNCTIONS)
@@ -1010,6 +1090,8 @@ def _traced(cap: Captured) -> _Traced:
             target = str(n.target)
             whose = "Python's" if target.startswith("_operator.") else "torch's" if "." in target else "the method"
             spelled[n.name] = f"is {whose} {target.rsplit('.', 1)[-1]}"
+            if target == "builtins.getattr":
+                spelled[n.name] = f"is the attribute {n.args[1]}"
             if (n.op, n.target) in _OPERATORS:
                 arithmetic.add(n.name)
     view = _as_aten(cap, settings) if cap.module_calls or spelled else None

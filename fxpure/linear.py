@@ -483,10 +483,10 @@ def _features(spec: TensorSpec | None, n: int | None) -> TensorSpec | None:
 
 
 def _check_width(p: Planner, lin: Linear, input: NodeRef | None, in_features: int | None) -> None:
-    """ValueError for an ``input`` of ``emit_linear`` whose last size is not the one the new nodes
-    are declared with: that of the value it stands for (the flattening reshape's input, else the
-    product's), or ``in_features``; and for ``in_features`` with a reshape that merges dims (a
-    model's own flatten, which it cannot re-size)."""
+    """Decline the plan (``malformed-node``) for an ``input`` of ``emit_linear`` whose last size is
+    not the one the new nodes are declared with: that of the value it stands for (the flattening
+    reshape's input, else the product's), or ``in_features``; and for ``in_features`` with a
+    reshape that merges dims (a model's own flatten, which it cannot re-size)."""
     if input is None or input.name not in p.match.snap.index:
         return
     snap, op = p.match.snap, lin.op
@@ -497,13 +497,14 @@ def _check_width(p: Planner, lin: Linear, input: NodeRef | None, in_features: in
         return
     view = lin.view_in
     if in_features is not None and view is not None and view.spec and view.spec.shape[-1:] != old.shape[-1:]:
-        raise ValueError(
+        p._refuse(
             f"emit_linear of {op.name}: in_features with {view.name}, a reshape that merges dims (the "
             "model's own): re-spell it in the rule"
         )
+        return
     want = old.shape[-1] if in_features is None else in_features
     if given.shape[-1] != want:
-        raise ValueError(
+        p._refuse(
             f"emit_linear of {op.name}: input {input.name} has {given.shape[-1]} features, and the new "
             f"linear is declared with {want} (pass in_features={given.shape[-1]})"
         )
@@ -567,8 +568,9 @@ def emit_linear(
     becomes ``addmm``; a ``matmul`` becomes ``linear``); ``out_features`` when the weight has
     another number of rows; ``input`` when it reads another value (the flattening reshape, where
     the spelling has one, re-spelled on it), ``in_features`` when that value's last size is another
-    than the linear's input's (ValueError if an existing node's is and ``in_features`` does not say
-    so); a ``bmm`` reads its input as it is (ValueError for ``input``). Returns the node that carries
+    than the linear's input's (the plan is declined ``malformed-node`` at ``plan`` if an existing
+    node's is and ``in_features`` does not say so); a ``bmm`` reads its input as it is (declined so
+    for ``input``: the spelling is the program's). Returns the node that carries
     the result (the new ``outer``); the weight of a linear that read it stored (in, out) is read
     through a new transpose."""
     op = lin.op
@@ -578,8 +580,8 @@ def emit_linear(
         x = op.args["input"] if input is None else input
         result = p.respell(op, name=name, spec=_features(op.spec, out_features), input=x, weight=weight, bias=bias)
     elif lin.t_expand is not None and lin.t_view is not None:  # bmm: the weight broadcast again, the bias added
-        if input is not None:
-            raise ValueError(f"emit_linear of {op.name}: a bmm reads its input as it is (no input=)")
+        if input is not None:  # (the match's spelling: the plan is declined)
+            p._refuse(f"emit_linear of {op.name}: a bmm reads its input as it is (no input=)")
         return _emit_bmm(p, lin, weight, bias, out_features, suffix)
     elif op.node.target in _MATMULS:  # x @ W.T, in an aten program: a linear, with or without bias
         x = op.args["self"] if input is None else input

@@ -958,6 +958,9 @@ class Spelled(nn.Module):
             "y.mul(other=)": lambda: y.mul(other=self.c),
             "torch.mul(input=, other=)": lambda: torch.mul(input=y, other=self.c),
             "identity module(input=)": lambda: self.idn(input=y) * 2.0,
+            # F.dropout's ``training`` is ATen's ``train`` (found by a hunt: no reason was given)
+            "F.dropout": lambda: F.dropout(y, 0.1, False) * 1.5,
+            "F.dropout(training=)": lambda: F.dropout(y, p=0.1, training=False) * 1.5,
         }
         return spelled[self.how]()
 
@@ -977,6 +980,8 @@ class Spelled(nn.Module):
         "y.mul(other=)",
         "torch.mul(input=, other=)",
         "identity module(input=)",
+        "F.dropout",
+        "F.dropout(training=)",
     ],
 )
 def test_every_spelling_of_a_scale_of_a_module_call_in_a_symbolic_trace_graph_module_is_declined(how: str) -> None:
@@ -986,6 +991,46 @@ def test_every_spelling_of_a_scale_of_a_module_call_in_a_symbolic_trace_graph_mo
     outcome = adapters.transform(gm, [fold_binary()]).unwrap()
     assert outcome.report.plans == ()
     assert [r.reason.code for r in outcome.report.rejections] == ["module-call"]
+
+
+class ConvBN(nn.Module):
+    """A conv2d and a batch norm as modules (``how``) or as functions, and ``x @ w.T`` scaled."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.c, self.bn = how, nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.w, self.q = nn.Parameter(torch.randn(5, 4)), nn.Parameter(torch.rand(5))
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("var", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.c(x)) if self.how == "modules" else F.batch_norm(self.c(x), self.mean, self.var)
+        return (y.mean((2, 3)) @ self.w.T) * self.q
+
+
+@pytest.mark.parametrize("how", ["modules", "functions"])
+def test_a_symbolic_trace_graph_module_is_read_with_its_modules_settings_and_functions_arguments(how: str) -> None:
+    # found by a hunt: a conv module was read with its input alone, so every rule on convs took it for
+    # a candidate (conv1d-to-conv2d an nn.Conv2d, split-group-conv one of groups 1), and the batch norm
+    # after it was fuse-linear-bn's; F.batch_norm was read in its own order (its running mean as
+    # ATen's weight); ``x @ w.T`` was read as no product at all
+    x = torch.randn(2, 3, 8, 8)
+    gm = torch.fx.symbolic_trace(ConvBN(how).eval())
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(x)
+    outcome = adapters.transform(gm, [make() for make in RULES.values()]).unwrap()
+    assert outcome.report.plans == ()
+    got = sorted((r.rule, r.node, r.reason.code) for r in outcome.report.rejections)
+    bn = "bn" if how == "modules" else "batch_norm"
+    assert got == [
+        ("fold-binary", "mul", "module-call"),
+        ("fuse-conv-bn", bn, "module-call"),
+        ("linear-to-conv2d", "matmul", "module-call"),
+    ]
+    messages = {r.node: r.reason.message for r in outcome.report.rejections}
+    assert messages["matmul"].startswith("matmul is Python's matmul (a symbolic_trace GraphModule)")
 
 
 SILU = family("silu", "a silu", ["aten.silu.default(Tensor self) -> Tensor"])
