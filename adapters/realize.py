@@ -1195,8 +1195,11 @@ def _lost_writes(snap: GraphSnapshot, p: RewritePlan, al: _Aliasing) -> list[str
     new node of ``p`` makes again, where the written tensor is seen after the write: a tensor the
     program holds or is given (its state, its caller's input), or one a node ``p`` keeps reads after
     it, directly or through a view (``F.hardswish(x[:4], inplace=True)`` replaced by a functional
-    hardswish would leave ``x`` unwritten). A write only the removed nodes see goes with them."""
+    hardswish would leave ``x`` unwritten). A write only the removed nodes see goes with them, and so
+    does one seen only through a node whose uses the plan moves (``y.mul_(k)`` folded into the conv
+    of ``y``: a later ``relu_`` of its result reads the new conv, which holds the written value)."""
     consumed = p.claims | set(p.prune)
+    moved = {old for old, _ in p.replace}
     remade = {al.root.get(x, x) for n in p.nodes for x, write, _, _ in _effects(n, snap.dialect) if write}
     out = []
     for tensor, writes in al.at.items():
@@ -1204,12 +1207,30 @@ def _lost_writes(snap: GraphSnapshot, p: RewritePlan, al: _Aliasing) -> list[str
             if w not in consumed or tensor in remade:
                 continue
             held = tensor in snap.index and snap.node(tensor).op in ("placeholder", "get_attr")
-            seen = [v for v in (tensor, *al.of.get(tensor, ())) if v != w and v in snap.index and v not in consumed]
+            seen = [
+                v
+                for v in (tensor, *al.of.get(tensor, ()))
+                if v in snap.index and v not in consumed and not _through(snap, v, tensor, moved | {w})
+            ]
             later = next((u for v in seen for u in snap.users[v] if snap.index[u] > i and u not in consumed), None)
             if held or later is not None:
                 after = "the program holds or is given" if held else f"{later} reads after it"
                 out.append(f"{w} writes {tensor} in place, which {after}: the plan removes the write")
     return out
+
+
+def _through(snap: GraphSnapshot, view: str, tensor: str, nodes: set[str]) -> bool:
+    """The view ``view`` of ``tensor`` is taken through one of ``nodes`` (itself one, or a view of one)."""
+    seen: set[str] = set()
+    while view != tensor and view not in seen:
+        if view in nodes:
+            return True
+        seen.add(view)
+        parent = next((x for x, _, is_view, _ in _effects(snap.node(view), snap.dialect) if is_view), None)
+        if parent is None or parent not in snap.index:
+            return False
+        view = parent
+    return view in nodes
 
 
 def _tensor_of(snap: GraphSnapshot, p: RewritePlan, name: str, al: _Aliasing) -> tuple[str | None, bool]:

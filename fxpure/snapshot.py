@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, final
 
@@ -107,6 +107,14 @@ class NodeSnapshot:
     def __post_init__(self) -> None:
         out = _collect(self.args, [])
         object.__setattr__(self, "_reads", tuple(_collect(self.kwargs.values(), out) if self.kwargs else out))
+
+    def __getstate__(self) -> list[object]:
+        """The record's fields, for a copy or a pickle: not the arguments bound (a cache of a schema's)."""
+        return [None if f.name == "_bound" else getattr(self, f.name) for f in fields(self)]
+
+    def __setstate__(self, state: list[object]) -> None:
+        for f, value in zip(fields(self), state, strict=True):
+            object.__setattr__(self, f.name, value)
 
     def arg(self, index: int, keyword: str) -> Arg:
         """Argument by position, else by keyword, else None.

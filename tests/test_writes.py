@@ -905,3 +905,30 @@ def test_a_plan_that_removes_an_in_place_write_read_after_it_is_declined(form: s
         given, want = x.clone(), x.clone()
         assert_close(run(program, (given,)), run(reference, (want,)))
         assert_close([given], [want])
+
+
+class ScaledInPlace(nn.Module):
+    """A conv's output scaled and shifted in place, then read by more in-place ops and a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.k = nn.Conv2d(3, 4, 1), nn.Parameter(torch.rand(4, 1, 1) + 0.5, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.conv(x)
+        y.mul_(self.k)
+        y.add_(0.5)
+        F.relu(y, inplace=True)
+        return y.flatten(1) * 2
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_fold_of_an_in_place_scale_whose_result_is_read_on_still_folds(form: str) -> None:
+    # found by a review: the check for writes a plan removes counted the relu_ and the view of the
+    # scaled output as reads after the write, where the plan moves them to the folded conv
+    x, model = (torch.randn(2, 3, 4, 4),), ScaledInPlace().eval()
+    program, reference = build(model, x, form), build(model, x, form)
+    outcome = adapters.transform(program, [fold_binary()]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] == ["mul_", "add_"] and outcome.report.rejections == ()
+    for _ in range(2):
+        assert_close(run(program, x), run(reference, x))

@@ -397,3 +397,20 @@ def test_conv_rejects_what_it_cannot_normalise(
     target: str, args: tuple[Arg, ...], kwargs: dict[str, Arg], message: str
 ) -> None:
     assert failed(conv(target, *args, **kwargs)) == message
+
+
+def test_a_bound_node_is_bound_again_under_another_schema_and_copies_as_it_was() -> None:
+    # bind keeps a node's arguments for the schema last asked (a node is bound many times); another
+    # schema of the same target binds anew, and a copy or a pickle of the node drops what was kept
+    import copy
+    import pickle
+
+    mm = parse_schema("aten.mm.default(Tensor self, Tensor mat2) -> Tensor")
+    other = parse_schema("aten.mm.default(Tensor input, Tensor other) -> Tensor")
+    n = NodeSnapshot(name="mm", op="call_function", target="aten.mm.default", args=(NodeRef("a"), NodeRef("b")))
+    first = bind(n, mm)
+    assert bind(n, mm) is first and dict(first.unwrap()) == {"self": NodeRef("a"), "mat2": NodeRef("b")}
+    assert dict(bind(n, other).unwrap()) == {"input": NodeRef("a"), "other": NodeRef("b")}
+    assert dict(bind(n, mm).unwrap()) == {"self": NodeRef("a"), "mat2": NodeRef("b")}
+    for made in (copy.copy(n), copy.deepcopy(n), pickle.loads(pickle.dumps(n))):
+        assert made == n and made.args == n.args and dict(bind(made, mm).unwrap()) == dict(first.unwrap())
