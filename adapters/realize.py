@@ -956,6 +956,10 @@ def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     is given (its caller would get a view of a parameter or of its own input, through which a write
     changes them), or to such a tensor itself (``w * 1`` dropped). The core's ``returns_written``
     sees the tensors the program writes themselves, not what views alias."""
+    dialect = cap.snap.dialect
+    moved = (_aliased(new, {n.name: n for n in p.nodes}, dialect) for p in report.plans for _, new in p.replace)
+    if all(m is None for m in moved):  # every use moves to a value computed anew (no stage made again)
+        return {}
     out: dict[tuple[str, str], Reason] = {}
     written = cap.snap.written
     for snap, stage in planned_on(report):

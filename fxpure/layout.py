@@ -155,7 +155,7 @@ def passes_strides(node: NodeSnapshot) -> bool:
     ``symbolic_trace`` GraphModule also a tensor method's, but ``contiguous``, and a module's: fxpure
     does not look in)."""
     if node.op in ("call_method", "call_module"):
-        return node.target != "contiguous" or node.op == "call_module"
+        return node.op == "call_module" or node.target != "contiguous"
     return node.op == "call_function" and node.target not in FRESH and node.target not in SIZE_QUERIES
 
 
