@@ -6,7 +6,7 @@ import contextlib
 import functools
 import inspect
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, cast, final
 
@@ -917,12 +917,8 @@ def _module_op(
     (a rule grouping linears by their input needs to see them as linears), its settings as the
     op's arguments (a conv's ``groups``: a rule for grouped convs takes no other one for a
     candidate); the op of its input alone where the module has no value for an argument."""
-    module = _attr(cap.gm, n.target)
-    _, op, overload = target.split(".")
     args, made = [x], []
-    for param in getattr(getattr(torch.ops.aten, op), overload)._schema.arguments[1:]:
-        value = getattr(module, param.name, None)
-        value = _GIVEN[param.name]() if value is None and param.name in _GIVEN else value
+    for param, value in _held(_attr(cap.gm, n.target), target):
         if isinstance(value, torch.Tensor) and (spec := tensor_spec(value)) is not None:
             name = f"{n.name}.{param.name}"  # (no node has a dot in its name)
             made.append(NodeSnapshot(name=name, op="get_attr", target=f"{n.target}.{param.name}", spec=spec))
@@ -931,10 +927,19 @@ def _module_op(
         elif value is not None and not isinstance(value, torch.Tensor):
             args.append(_arg(value, {}))
         elif param.has_default_value() or isinstance(param.type, torch.OptionalType):
-            args.append(param.default_value if param.has_default_value() else None)
+            args.append(_arg(param.default_value, {}) if param.has_default_value() else None)
         else:
             return [replace(n, op="call_function", target=target)]
     return [*made, replace(n, op="call_function", target=target, args=tuple(args), kwargs=_EMPTY)]
+
+
+def _held(module: object, target: str) -> Iterator[tuple[Any, object]]:
+    """Each argument of the ATen op ``target`` after its input, with what ``module`` holds of it:
+    its attribute of the argument's name, else what torch gives the op (:data:`_GIVEN`), else None."""
+    _, op, overload = target.split(".")
+    for param in getattr(getattr(torch.ops.aten, op), overload)._schema.arguments[1:]:
+        value = getattr(module, param.name, None)
+        yield param, _GIVEN[param.name]() if value is None and param.name in _GIVEN else value
 
 
 def _named_as(function: object, target: str, n: NodeSnapshot) -> tuple[tuple[Arg, ...], PMap[str, Arg]] | None:
@@ -1026,10 +1031,8 @@ def _module_as_aten(module: object) -> tuple[str, dict[str, Arg]] | None:
     target = _aten_named(name) if name is not None else None
     if target is None:
         return None
-    _, op, overload = target.split(".")
     given: dict[str, Arg] = {}
-    for param in getattr(getattr(torch.ops.aten, op), overload)._schema.arguments[1:]:
-        value = getattr(module, param.name, None)
+    for param, value in _held(module, target):
         if value is None or isinstance(value, torch.Tensor):  # (a parameter: no node of the view's)
             if not param.has_default_value():
                 return None
