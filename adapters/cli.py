@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import difflib
 import sys
 import time
 import warnings
@@ -687,6 +688,15 @@ def explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _near(node: str, snap: Any) -> str:
+    """The names of ``snap``'s nodes a mistyped or other form's name may mean, as a hint: those it
+    is part of (an edge program's ``aten_add_tensor`` for ``add``), else close spellings."""
+    names = [n.name for n in snap.nodes if n.op != "output"]
+    near = [n for n in names if node in n] or difflib.get_close_matches(node, names, n=3, cutoff=0.6)
+    shown = ", ".join(near[:3]) + (", ..." if len(near) > 3 else "")
+    return f" (did you mean {shown}?)" if near else ""
+
+
 def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> int:
     """How far each rule got at one node: its reason (code, pattern path, message), the bindings
     it had made, and how many pattern primitives matched; and the candidates of other nodes it is
@@ -705,7 +715,7 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     made = [p for p in report.plans if node in {*(n.name for n in p.nodes), *(c.name for c in p.constants)}]
     made = made if node not in report.before.index else []
     if node not in report.before.index and not (found or plans or named or made):
-        raise BadInput(f"no node {node!r} in the program")
+        raise BadInput(f"no node {node!r} in the program{_near(node, report.before)}")
     # a rule's fallback plan, for the reason its pattern gave: "will rewrite" read as the rule's own rewrite
     fallbacks = {(p.rule, p.anchor): p.instead_of for p in report.plans if p.instead_of is not None}
     if as_json:

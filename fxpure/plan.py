@@ -1336,9 +1336,15 @@ def _decide(
 
 
 def _anchors(rule: Rule, snap: GraphSnapshot) -> Iterator[NodeSnapshot]:
-    """``rule``'s anchors in ``snap``; TypeError, naming the rule, for one that is no node of ``snap``."""
-    found = rule.anchors(snap)
-    if not isinstance(found, Iterable):
+    """``rule``'s anchors in ``snap``; TypeError, naming the rule, for one that is no node of ``snap``
+    (an exception the rule raises finding them is raised as it is, saying whose)."""
+    try:
+        found = rule.anchors(snap)
+        found = list(found) if isinstance(found, Iterable) else found
+    except Exception as e:  # a bug in the rule
+        e.add_note(f"raised by rule {rule.name!r} finding its anchors")
+        raise
+    if not isinstance(found, list):
         raise TypeError(f"rule {rule.name!r} gave the anchors {found!r}, not an iterable of NodeSnapshots")
     for node in found:
         at = snap.index.get(node.name) if isinstance(node, NodeSnapshot) else None

@@ -363,6 +363,11 @@ def test_explain_node_names_a_plan_that_drops_it_and_a_node_an_earlier_stage_mad
     dq = fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "dequantize_per_tensor")
     assert dq.stdout == "dequantize_per_tensor is part of quantized-conv's candidate at conv2d: will rewrite\n"
     assert fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "nothing").returncode == 2
+    # (a name of another form, or mistyped: the names it may mean, as the outside author wanted)
+    near = fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "conv")
+    assert near.returncode == 2 and "no node 'conv' in the program (did you mean conv2d, conv2d_1" in near.stderr
+    typo = fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "conv2dd")
+    assert "no node 'conv2dd' in the program (did you mean conv2d" in typo.stderr, typo.stderr
     path = tmp_path / "qlinear.pt2"
     torch.export.save(pt2e(torch.nn.Sequential(torch.nn.Linear(8, 8)), (torch.randn(2, 8),)), path)
     rules = ("--rules", "linear-to-conv2d,quantized-conv")

@@ -4,7 +4,7 @@ moved uses reach every reader (keywords, chains of plans), fresh names, and ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import pytest
@@ -670,6 +670,25 @@ def test_a_rule_raising_says_which_rule_raised_and_where() -> None:
     with pytest.raises(KeyError) as raised:
         plan(g.build(), [Raising()])
     assert raised.value.__notes__ == ["raised by rule 'raising' planning at node 'relu'"]
+
+
+def test_a_rule_raising_while_it_finds_its_anchors_says_which_rule_raised() -> None:
+    # as a planner's: an anchors() that fails part way (a generator) too, and nothing is planned
+    class Raising:
+        name = "raising"
+
+        def anchors(self, snap: GraphSnapshot) -> Iterator[NodeSnapshot]:
+            yield from snap.nodes[:1]
+            raise KeyError("weight")
+
+        def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+            raise AssertionError("planned before its anchors were all found")
+
+    g = GraphBuilder()
+    g.output(g.call("aten.relu.default", name="relu", self=g.input("x", (2,)), out=(2,)))
+    with pytest.raises(KeyError) as raised:
+        plan(g.build(), [Raising()])
+    assert raised.value.__notes__ == ["raised by rule 'raising' finding its anchors"]
 
 
 class Returning:
