@@ -396,6 +396,17 @@ class Linear:
             raise ValueError(f"{self.op.name} reads its weight stored (in, out): no node holds it (out, in)")
         return self.t.ref("self") if self.t is not None else self.op.ref("weight")
 
+    @property
+    def bias(self) -> NodeRef | None:
+        """The node the linear adds as its bias: ``linear``'s ``bias``, ``addmm``'s ``self``, the
+        constant added after a ``bmm`` (:attr:`bias_add`); None where it adds none (``mm``, a
+        ``matmul``, a linear without one). An ``addmm``'s ``self`` may be a matrix: check its shape
+        before writing it as an ``aten.linear``'s bias."""
+        if self.bias_add is not None:
+            return self.bias_add.ref("other")
+        b = self.op.args.get("self" if self.op.node.target in ADDMM.targets else "bias")
+        return b if isinstance(b, NodeRef) else None
+
     def stored_spec(self, snap: GraphSnapshot) -> TensorSpec | None:
         """The spec of the weight as the product reads it, (in, out): the transpose's, or the
         weight's where it is stored so."""

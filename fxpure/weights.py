@@ -647,6 +647,36 @@ def work_dtype(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
+def _bn_scale(var: WeightExpr, gamma: WeightExpr | None, eps: float, work: str) -> WeightExpr:
+    """``gamma / sqrt(var + eps)`` in ``work`` (no ``gamma``: 1)."""
+    scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_as(var, work), b=Fill(shape=(), value=eps, dtype=work)))
+    return scale if gamma is None else Binary(op="mul", a=_as(gamma, work), b=scale)
+
+
+def batch_norm_affine(
+    *, mean: WeightExpr, var: WeightExpr, gamma: WeightExpr | None, beta: WeightExpr | None, eps: float, dtype: str
+) -> tuple[WeightExpr, WeightExpr]:
+    """An eval batch norm as ``x * scale + shift`` per channel, for a rule that writes it as
+    arithmetic or as a depthwise conv: ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean *
+    scale``, each computed in ``work_dtype(dtype)`` and cast to ``dtype``, of shape ``(C,)``; a
+    missing gamma or beta means 1 or 0. (In float16 or bfloat16, ``x * scale + shift`` rounds
+    ``x * scale`` where the batch norm subtracts the mean first: for an input far from zero against
+    its spread, the result loses precision the batch norm keeps.)
+
+    >>> vec = lambda k: Source(key=k, spec=TensorSpec(shape=(4,), dtype="float16"))
+    >>> scale, shift = batch_norm_affine(mean=vec("m"), var=vec("v"), gamma=None, beta=vec("b"), eps=1e-5,
+    ...                                  dtype="float16")
+    >>> infer_spec(scale).unwrap() == infer_spec(shift).unwrap() == TensorSpec(shape=(4,), dtype="float16")
+    True
+    """
+    work = work_dtype(dtype)
+    scale = _bn_scale(var, gamma, eps, work)
+    shift: WeightExpr = Unary(op="neg", x=Binary(op="mul", a=_as(mean, work), b=scale))
+    if beta is not None:
+        shift = Binary(op="sub", a=_as(beta, work), b=Binary(op="mul", a=_as(mean, work), b=scale))
+    return _as(scale, dtype), _as(shift, dtype)
+
+
 def fold_batch_norm(
     *,
     weight: WeightExpr,
@@ -681,9 +711,7 @@ def fold_batch_norm(
     if dims is None or not isinstance(oc, int) or len(dims) < 2 or dims[0] % groups:
         return Failure(BadExpr(node=EXPR_NODE, detail=f"cannot fold into a weight of shape {w.shape}"))
     work = work_dtype(w.dtype)
-    scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_as(var, work), b=Fill(shape=(), value=eps, dtype=work)))
-    if gamma is not None:
-        scale = Binary(op="mul", a=_as(gamma, work), b=scale)
+    scale = _bn_scale(var, gamma, eps, work)
     ones = (1,) * (len(dims) - 2)
     if transposed:  # (IC, OC/g, ...): output channel g*(OC/g)+j sits at [g*(IC/g)+i, j]
         grouped = Reshape(x=_as(weight, work), shape=(groups, dims[0] // groups, *dims[1:]))

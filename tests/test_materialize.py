@@ -164,3 +164,34 @@ def test_a_result_has_the_strides_an_empty_tensor_of_its_shape_has(expr: str) ->
     out = materialize(made, {"row": row}, Memo())
     assert out.stride() == torch.empty(out.shape).stride() and out.dim_order() == tuple(range(out.dim()))
     assert torch.equal(out.flatten(), row.flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_affine_computes_what_an_eval_batch_norm_does(dtype: torch.dtype, affine: bool) -> None:
+    # the outside author's standalone batch norm as x * scale + shift: checked against torch's own
+    from fxpure.weights import batch_norm_affine
+
+    torch.manual_seed(0)
+    c = 5
+    stats = {"m": torch.randn(c), "v": torch.rand(c) + 0.5, "g": torch.randn(c), "b": torch.randn(c)}
+    stats = {k: v.to(dtype) for k, v in stats.items()}
+    vec = {k: Source(key=k, spec=TensorSpec(shape=(c,), dtype=str(dtype).removeprefix("torch."))) for k in stats}
+    name = str(dtype).removeprefix("torch.")
+    gamma, beta = (vec["g"], vec["b"]) if affine else (None, None)
+    scale, shift = batch_norm_affine(mean=vec["m"], var=vec["v"], gamma=gamma, beta=beta, eps=1e-3, dtype=name)
+    s, t = materialize(scale, stats), materialize(shift, stats)
+    assert s.dtype == t.dtype == dtype and s.shape == t.shape == (c,)
+    x = torch.randn(2, c, 3, 3).to(dtype)
+    g, b = (stats["g"], stats["b"]) if affine else (None, None)
+    want = torch.nn.functional.batch_norm(
+        x.double(),
+        stats["m"].double(),
+        stats["v"].double(),
+        None if g is None else g.double(),
+        None if b is None else b.double(),
+        eps=1e-3,
+    )
+    got = x.double() * s.double().reshape(1, c, 1, 1) + t.double().reshape(1, c, 1, 1)
+    tolerance = {torch.float16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    assert torch.allclose(got, want, atol=tolerance, rtol=tolerance)

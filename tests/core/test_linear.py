@@ -74,6 +74,7 @@ def test_linear_root_binds_each_spelling_where_it_is(spelling: str, rank: int, b
     assert lin.outer.name == ("lin_out" if rank > 2 and spelling != "linear" else "lin")
     assert lin.weight == NodeRef("w")  # the (out, in) weight, not its transpose
     assert ("b" in m.bindings) == (spelling == "linear" or bias == "param")  # mm has no bias to bind
+    assert lin.bias == (NodeRef("b") if bias == "param" else None)  # (the outside author read it by spelling)
 
 
 def test_a_transposed_weight_by_t_is_a_linear_too() -> None:
@@ -711,8 +712,10 @@ def test_a_bmm_of_a_weight_broadcast_over_the_batch_is_a_linear_and_its_add_the_
     lin = linear_of(m)
     assert (lin.outer.name, lin.t_expand and lin.t_expand.name, lin.t_view and lin.t_view.name) == ("add", "te", "tv")
     assert linear_input(m, lin) == (NodeRef("xv"), True)  # a batch of matrices: the linear's own input
+    assert lin.bias == NodeRef("b")
     root = _match(snap, linear_root(), "lin")
     assert "lin_bias" not in root.bindings and linear_of(root).outer.name == "lin_out"
+    assert linear_of(root).bias is None  # (its add not matched: no bias of the bmm's own)
 
 
 def test_a_bmm_is_no_linear_where_its_expand_broadcasts_the_matrix_or_an_add_is_not_its_bias() -> None:
