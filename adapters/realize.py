@@ -391,12 +391,12 @@ def _rebuild(old: Any, arg: Arg, env: Mapping[str, torch.fx.Node]) -> Any:
 class _Commit:
     """The mutations of one apply, each with its undo, run in order."""
 
-    undo: list[Callable[[], None]] = field(default_factory=list)
+    undo: list[Callable[[], object]] = field(default_factory=list)
     ordered: set[int] = field(default_factory=set)  # the dicts whose order undo restores
 
-    def keep_order(self, d: dict[str, Any]) -> None:
+    def keep_order(self, d: dict[Any, Any]) -> None:
         """Undo puts ``d``'s keys back in their order before its first change, last of all (undoing a
-        change puts its key back at the end)."""
+        change puts its key back at the end): a module's tensors, a node's users."""
         if id(d) in self.ordered:
             return
         self.ordered.add(id(d))
@@ -497,14 +497,11 @@ class _Commit:
         args = tuple(_rebuild(o, a, env) for o, a in zip(node.args, rec.args, strict=True))
         kwargs = {k: _rebuild(node.kwargs[k], a, env) for k, a in rec.kwargs.items()}
         old_args, old_kwargs = node.args, node.kwargs
+        for read in node.all_input_nodes:  # (set back, the node would be their last user)
+            self.keep_order(read.users)
 
         def undo() -> None:
             node.args, node.kwargs = old_args, old_kwargs
-            # torch.fx takes a node out of the graph's lookup table while it sets an argument, and
-            # leaves it out if that stops half way
-            table = node.graph._find_nodes_lookup_table
-            if node not in table:
-                table.insert(node)
 
         self.undo.append(undo)  # before the change: setting args and kwargs is two steps
         node.args, node.kwargs = args, kwargs
@@ -513,6 +510,8 @@ class _Commit:
         if node.users:
             raise _ApplyError("apply-failed", f"{node.name} is still read by {next(iter(node.users)).name}")
         following, args, kwargs, length = node.next, node.args, node.kwargs, graph._len
+        for read in node.all_input_nodes:
+            self.keep_order(read.users)
 
         def undo() -> None:  # put the very node back where it was (torch.fx has no public undo), from
             # wherever erase_node stopped: an interrupt may stop it half way
@@ -520,16 +519,40 @@ class _Commit:
                 following._prepend(node)
             node._erased = False
             graph._len = length
-            graph._find_nodes_lookup_table.insert(node)
             node.args, node.kwargs = args, kwargs
 
         self.undo.append(undo)  # before the erase, which may not return
         graph.erase_node(node)
 
-    def rollback(self) -> None:
-        for fn in reversed(self.undo):
-            fn()
-        self.undo.clear()
+    def rollback(self, gm: torch.fx.GraphModule) -> BaseException | None:
+        """Run every undo, the last change's first, each also where one before it failed, with the
+        module's node hooks detached (one that raises would stop the rollback; it is no edit of the
+        program's to observe); then give every node back its place in the graph's lookup table,
+        which torch.fx leaves a node out of when it is stopped setting a field of it (by a Ctrl-C in
+        ``recompile``, say). Returns the first failure of an undo: the program may then be changed."""
+        hooks = {name: getattr(gm, name) for name in _NODE_HOOKS if getattr(gm, name, None)}
+        failed: BaseException | None = None
+        try:
+            for name in hooks:
+                setattr(gm, name, [])
+            for fn in reversed(self.undo):
+                try:
+                    fn()
+                except BaseException as e:  # the others still run: the closer to as it was, the better
+                    failed = failed or e
+            table = gm.graph._find_nodes_lookup_table
+            for node in gm.graph.nodes:
+                if node not in table:
+                    table.insert(node)
+        finally:
+            for name, kept in hooks.items():
+                setattr(gm, name, kept)
+            self.undo.clear()
+        return failed
+
+
+# the callbacks a GraphModule runs on its graph's edits (``_register_erase_node_hook``)
+_NODE_HOOKS = ("_create_node_hooks", "_erase_node_hooks", "_replace_hooks")
 
 
 def _owner(gm: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str]:
@@ -624,14 +647,6 @@ def _edit_graph(c: _Commit, cap: Captured, edit: _Edit) -> None:
         c.erase(graph, env[name])
 
 
-def _restore_code(gm: torch.fx.GraphModule) -> Callable[[], None]:
-    def undo() -> None:
-        with contextlib.suppress(Exception):
-            gm.recompile()
-
-    return undo
-
-
 def _run_ahead(edit: _Edit) -> None:
     """Run each new conv of symbolic sizes once in the program's own fake mode, its guards
     suppressed. torch's fake conv picks a kernel by the batch size (``size(0) >= 16``) and guards
@@ -685,9 +700,14 @@ def realize(
         raise
     except Exception as e:  # preparing must not fail; if torch does, nothing was touched
         raise _ApplyError("apply-failed", f"{type(e).__name__}: {e}") from e
+    # (all found before the commit: nothing after it can fail with the program changed)
+    kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
+    added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
+    dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
+    found = added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
     c = _Commit()
     try:
-        c.undo.append(_restore_code(cap.gm))
+        c.undo.append(cap.gm.recompile)  # (last of all: the graph as it was, its code with it)
         _edit_graph(c, cap, edit)
         if isinstance(cap.program, ExportedProgram):
             _commit_ep(c, cap, cap.program, new, after)
@@ -696,15 +716,19 @@ def realize(
         cap.gm.recompile()
         _run_ahead(edit)  # (inside: a Ctrl-C there rolls back too)
     except BaseException as e:  # every exit rolls back, Ctrl-C included
-        c.rollback()
+        failed = c.rollback(cap.gm)
+        undone = (
+            "was rolled back"
+            if failed is None
+            else f"could not be rolled back ({type(failed).__name__}: {failed}): the program may be changed"
+        )
         if not isinstance(e, Exception):
+            if failed is not None:
+                e.add_note(f"fxpure: {undone}")
             raise
         code = e.code if isinstance(e, _ApplyError) else "apply-failed"
-        raise _ApplyError(code, f"commit failed and was rolled back: {type(e).__name__}: {e}") from e
-    kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
-    added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
-    dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
-    return added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
+        raise _ApplyError(code, f"commit failed and {undone}: {type(e).__name__}: {e}") from e
+    return found
 
 
 def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:

@@ -193,6 +193,30 @@ def _fail_naming_a_call(exc: BaseException) -> Callable[..., Any]:
     return wrap
 
 
+def _fail_in_recompile(exc: BaseException) -> Callable[..., Any]:
+    """``recompile`` stops where its code generation sets a field of a node, which torch.fx does by
+    taking the node out of the graph's lookup table and putting it back (found by a hunt: the
+    rollback left the node out, and ``lint`` and a second transform failed)."""
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        calls = [0]
+
+        def fn(self: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            table = type(self.graph._find_nodes_lookup_table)
+            insert = table.insert
+            if calls[0] == 1:  # (the commit's; the rollback's runs as it is)
+                table.insert = lambda *_: (_ for _ in ()).throw(exc)  # type: ignore[method-assign]
+            try:
+                return real(self, *args, **kwargs)
+            finally:
+                table.insert = insert  # type: ignore[method-assign]
+
+        return fn
+
+    return wrap
+
+
 # every point of the in-place commit where something can go wrong (the call that fails: the second
 # one, after some edits were made; recompile runs once, after all of them)
 FAILURE_POINTS: dict[str, tuple[Any, str, Callable[[BaseException], Callable[..., Any]]]] = {
@@ -219,6 +243,7 @@ FAILURE_POINTS: dict[str, tuple[Any, str, Callable[[BaseException], Callable[...
     "erase a node": (torch.fx.Graph, "erase_node", functools.partial(_fail_on_call, 2)),
     "erase a node, half way": (torch.fx.Graph, "erase_node", _fail_inside_erase),
     "recompile": (torch.fx.GraphModule, "recompile", functools.partial(_fail_on_call, 1)),
+    "recompile, half way": (torch.fx.GraphModule, "recompile", _fail_in_recompile),
     # after recompile, new convs of symbolic sizes are run once ahead (found by a hunt: a Ctrl-C there
     # left the program rewritten, and the caller with an exception)
     "run convs ahead": (importlib.import_module("adapters.realize"), "_run_ahead", functools.partial(_fail_on_call, 1)),
@@ -238,6 +263,8 @@ def test_every_commit_failure_point_rolls_back(
     program = build(model, x, form)
     gm = program.graph_module if isinstance(program, ExportedProgram) else program
     before_graph, before_code = str(gm.graph), gm.code
+    # (the order of a node's users too: a rollback that put back a reader made it the last one)
+    before_users = {n.name: [u.name for u in n.users] for n in gm.graph.nodes}
     before_state = {k: v.clone() for k, v in gm.state_dict().items()}
     before_tensors = [k for k, _ in gm.named_parameters()] + [k for k, _ in gm.named_buffers()]
     before_program_state = list(program.state_dict) if isinstance(program, ExportedProgram) else []
@@ -256,6 +283,7 @@ def test_every_commit_failure_point_rolls_back(
         assert result.failure().message == "commit failed and was rolled back: RuntimeError: boom"
     monkeypatch.undo()
     assert str(gm.graph) == before_graph and gm.code == before_code
+    assert {n.name: [u.name for u in n.users] for n in gm.graph.nodes} == before_users
     after_state = gm.state_dict()
     assert list(after_state) == list(before_state)  # in their order
     assert all(torch.equal(after_state[k], before_state[k]) for k in before_state)
@@ -272,6 +300,50 @@ def test_every_commit_failure_point_rolls_back(
         got = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
     assert torch.equal(got, want)
     assert len(adapters.transform(program, [fuse_conv_bn()]).unwrap().report.plans) == 5  # and it still works
+
+
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_graph_module_hook_that_refuses_an_erase_is_a_failure_and_the_program_is_kept(form: str) -> None:
+    # found by a hunt: the rollback removed the nodes the commit had added through erase_node, which
+    # ran the hook again; it stopped there, and the hook's error escaped transform with 29 nodes added
+    model = randomize_bn(ResNetish())
+    x = example(model)
+    program = build(model, x, form)
+    gm = program.graph_module if isinstance(program, ExportedProgram) else program
+    before_graph, before_code = str(gm.graph), gm.code
+    with torch.no_grad():
+        want = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
+
+    def refuse(node: torch.fx.Node) -> None:
+        raise RuntimeError(f"erasing {node.name} is not allowed here")
+
+    gm._register_erase_node_hook(refuse)
+    result = adapters.transform(program, [fuse_conv_bn()])
+    assert result.failure().message.startswith("commit failed and was rolled back: RuntimeError: erasing ")
+    assert str(gm.graph) == before_graph and gm.code == before_code and gm._erase_node_hooks == [refuse]
+    gm.graph.lint()
+    with torch.no_grad():
+        got = (program.module() if isinstance(program, ExportedProgram) else program)(*x)
+    assert torch.equal(got, want)
+
+
+def test_a_rollback_that_cannot_restore_the_code_says_the_program_may_be_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # found by a hunt: the rollback's recompile failing was swallowed, and the failure said "rolled
+    # back" of a program whose code still read the fused weights it no longer held
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "aten")
+
+    def broken(self: torch.fx.GraphModule) -> None:  # (the commit's recompile, and the rollback's)
+        raise RuntimeError("codegen")
+
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", broken)
+    message = adapters.transform(program, [fuse_conv_bn()]).failure().message
+    assert message == (
+        "commit failed and could not be rolled back (RuntimeError: codegen): the program may be changed:"
+        " RuntimeError: codegen"
+    )
 
 
 def test_an_assertion_from_torch_fx_while_preparing_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
