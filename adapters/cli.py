@@ -495,8 +495,10 @@ def _save(writes: Sequence[tuple[str, Callable[[str], object]]]) -> None:
                 os.unlink(tmp)
             with contextlib.suppress(OSError):
                 os.rmdir(Path(tmp).parent)
-        if isinstance(e, (OSError, RuntimeError)):
-            raise BadInput(f"{path}: cannot write ({getattr(e, 'strerror', None) or e})") from e
+        if isinstance(e, Exception):  # (a full disk, torch failing to save, memory running out)
+            raise BadInput(
+                f"{path}: cannot write ({getattr(e, 'strerror', None) or str(e) or type(e).__name__})"
+            ) from e
         raise
 
 

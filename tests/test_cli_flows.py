@@ -289,6 +289,22 @@ def test_a_pte_that_cannot_be_written_writes_nothing(
     assert not out.exists(), "the .pt2 was written although the run failed"
 
 
+def test_saving_that_runs_out_of_memory_is_one_line_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(found by a hunt) a MemoryError from torch.export.save escaped `fxpure apply` as a traceback."""
+    torch.manual_seed(0)
+    src, out = _save(_ConvBN(), tmp_path / "m.pt2", X), tmp_path / "out.pt2"
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(torch.export, "save", full)
+    assert _main(monkeypatch, "apply", src, "-o", out) == 2
+    assert capsys.readouterr().err == f"fxpure: error: {out}: cannot write (MemoryError)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2"]
+
+
 def test_a_pte_naming_the_input_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--pte` equal to the model (or to `-o`) is not refused: the input .pt2 is silently replaced
     by the .pte bytes (exit 0, 'wrote out.pt2 and m.pt2'); fxpure can no longer read it."""
