@@ -1645,6 +1645,17 @@ def _known_ops(report: RewriteReport, dialect: str) -> None:
             raise _ApplyError("unknown-op", str(e)) from e
 
 
+def _checked(cap: Captured, report: RewriteReport) -> list[dict[tuple[str, str], Reason]]:
+    """What each check of ``_CHECKS`` finds wrong with ``report``'s plans, in turn; _ApplyError where
+    torch fails in one (nothing was touched)."""
+    try:
+        return [check(cap, report) for check in _CHECKS]
+    except _ApplyError:
+        raise
+    except Exception as e:
+        raise _ApplyError("apply-failed", f"checking the plans failed: {type(e).__name__}: {e}") from e
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
@@ -1660,8 +1671,8 @@ def _finite_plan(
         # a check's reason is about the plan, not a place in the pattern: located at ``plan``
         found = {
             k: v if v.path else replace(v, path="plan")
-            for check in _CHECKS
-            for k, v in check(cap, report).items()
+            for checked in _checked(cap, report)
+            for k, v in checked.items()
             if k not in declined
         }
         if found:
@@ -1806,7 +1817,7 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
         flat = tuple(p for s in stages for p in s)
         report = RewriteReport(plans=flat, rejections=(), before=cap.snap, after=after, stages=stages)
         try:
-            for found in (check(cap, report) for check in _CHECKS):
+            for found in _checked(cap, report):
                 if found:
                     reason = next(iter(found.values()))
                     raise _ApplyError(reason.code, reason.message)

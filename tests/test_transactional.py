@@ -346,6 +346,27 @@ def test_a_rollback_that_cannot_restore_the_code_says_the_program_may_be_changed
     )
 
 
+def test_torch_failing_in_a_check_of_the_plans_is_a_failure_and_the_program_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # found by a hunt: a torch error inside a check (reading a layout, running a node on fake
+    # values) escaped transform and apply as it was raised
+    realize = importlib.import_module("adapters.realize")
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("dim")
+
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "edge")
+    before = str(program.graph)
+    report = adapters.transform(program, [fuse_conv_bn()], dry_run=True).unwrap().report
+    monkeypatch.setattr(realize, "_CHECKS", (*realize._CHECKS[:1], broken))
+    for result in (adapters.transform(program, [fuse_conv_bn()]), adapters.apply(program, report)):
+        assert result.failure().code == "apply-failed"
+        assert result.failure().message == "checking the plans failed: RuntimeError: dim"
+    assert str(program.graph) == before
+
+
 def test_an_assertion_from_torch_fx_while_preparing_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     model = randomize_bn(ResNetish())
     program = build(model, example(model), "edge")
