@@ -722,6 +722,9 @@ def realize(
             if failed is None
             else f"could not be rolled back ({type(failed).__name__}: {failed}): the program may be changed"
         )
+        if failed is not None and not isinstance(failed, Exception):  # a Ctrl-C in the rollback, once it is done
+            failed.add_note(f"fxpure: a commit that failed ({type(e).__name__}: {e}) {undone}")
+            raise failed from e
         if not isinstance(e, Exception):
             if failed is not None:
                 e.add_note(f"fxpure: {undone}")

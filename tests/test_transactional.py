@@ -346,6 +346,34 @@ def test_a_rollback_that_cannot_restore_the_code_says_the_program_may_be_changed
     )
 
 
+def test_a_ctrl_c_while_a_commit_is_rolled_back_is_raised_once_the_rest_is_undone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the rollback goes on (each undo left is run) and the interrupt is raised after, not swallowed
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "aten")
+    before = str(program.graph)
+    calls = [0]
+    real = torch.fx.GraphModule.recompile
+
+    def recompile(self: torch.fx.GraphModule) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("codegen")
+        if calls[0] == 2:  # (the rollback's, its last undo: the graph is as it was by then)
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", recompile)
+    with pytest.raises(KeyboardInterrupt) as info:
+        adapters.transform(program, [fuse_conv_bn()])
+    assert info.value.__notes__ == [
+        "fxpure: a commit that failed (RuntimeError: codegen) could not be rolled back (KeyboardInterrupt: ):"
+        " the program may be changed"
+    ]
+    assert str(program.graph) == before
+
+
 def test_torch_failing_in_a_check_of_the_plans_is_a_failure_and_the_program_is_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
