@@ -888,8 +888,9 @@ def _as_aten(cap: Captured, settings: Mapping[str, tuple[str, dict[str, Arg]]]) 
             )
             nodes.append(replace(n, op="call_function", target=targets[n.name], args=passed, kwargs=_EMPTY))
         elif n.name in targets:
-            named = _named_as(functions.get(n.name), targets[n.name], n)  # (``F.batch_norm``)
-            nodes.append(replace(n, op="call_function", target=targets[n.name], **_by(named)))
+            target = _overload(targets[n.name], n.args[4] if len(n.args) > 4 else n.kwargs.get("padding"))
+            named = _named_as(functions.get(n.name), target, n)  # (``F.batch_norm``)
+            nodes.append(replace(n, op="call_function", target=target, **_by(named)))
         elif n.name in settings and len(n.args) == 1 and not n.kwargs:  # (its one input, and its settings)
             target, setting = settings[n.name]
             nodes.append(replace(n, op="call_function", target=target, kwargs=pmap(setting)))
@@ -916,9 +917,15 @@ def _module_op(
     ``target``, preceded by the module's tensors as constants it reads, as an exported op reads them
     (a rule grouping linears by their input needs to see them as linears), its settings as the
     op's arguments (a conv's ``groups``: a rule for grouped convs takes no other one for a
-    candidate); the op of its input alone where the module has no value for an argument."""
+    candidate); the op of its input alone where the module has no value for an argument. A conv
+    module's padding as its call gives it: a string of the op's ``padding`` overload (``'same'``),
+    none where the module pads its input first (``padding_mode='reflect'``)."""
+    module = _attr(cap.gm, n.target)
+    padded = getattr(module, "padding_mode", "zeros") != "zeros"
+    target = _overload(target, None if padded else getattr(module, "padding", None))
     args, made = [x], []
-    for param, value in _held(_attr(cap.gm, n.target), target):
+    for param, value in _held(module, target):
+        value = 0 if padded and param.name == "padding" else value
         if isinstance(value, torch.Tensor) and (spec := tensor_spec(value)) is not None:
             name = f"{n.name}.{param.name}"  # (no node has a dot in its name)
             made.append(NodeSnapshot(name=name, op="get_attr", target=f"{n.target}.{param.name}", spec=spec))
@@ -931,6 +938,13 @@ def _module_op(
         else:
             return [replace(n, op="call_function", target=target)]
     return [*made, replace(n, op="call_function", target=target, args=tuple(args), kwargs=_EMPTY)]
+
+
+def _overload(target: str, padding: object) -> str:
+    """A conv's ``target`` given a string for its padding: the op's ``padding`` overload, as export
+    writes it (``aten.conv2d.padding`` for ``padding='same'``); else ``target``."""
+    conv = target.startswith("aten.conv") and "transpose" not in target
+    return target.replace(".default", ".padding") if conv and isinstance(padding, str) else target
 
 
 def _held(module: object, target: str) -> Iterator[tuple[Any, object]]:

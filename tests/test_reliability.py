@@ -999,26 +999,43 @@ class ConvBN(nn.Module):
     mean: torch.Tensor
     var: torch.Tensor
 
-    def __init__(self, how: str) -> None:
+    def __init__(self, how: str, padding: str | int = 0, mode: Any = "zeros") -> None:
         super().__init__()
-        self.how, self.c, self.bn = how, nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.how, self.c, self.bn = how, nn.Conv2d(3, 4, 3, padding=padding, padding_mode=mode), nn.BatchNorm2d(4)
         self.w, self.q = nn.Parameter(torch.randn(5, 4)), nn.Parameter(torch.rand(5))
         self.register_buffer("mean", torch.zeros(4))
         self.register_buffer("var", torch.ones(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.bn(self.c(x)) if self.how == "modules" else F.batch_norm(self.c(x), self.mean, self.var)
+        y: torch.Tensor
+        if self.how == "modules":
+            y = self.bn(self.c(x))
+        else:  # (the conv a function too, of the module's padding: ``F.conv2d(..., padding='same')``)
+            y = F.batch_norm(F.conv2d(x, self.c.weight, self.c.bias, padding=self.c.padding), self.mean, self.var)
         return (y.mean((2, 3)) @ self.w.T) * self.q
 
 
-@pytest.mark.parametrize("how", ["modules", "functions"])
-def test_a_symbolic_trace_graph_module_is_read_with_its_modules_settings_and_functions_arguments(how: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "padding", "mode"),
+    [
+        ("modules", 0, "zeros"),
+        ("functions", 0, "zeros"),
+        ("modules", "same", "zeros"),
+        ("functions", "same", "zeros"),
+        ("modules", 1, "reflect"),
+    ],
+)
+def test_a_symbolic_trace_graph_module_is_read_with_its_modules_settings_and_functions_arguments(
+    how: str, padding: str | int, mode: str
+) -> None:
     # found by a hunt: a conv module was read with its input alone, so every rule on convs took it for
     # a candidate (conv1d-to-conv2d an nn.Conv2d, split-group-conv one of groups 1), and the batch norm
     # after it was fuse-linear-bn's; F.batch_norm was read in its own order (its running mean as
-    # ATen's weight); ``x @ w.T`` was read as no product at all
+    # ATen's weight); ``x @ w.T`` was read as no product at all. (A review: a conv of padding 'same'
+    # still was, its padding no list of ints; a reflect-padded one is read as the conv of no padding
+    # its call makes after F.pad)
     x = torch.randn(2, 3, 8, 8)
-    gm = torch.fx.symbolic_trace(ConvBN(how).eval())
+    gm = torch.fx.symbolic_trace(ConvBN(how, padding, mode).eval())
     FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(x)
     outcome = adapters.transform(gm, [make() for make in RULES.values()]).unwrap()
     assert outcome.report.plans == ()
