@@ -671,9 +671,8 @@ def batch_norm_affine(
     """
     work = work_dtype(dtype)
     scale = _bn_scale(var, gamma, eps, work)
-    shift: WeightExpr = Unary(op="neg", x=Binary(op="mul", a=_as(mean, work), b=scale))
-    if beta is not None:
-        shift = Binary(op="sub", a=_as(beta, work), b=Binary(op="mul", a=_as(mean, work), b=scale))
+    moved = Binary(op="mul", a=_as(mean, work), b=scale)
+    shift = Unary(op="neg", x=moved) if beta is None else Binary(op="sub", a=_as(beta, work), b=moved)
     return _as(scale, dtype), _as(shift, dtype)
 
 

@@ -176,8 +176,8 @@ def test_batch_norm_affine_computes_what_an_eval_batch_norm_does(dtype: torch.dt
     c = 5
     stats = {"m": torch.randn(c), "v": torch.rand(c) + 0.5, "g": torch.randn(c), "b": torch.randn(c)}
     stats = {k: v.to(dtype) for k, v in stats.items()}
-    vec = {k: Source(key=k, spec=TensorSpec(shape=(c,), dtype=str(dtype).removeprefix("torch."))) for k in stats}
     name = str(dtype).removeprefix("torch.")
+    vec = {k: Source(key=k, spec=TensorSpec(shape=(c,), dtype=name)) for k in stats}
     gamma, beta = (vec["g"], vec["b"]) if affine else (None, None)
     scale, shift = batch_norm_affine(mean=vec["m"], var=vec["v"], gamma=gamma, beta=beta, eps=1e-3, dtype=name)
     s, t = materialize(scale, stats), materialize(shift, stats)
