@@ -12,6 +12,7 @@ KeyboardInterrupt included); one ``recompile()`` at the end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import operator
@@ -393,6 +394,7 @@ class _Commit:
 
     undo: list[Callable[[], object]] = field(default_factory=list)
     ordered: set[int] = field(default_factory=set)  # the dicts whose order undo restores
+    reorder: list[Callable[[], None]] = field(default_factory=list)  # run after every undo
 
     def keep_order(self, d: dict[Any, Any]) -> None:
         """Undo puts ``d``'s keys back in their order before its first change, last of all (undoing a
@@ -408,7 +410,7 @@ class _Commit:
             d.update({k: rest.pop(k) for k in order if k in rest})
             d.update(rest)
 
-        self.undo.insert(0, undo)
+        self.reorder.append(undo)
 
     def set_item(self, d: dict[str, V], key: str, value: V) -> None:
         self.del_item(d, key)
@@ -529,26 +531,36 @@ class _Commit:
         module's node hooks detached (one that raises would stop the rollback; it is no edit of the
         program's to observe); then give every node back its place in the graph's lookup table,
         which torch.fx leaves a node out of when it is stopped setting a field of it (by a Ctrl-C in
-        ``recompile``, say). Returns the first failure of an undo: the program may then be changed."""
+        ``recompile``, say). Returns the first failure of an undo (a Ctrl-C rather than any other):
+        the program may then be changed."""
         hooks = {name: getattr(gm, name) for name in _NODE_HOOKS if getattr(gm, name, None)}
         failed: BaseException | None = None
         try:
             for name in hooks:
                 setattr(gm, name, [])
-            for fn in reversed(self.undo):
+            steps: list[Callable[[], object]] = [*reversed(self.undo), *self.reorder]
+            steps.append(functools.partial(_mend_lookup, gm.graph))
+            for fn in steps:
                 try:
                     fn()
                 except BaseException as e:  # the others still run: the closer to as it was, the better
-                    failed = failed or e
-            table = gm.graph._find_nodes_lookup_table
-            for node in gm.graph.nodes:
-                if node not in table:
-                    table.insert(node)
+                    # (the first failure is told, a Ctrl-C before any: it is raised when all have run)
+                    if failed is None or (isinstance(failed, Exception) and not isinstance(e, Exception)):
+                        failed = e
         finally:
             for name, kept in hooks.items():
                 setattr(gm, name, kept)
             self.undo.clear()
+            self.reorder.clear()
         return failed
+
+
+def _mend_lookup(graph: torch.fx.Graph) -> None:
+    """Put back in ``graph``'s lookup table (``find_nodes``) each node torch.fx left out of it."""
+    table = graph._find_nodes_lookup_table
+    for node in graph.nodes:
+        if node not in table:
+            table.insert(node)
 
 
 # the callbacks a GraphModule runs on its graph's edits (``_register_erase_node_hook``)

@@ -374,6 +374,24 @@ def test_a_ctrl_c_while_a_commit_is_rolled_back_is_raised_once_the_rest_is_undon
     assert str(program.graph) == before
 
 
+def test_a_ctrl_c_in_a_rollback_after_an_undo_failed_is_raised_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a review: the first failure was kept, an error, and the interrupt after it was lost)
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), "aten")
+
+    def broken(self: torch.fx.GraphModule) -> None:  # (the commit's recompile, and the rollback's)
+        raise RuntimeError("codegen")
+
+    def interrupted(graph: torch.fx.Graph) -> None:  # (the rollback's last step)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", broken)
+    monkeypatch.setattr(importlib.import_module("adapters.realize"), "_mend_lookup", interrupted)
+    with pytest.raises(KeyboardInterrupt) as info:
+        adapters.transform(program, [fuse_conv_bn()])
+    assert info.value.__notes__[0].startswith("fxpure: a commit that failed (RuntimeError: codegen) could not be")
+
+
 def test_torch_failing_in_a_check_of_the_plans_is_a_failure_and_the_program_is_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
