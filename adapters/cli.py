@@ -495,7 +495,7 @@ def _save(writes: Sequence[tuple[str, Callable[[str], object]]]) -> None:
                 os.unlink(tmp)
             with contextlib.suppress(OSError):
                 os.rmdir(Path(tmp).parent)
-        if isinstance(e, Exception):  # (a full disk, torch failing to save, memory running out)
+        if isinstance(e, Exception) and not isinstance(e, BadInput):  # (a full disk, torch failing, no memory)
             raise BadInput(
                 f"{path}: cannot write ({getattr(e, 'strerror', None) or str(e) or type(e).__name__})"
             ) from e
