@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import final
 
 from returns.result import Failure, Result, Success
 
+from fxpure.frozen import FrozenDict
 from fxpure.reasons import Malformed
 from fxpure.schema import Kind, Schema, bind, parse_schema
 from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot
@@ -42,7 +42,7 @@ class Family:
     _targets: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "schemas", MappingProxyType(dict(self.schemas)))
+        object.__setattr__(self, "schemas", FrozenDict(self.schemas))
         object.__setattr__(self, "_targets", frozenset(self.schemas))
 
     def __repr__(self) -> str:
@@ -205,7 +205,7 @@ def _normalize_conv(
             return Failure(ints.failure())
         out[key] = ints.unwrap()
     out["rank"] = rank
-    return Success(MappingProxyType(out))
+    return Success(FrozenDict(out))
 
 
 _CONV_ARGS = "Tensor input, Tensor weight, Tensor? bias=None, SymInt[{r}] stride=1"
@@ -362,7 +362,7 @@ def _normalize_split(
     ints = tuple(n for n in sizes if isinstance(n, int))
     if len(ints) != len(sizes):
         return Failure(Malformed(node=node.name, detail=f"the parts have sizes {sizes} along dim {dim}: not all known"))
-    return Success(MappingProxyType({**a, "split_sizes": ints}))
+    return Success(FrozenDict({**a, "split_sizes": ints}))
 
 
 SPLIT = family(
@@ -619,5 +619,5 @@ STANDARD: tuple[Family, ...] = (
 )
 """The families fxpure ships."""
 
-SCHEMAS: Mapping[str, Schema] = MappingProxyType({t: s for f in STANDARD for t, s in f.schemas.items()})
+SCHEMAS: Mapping[str, Schema] = FrozenDict({t: s for f in STANDARD for t, s in f.schemas.items()})
 """Every known spelling's schema by canonical target (what ``fxpure.testing`` builds calls with)."""

@@ -42,13 +42,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast, final
 
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure.families import CLONE, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family
+from fxpure.frozen import FrozenDict
 from fxpure.layout import SIZE_QUERIES
 from fxpure.plan import (
     RUNS_EXHAUSTED,
@@ -440,7 +440,7 @@ Binding: TypeAlias = Bound | WeightExpr | Arg
 Values: TypeAlias = Mapping[str, object]
 """What a rule's ``need.compute`` steps computed for one match, by name."""
 
-_NOTHING: Values = MappingProxyType({})
+_NOTHING: Values = FrozenDict({})
 
 
 @final
@@ -914,11 +914,11 @@ def _matched(
     m = Match(
         snap=snap,
         anchor=node.name,
-        bindings=MappingProxyType(st.bindings),
-        sites=MappingProxyType(st.sites),
+        bindings=FrozenDict(st.bindings),
+        sites=FrozenDict(st.sites),
         erase=tuple(dict.fromkeys(st.erase)),
         prune=tuple(dict.fromkeys(n for n in st.prune if n not in st.erase)),
-        sized=MappingProxyType(st.sized) if st.sized else _NO_SIZES,
+        sized=FrozenDict(st.sized) if st.sized else _NO_SIZES,
     )
     return m, None, st
 
@@ -1229,7 +1229,7 @@ need = _Need()
 # --- planning --------------------------------------------------------------------------------------
 
 
-_NO_SIZES: Mapping[str, OutputShared] = MappingProxyType({})
+_NO_SIZES: Mapping[str, OutputShared] = FrozenDict({})
 # ops that read only a value's sizes: such a reader of a matched inner node is no reason to keep it
 SIZE_READERS = frozenset({"aten.sym_size.int", "aten.sym_numel.default"})
 # ops that read their ``other`` for its sizes only (``y.reshape_as(h)``)
@@ -1860,9 +1860,7 @@ class PatternRule:
             err = self._finish(m).swap().value_or(None)
         if err is not None and self.fallback is not None and isinstance(self.fallback.plan_at(snap, node), Success):
             err = None  # the fallback rewrites it (plan_at reports its plan as this rule's)
-        return Attempt(
-            rule=self.name, anchor=node.name, reason=err, bindings=MappingProxyType(dict(st.bindings)), depth=st.depth
-        )
+        return Attempt(rule=self.name, anchor=node.name, reason=err, bindings=FrozenDict(st.bindings), depth=st.depth)
 
 
 def _is_candidate(
@@ -2038,7 +2036,7 @@ def explain(snap: GraphSnapshot, rule: Any, node: NodeSnapshot | str) -> Attempt
         return rule.attempt(snap, node)
     result = rule.plan_at(snap, node)
     reason = result.failure() if isinstance(result, Failure) else None
-    return Attempt(rule=rule.name, anchor=node.name, reason=reason, bindings=MappingProxyType({}), depth=0)
+    return Attempt(rule=rule.name, anchor=node.name, reason=reason, bindings=FrozenDict({}), depth=0)
 
 
 def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[Attempt, ...]:
@@ -2067,5 +2065,5 @@ def attempts(report: RewriteReport, rules: Sequence[Rule], node: str) -> tuple[A
     for j in report.rejections:
         if j.node == node and j.rule in names and (j.rule, node) not in seen:  # (a rule given twice: once)
             seen.add((j.rule, node))
-            out.append(Attempt(rule=j.rule, anchor=node, reason=j.reason, bindings=MappingProxyType({}), depth=0))
+            out.append(Attempt(rule=j.rule, anchor=node, reason=j.reason, bindings=FrozenDict({}), depth=0))
     return tuple(out)

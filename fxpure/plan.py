@@ -6,7 +6,6 @@ import gc
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Literal, Protocol, final, get_args
 
 from pyrsistent import PMap as PMapType
@@ -15,6 +14,7 @@ from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
 from fxpure.families import ADDMM, CAST, CONV, LINEAR, MATMUL, MM, PERMUTE, SELECT, SLICE, TRANSPOSE, TRANSPOSE_DIMS
+from fxpure.frozen import FrozenDict
 from fxpure.reasons import Declined, NotConstant, PlanConflict, Reason
 from fxpure.snapshot import (
     Arg,
@@ -1215,7 +1215,7 @@ def _finish(
             for k, v in constants.items():
                 if v.source in lost and v.source in shared:
                     derived[v.source] = min(derived.get(v.source, k), k)
-        derived = MappingProxyType(derived)
+        derived = FrozenDict(derived)
     keys = snap.constant_keys | {v.key for v in new.values()} if new else snap.constant_keys
     return Success(
         GraphSnapshot(
@@ -1223,9 +1223,9 @@ def _finish(
             constants=constants,
             dialect=snap.dialect,
             lifted=snap.lifted,
-            users=MappingProxyType(users),
-            index=MappingProxyType(index),
-            targets=MappingProxyType({t: ns for t, ns in targets.items() if ns}),
+            users=FrozenDict(users),
+            index=FrozenDict(index),
+            targets=FrozenDict({t: ns for t, ns in targets.items() if ns}),
             reserved=snap.reserved | erased | dead | gone,
             least_sizes=snap.least_sizes,
             written=snap.written,

@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Literal, TypeAlias, cast, final
 
 from pyrsistent import pmap
 from pyrsistent.typing import PMap
 from returns.result import Failure, Result, Success
 
+from fxpure.frozen import FrozenDict
 from fxpure.reasons import Malformed
 from fxpure.snapshot import Arg, DTypeArg, NodeRef, NodeSnapshot, Opaque
 
@@ -83,18 +83,18 @@ class Schema:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
-        object.__setattr__(self, "rename", MappingProxyType(dict(self.rename)))
+        object.__setattr__(self, "fixed", FrozenDict(self.fixed))
+        object.__setattr__(self, "rename", FrozenDict(self.rename))
         object.__setattr__(self, "positional", tuple(p.name for p in self.params if not p.keyword_only))
         object.__setattr__(
             self, "names", frozenset({self.rename.get(p.name, p.name) for p in self.params} | set(self.fixed))
         )
         by_family = {self.rename.get(p.name, p.name): p for p in self.params}
-        object.__setattr__(self, "family_params", MappingProxyType(by_family))
+        object.__setattr__(self, "family_params", FrozenDict(by_family))
         object.__setattr__(self, "required", tuple(n for n, p in by_family.items() if not p.has_default))
-        object.__setattr__(self, "_by_name", MappingProxyType({p.name: p for p in self.params}))
-        object.__setattr__(self, "_order", MappingProxyType({p.name: i for i, p in enumerate(self.params)}))
-        object.__setattr__(self, "_back", MappingProxyType({v: k for k, v in self.rename.items()}))
+        object.__setattr__(self, "_by_name", FrozenDict({p.name: p for p in self.params}))
+        object.__setattr__(self, "_order", FrozenDict({p.name: i for i, p in enumerate(self.params)}))
+        object.__setattr__(self, "_back", FrozenDict({v: k for k, v in self.rename.items()}))
         object.__setattr__(
             self,
             "_binding",
@@ -283,7 +283,7 @@ def _bind(node: NodeSnapshot, schema: Schema) -> Result[Mapping[str, Arg], Malfo
             kind = schema._by_name[name].kind
             return Failure(Malformed(node=node.name, detail=f"{name}={value!r} is not a {kind}"))
         bound[key] = value
-    return Success(MappingProxyType(bound))
+    return Success(FrozenDict(bound))
 
 
 def respell(node: NodeSnapshot, schema: Schema, updates: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], PMap[str, Arg]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field, fields
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, final
 
 import pyrsistent
@@ -12,6 +11,7 @@ from pyrsistent import pmap, pvector
 from pyrsistent.typing import PMap, PVector
 from returns.result import Failure, Result, Success
 
+from fxpure.frozen import FrozenDict
 from fxpure.reasons import InvalidSnapshot
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ class GraphSnapshot:
     # the least value of each symbolic size, where the program declares it (an exported program's
     # range constraints): a size missing here may be 0
     least_sizes: Mapping[str, int] = field(
-        default_factory=lambda: MappingProxyType({}), compare=False, hash=False, repr=False
+        default_factory=lambda: FrozenDict({}), compare=False, hash=False, repr=False
     )
     # the nodes whose tensor the program writes in place (directly, or through a view of it): what
     # they compute is no constant, whatever they read
@@ -258,7 +258,7 @@ class GraphSnapshot:
                     derived[source] = min(derived[source], name)
                 elif source is not None:
                     derived[source] = name
-            known = KnownConstants(frozenset(names), frozenset(keys), MappingProxyType(derived), frozenset(shared))
+            known = KnownConstants(frozenset(names), frozenset(keys), FrozenDict(derived), frozenset(shared))
         object.__setattr__(self, "constant_names", known.names)
         object.__setattr__(self, "constant_keys", known.keys)
         object.__setattr__(self, "derived", known.derived)
@@ -331,11 +331,11 @@ def snapshot(
         constants=constants if isinstance(constants, pyrsistent.PMap) else pmap(constants),
         dialect=dialect,
         lifted=lifted,
-        users=MappingProxyType(users),
-        index=MappingProxyType(index),
-        targets=MappingProxyType(targets),
+        users=FrozenDict(users),
+        index=FrozenDict(index),
+        targets=FrozenDict(targets),
         reserved=frozenset(reserved),
-        least_sizes=MappingProxyType(dict(least_sizes or {})),
+        least_sizes=FrozenDict(least_sizes or {}),
         written=frozenset(written),
         opaque=frozenset(opaque),
     )

@@ -4,6 +4,8 @@ moved uses reach every reader (keywords, chains of plans), fresh names, and ever
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -12,6 +14,7 @@ from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
 from fxpure import plan
+from fxpure.families import CONV
 from fxpure.plan import (
     NewConstant,
     NewNode,
@@ -498,12 +501,8 @@ def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stag
     assert names(report.after) == ["x", "c", "output"]
 
 
-def test_every_rule_in_registry_order_folds_before_it_splits_and_merges_before_it_converts() -> None:
-    # run together in RULES' order, a scale on a grouped conv is folded before the conv is split (split
-    # first, the scale would read a cat and no rule would take it), and three linears on one input are
-    # merged before they become convs (converted first, none would be left to merge)
-    from fxpure.rules import RULES
-
+def every_rules_work() -> GraphSnapshot:
+    """A grouped conv scaled and three linears of one input: four rules rewrite it."""
     g = GraphBuilder()
     x = g.input("x", (1, 4, 8, 8))
     conv = g.call("aten.conv2d.default", input=x, weight=g.parameter("w", (8, 2, 3, 3)), groups=2, out=(1, 8, 6, 6))
@@ -514,13 +513,39 @@ def test_every_rule_in_registry_order_folds_before_it_splits_and_merges_before_i
         for i in range(3)
     ]
     g.output(scaled, *lins)
-    report = plan(g.build(), [make() for make in RULES.values()])
+    return g.build()
+
+
+def test_every_rule_in_registry_order_folds_before_it_splits_and_merges_before_it_converts() -> None:
+    # run together in RULES' order, a scale on a grouped conv is folded before the conv is split (split
+    # first, the scale would read a cat and no rule would take it), and three linears on one input are
+    # merged before they become convs (converted first, none would be left to merge)
+    from fxpure.rules import RULES
+
+    report = plan(every_rules_work(), [make() for make in RULES.values()])
     assert [(p.rule, p.anchor) for p in report.plans] == [
         ("fold-binary", "mul"),
         ("split-group-conv", "conv2d_mul"),
         ("concat-parallel-linears", "t"),
         ("linear-to-conv2d", "lin0_cat"),
     ]
+
+
+def test_rules_snapshots_and_reports_copy_and_a_snapshot_and_report_pickle() -> None:
+    # a pipeline hunt: copy.deepcopy of seven of the eight shipped rules (and of a pass holding one,
+    # a config copied whole) raised "cannot pickle 'mappingproxy' object": the records' read-only maps
+    from fxpure.rules import RULES
+
+    snap, rules = every_rules_work(), [make() for make in RULES.values()]
+    report = plan(snap, rules)
+    copied = copy.deepcopy((snap, rules, report))
+    assert copied == (snap, rules, report)
+    again = plan(copied[0], copied[1])
+    assert again.plans == report.plans and again.after == report.after
+    assert pickle.loads(pickle.dumps((snap, report))) == (snap, report)
+    for read_only in (copied[0].users, copied[2].after.index, copy.deepcopy(CONV).schemas):
+        with pytest.raises(TypeError, match="read-only"):
+            read_only["x"] = ()  # type: ignore[index]
 
 
 def test_a_list_in_a_hand_written_plan_becomes_a_tuple_and_keeps_what_it_reads() -> None:
