@@ -1671,6 +1671,19 @@ def _checked(cap: Captured, report: RewriteReport) -> list[dict[tuple[str, str],
         raise _ApplyError("apply-failed", f"checking the plans failed: {type(e).__name__}: {e}") from e
 
 
+def _unsound(
+    cap: Captured, report: RewriteReport, new: Mapping[str, torch.Tensor], memo: dict[object, torch.Tensor]
+) -> tuple[list[str], dict[str, tuple[WeightExpr, ...]]]:
+    """The new constants that are not finite (:func:`_non_finite`), or else those that underflow
+    (:func:`_underflows`); _ApplyError where torch fails comparing numbers it computed (nothing was
+    touched)."""
+    try:
+        bad = _non_finite(new, report.after, cap.tensors)
+        return bad, ({} if bad else _underflows(new, report, cap.tensors, memo))
+    except Exception as e:
+        raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
@@ -1700,11 +1713,7 @@ def _finite_plan(
             if dry_run and e.code == "meta-tensor":  # a dry run reports the plans, without numbers
                 return report, {}
             raise
-        try:
-            bad = _non_finite(new, report.after, cap.tensors)
-            flushed = {} if bad else _underflows(new, report, cap.tensors, memo)
-        except Exception as e:  # torch failing to compare numbers it computed: nothing was touched
-            raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
+        bad, flushed = _unsound(cap, report, new, memo)
         more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
         if not bad and not flushed:
             return report, new
@@ -1838,12 +1847,11 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
                     raise _ApplyError(reason.code, reason.message)
             memo: dict[object, torch.Tensor] = {}
             new = _materialize_new(cap, report.after, memo)
+            bad, flushed = _unsound(cap, report, new, memo)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))
-        bad = _non_finite(new, report.after, cap.tensors)
         if bad:
             return Failure(TransformError(code="non-finite-weight", message=f"{bad[0]} computes to inf or NaN"))
-        flushed = _underflows(new, report, cap.tensors, memo)
         if flushed:
             first = next(iter(flushed))
             message = f"{first} loses a channel to {report.after.constants[first].spec.dtype} underflow"
