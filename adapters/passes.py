@@ -10,7 +10,7 @@ torch.fx pass (returns a ``PassResult``), as in a ``PassManager``.
 from __future__ import annotations
 
 import copy
-import weakref
+import hashlib
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
@@ -18,7 +18,7 @@ from typing import overload
 
 import torch
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
-from returns.result import Failure, Result, Success
+from returns.result import Failure, Result
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 
@@ -43,8 +43,6 @@ class RulesPass(ExportedProgramPassBase):
         self.exported_program = exported_program
         self.last: TransformOutcome | None = None
         self.outcomes: list[TransformOutcome] = []
-        # the keys of the constants it added, with their values while a program holds them
-        self._keys: dict[str, weakref.ref[torch.Tensor]] = {}
 
     @overload
     def __call__(self, program: ExportedProgram) -> ExportedProgramPassResult: ...
@@ -67,26 +65,19 @@ class RulesPass(ExportedProgramPassBase):
         caller's program, whose graph module and dictionaries an edit in place would change under
         the caller (``edge`` of ``edge.transform([...])``, half of it: its graph, not its constants).
 
-        A new constant takes no key the pass gave another program a constant of other values under
-        (``edge.transform`` calls it on each method, and ExecuTorch's external constant file keeps
-        one tensor per key: a method would run with another's weights); one of the same values
-        shares its key, so it is stored once."""
-        reserved: set[str] = set()
-        while True:
-            planned = transform(exported_program, self.rules, dry_run=True, reserved=reserved)
-            if isinstance(planned, Failure) or not planned.unwrap().report.plans:
-                self._keep(planned)
-                return ExportedProgramPassResult(exported_program, False)
-            program, report = _copied(exported_program), planned.unwrap().report
-            # (the report planned on the program: its rejections too, which applying does not repeat)
-            done = apply(program, report).map(partial(replace, report=report))
-            added = _added(exported_program, program) if isinstance(done, Success) else {}
-            clashes = {k for k, t in added.items() if not _same_values(self._keys.get(k), t)}
-            if not clashes:
-                break
-            reserved |= clashes
+        A new constant's key ends in a digest of its values (``t.conv2d_bn_weight_3f09c1a2b4d6``):
+        ExecuTorch's external constant file keeps one tensor per key, and methods transformed
+        apart (by this pass or another, before or after any other pass) must not give one key
+        other values; the same values share a key, stored once."""
+        planned = transform(exported_program, self.rules, dry_run=True)
+        if isinstance(planned, Failure) or not planned.unwrap().report.plans:
+            self._keep(planned)
+            return ExportedProgramPassResult(exported_program, False)
+        program, report = _copied(exported_program), planned.unwrap().report
+        # (the report planned on the program: its rejections too, which applying does not repeat)
+        done = apply(program, report).map(partial(replace, report=report))
         self._keep(done)
-        self._keys.update({k: weakref.ref(t) for k, t in added.items()})
+        _name_by_values(exported_program, program)
         return ExportedProgramPassResult(program, True)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -107,17 +98,33 @@ class RulesPass(ExportedProgramPassBase):
         return self.last.changed
 
 
-def _added(before: ExportedProgram, after: ExportedProgram) -> dict[str, torch.Tensor]:
-    """The tensors ``after`` holds under keys ``before`` has not."""
+def _name_by_values(before: ExportedProgram, after: ExportedProgram) -> None:
+    """Each tensor ``after`` holds under a key ``before`` has not goes under that key and the digest
+    of its dtype, shape and values (a numbered key after it if ``after`` holds that one already)."""
     old = before.state_dict.keys() | before.constants.keys()
-    held = [*after.state_dict.items(), *after.constants.items()]
-    return {k: t for k, t in held if k not in old and isinstance(t, torch.Tensor)}
+    held = set(after.state_dict) | set(after.constants)
+    renamed: dict[str, str] = {}
+    for d in (after.state_dict, after.constants):
+        for key in [k for k, t in d.items() if k not in old and isinstance(t, torch.Tensor)]:
+            name = new = f"{key}_{_digest(d[key])}"
+            n = 0
+            while new in held:
+                n += 1
+                new = f"{name}_{n}"
+            d[new] = d.pop(key)
+            held.add(new)
+            renamed[key] = new
+    specs = after.graph_signature.input_specs
+    specs[:] = [replace(s, target=renamed[s.target]) if s.target in renamed else s for s in specs]
 
 
-def _same_values(held: weakref.ref[torch.Tensor] | None, b: torch.Tensor) -> bool:
-    """``b`` may take the key of ``held``: no program holds that any more, or it has ``b``'s values."""
-    a = held() if held is not None else None
-    return a is None or (a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b)))
+def _digest(t: torch.Tensor) -> str:
+    data = t.detach().cpu().contiguous()
+    h = hashlib.blake2b(f"{data.dtype} {tuple(data.shape)}".encode(), digest_size=6)
+    if data.is_quantized:  # its parameters too, with its integers below
+        h.update(data.dequantize().reshape(-1).view(torch.uint8).numpy().tobytes())
+    h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _copied(ep: ExportedProgram) -> ExportedProgram:
