@@ -120,11 +120,11 @@ def _name_by_values(before: ExportedProgram, after: ExportedProgram) -> None:
 
 def _digest(t: torch.Tensor) -> str:
     data = t.detach().cpu().contiguous()
-    h = hashlib.blake2b(f"{data.dtype} {tuple(data.shape)}".encode(), digest_size=6)
+    h = hashlib.sha1(f"{data.dtype} {tuple(data.shape)}".encode(), usedforsecurity=False)  # (the fastest here)
     if data.is_quantized:  # its parameters too, with its integers below
-        h.update(data.dequantize().reshape(-1).view(torch.uint8).numpy().tobytes())
-    h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+        h.update(data.dequantize().reshape(-1).view(torch.uint8).numpy().data)
+    h.update(data.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()[:12]
 
 
 def _copied(ep: ExportedProgram) -> ExportedProgram:
