@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from functools import partial
 from typing import overload
 
 import torch
@@ -23,8 +23,9 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 
 from adapters.realize import TransformError, TransformOutcome, apply, transform
-from fxpure.plan import Rule, check_rules
+from fxpure.plan import RewriteReport, Rule, check_rules
 from fxpure.rules import fuse_conv_bn, quantized_conv, split_group_conv
+from fxpure.serial import JSON, to_data
 
 
 class FxpureError(RuntimeError):
@@ -65,19 +66,20 @@ class RulesPass(ExportedProgramPassBase):
         caller's program, whose graph module and dictionaries an edit in place would change under
         the caller (``edge`` of ``edge.transform([...])``, half of it: its graph, not its constants).
 
-        A new constant's key ends in a digest of its values (``t.conv2d_bn_weight_3f09c1a2b4d6``):
-        ExecuTorch's external constant file keeps one tensor per key, and methods transformed
-        apart (by this pass or another, before or after any other pass) must not give one key
-        other values; the same values share a key, stored once."""
+        A new constant's key ends in a digest of what computes it, each constant it reads named by
+        its key (``t.conv2d_bn_weight_3f09c1a2b4d6``): ExecuTorch's external constant file keeps
+        one tensor per key, and methods transformed apart (by this pass or another, before or
+        after any other pass) must not give one key other values. The same computation of the same
+        keys shares a key, stored once; and the keys do not change with the values, so a data file
+        of retrained weights still fits the program (the report says the keys as the program does)."""
         planned = transform(exported_program, self.rules, dry_run=True)
         if isinstance(planned, Failure) or not planned.unwrap().report.plans:
             self._keep(planned)
             return ExportedProgramPassResult(exported_program, False)
         program, report = _copied(exported_program), planned.unwrap().report
         # (the report planned on the program: its rejections too, which applying does not repeat)
-        done = apply(program, report).map(partial(replace, report=report))
+        done = apply(program, report).map(lambda o: replace(o, report=_named(exported_program, program, report)))
         self._keep(done)
-        _name_by_values(exported_program, program)
         return ExportedProgramPassResult(program, True)
 
     def call_graph_module(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -98,15 +100,20 @@ class RulesPass(ExportedProgramPassBase):
         return self.last.changed
 
 
-def _name_by_values(before: ExportedProgram, after: ExportedProgram) -> None:
-    """Each tensor ``after`` holds under a key ``before`` has not goes under that key and the digest
-    of its dtype, shape and values (a numbered key after it if ``after`` holds that one already)."""
+def _named(before: ExportedProgram, after: ExportedProgram, report: RewriteReport) -> RewriteReport:
+    """Each constant ``after`` holds under a key ``before`` has not goes under that key and a digest
+    of its expression, each constant it reads by its key in ``before`` (numbered after that if
+    ``after`` holds such a key already); ``report`` with its snapshot after saying so."""
+    keys = {s.arg.name: s.target for s in before.graph_signature.input_specs if s.target is not None}
     old = before.state_dict.keys() | before.constants.keys()
+    node = {s.target: s.arg.name for s in after.graph_signature.input_specs if s.target not in old}
     held = set(after.state_dict) | set(after.constants)
     renamed: dict[str, str] = {}
     for d in (after.state_dict, after.constants):
-        for key in [k for k, t in d.items() if k not in old and isinstance(t, torch.Tensor)]:
-            name = new = f"{key}_{_digest(d[key])}"
+        for key in [k for k in d if k not in old]:
+            expr = report.after.constants[node[key]].source
+            text = json.dumps(_over_keys(to_data(expr), keys), sort_keys=True)
+            name = new = f"{key}_{hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:12]}"
             n = 0
             while new in held:
                 n += 1
@@ -116,15 +123,21 @@ def _name_by_values(before: ExportedProgram, after: ExportedProgram) -> None:
             renamed[key] = new
     specs = after.graph_signature.input_specs
     specs[:] = [replace(s, target=renamed[s.target]) if s.target in renamed else s for s in specs]
+    infos = report.after.constants
+    constants = infos.update({node[k]: replace(infos[node[k]], key=new) for k, new in renamed.items()})
+    return replace(report, after=replace(report.after, constants=constants))
 
 
-def _digest(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous()
-    h = hashlib.sha1(f"{data.dtype} {tuple(data.shape)}".encode(), usedforsecurity=False)  # (the fastest here)
-    if data.is_quantized:  # its parameters too, with its integers below
-        h.update(data.dequantize().reshape(-1).view(torch.uint8).numpy().data)
-    h.update(data.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()[:12]
+def _over_keys(data: JSON, keys: Mapping[str, str]) -> JSON:
+    """``data`` of an expression with each constant it reads named by its key in the program."""
+    if isinstance(data, list):
+        return [_over_keys(v, keys) for v in data]
+    if not isinstance(data, dict):
+        return data
+    out = {k: _over_keys(v, keys) for k, v in data.items()}
+    if out.get("type") == "Source" and isinstance(name := out.get("key"), str):
+        out["key"] = keys.get(name, name)
+    return out
 
 
 def _copied(ep: ExportedProgram) -> ExportedProgram:

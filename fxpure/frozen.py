@@ -9,9 +9,12 @@ V = TypeVar("V")
 
 
 class FrozenDict(dict[K, V]):
-    """A dict that no method changes, looked up at a dict's speed, and copied (``copy.deepcopy``)
-    and pickled as one: ``types.MappingProxyType``, which the records held before, is neither, so
-    a rule, a snapshot or a report could not be copied (a pass list deep-copied with its config)."""
+    """A dict whose methods refuse to change it, looked up at a dict's speed, and copied
+    (``copy.deepcopy``) and pickled as one: ``types.MappingProxyType``, which the records held
+    before, is neither, so a rule, a snapshot or a report could not be copied (a pass list
+    deep-copied with its config). ``dict``'s own methods called on it (``dict.update(d, ...)``,
+    ``d.__init__(...)`` again) still change it: a guard on ``__init__`` would cost every record
+    made six times what making it costs."""
 
     __slots__ = ()
 
@@ -22,4 +25,4 @@ class FrozenDict(dict[K, V]):
     clear = pop = popitem = setdefault = update = _read_only
 
     def __reduce__(self) -> tuple[type[FrozenDict[K, V]], tuple[dict[K, V]]]:
-        return (FrozenDict, (dict(self),))
+        return (type(self), (dict(self),))
