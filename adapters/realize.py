@@ -43,7 +43,7 @@ from adapters.snap import (
     tensor_spec,
     unreachable,
 )
-from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_of, resolve_target, target_name
+from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_name, dtype_of, resolve_target, target_name
 from adapters.weights import materialize, plain_torch
 from fxpure.layout import CODE as LAYOUT_READER
 from fxpure.layout import passes_strides
@@ -1308,26 +1308,33 @@ def _unwritable(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], R
 
 def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
     """Every plan that writes an op the program's own verifier refuses (an edge program takes Core
-    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), with the reason."""
+    ATen ops and the exceptions it was made with: ``aten.linear`` is not one), on an edge program
+    a call of tensors of dtypes the op's kernels do not take (the verifier's own dtype check: a
+    float16 ``mul`` of a float32 tensor), or an ATen op ExecuTorch has no out variant of (a view
+    such as ``aten.permute``: ``to_executorch`` would fail), with the reason."""
     if not isinstance(cap.program, ExportedProgram) or not report.plans:
         return {}
     verifiers = [v() for v in cap.program.verifiers]
+    checked = cap.snap.dialect == "edge" and all(getattr(v, "enable", True) for v in verifiers)
     why: dict[str, str | None] = {}
     out: dict[tuple[str, str], Reason] = {}
-    for p in report.plans:
-        for target in dict.fromkeys(n.target for n in p.nodes):
-            if target not in why:
-                why[target] = _refusal(target, cap.snap.dialect, verifiers)
-            detail = why[target]
-            if detail is not None:
-                out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail)
-                break
+    for snap, stage in planned_on(report):
+        for p in stage:
+            # what a new node reads: the plan's own constants and nodes, else the snapshot planned on
+            local = {c.name: infer_spec(c.expr).value_or(None) for c in p.constants} | {n.name: n.spec for n in p.nodes}
+            for n in p.nodes:
+                if n.target not in why:
+                    why[n.target] = _refusal(n.target, cap.snap.dialect, verifiers, edge=checked)
+                detail = why[n.target] or (_mistyped(n, local, snap) if checked else None)
+                if detail is not None:
+                    out[(p.rule, p.anchor)] = Declined(code="op-not-allowed", node=p.anchor, detail=detail)
+                    break
     return out
 
 
-def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
+def _refusal(target: str, dialect: str, verifiers: Sequence[Any], *, edge: bool) -> str | None:
     try:
-        op = resolve_target(target, dialect)
+        op: Any = resolve_target(target, dialect)
     except ValueError:
         return None  # an unknown op is refused, with its name, when the plan is applied
     for v in verifiers:
@@ -1337,7 +1344,54 @@ def _refusal(target: str, dialect: str, verifiers: Sequence[Any]) -> str | None:
             # its first line (torch's message closes a quote it never opened: dropped)
             first = next((line.strip().rstrip('"') for line in str(e).splitlines() if line.strip()), "")
             return f"the program's verifier refuses {target}: {first}"
+    if not edge or not target.startswith("aten."):
+        return None  # (another library's op, as ``et_vk``'s, may be one only a delegate runs)
+    from executorch.exir.passes import to_out_var_skiplist  # (an edge program's: ExecuTorch is there)
+
+    if op in to_out_var_skiplist:
+        return None
+    schema = op._schema
+    if schema.is_mutable or schema.overload_name == "out" or schema.name.endswith("_"):
+        return None
+    try:
+        op.to_out_variant()
+    except RuntimeError:
+        name, overload = target.rsplit(".", 1)
+        copy = f"{name}_copy.{overload}"
+        try:
+            resolve_target(copy, dialect)
+            hint = f" (the edge program's spelling: {copy})"
+        except ValueError:
+            hint = ""
+        return f"ExecuTorch has no out variant of {target}: to_executorch would fail{hint}"
     return None
+
+
+def _mistyped(n: NewNode, local: Mapping[str, object], snap: GraphSnapshot) -> str | None:
+    """Why an edge op's kernels do not take ``n``'s tensors' dtypes (none where it cannot say);
+    what it reads is its plan's (``local``: new constants and nodes by name) or ``snap``'s."""
+    op: Any = resolve_target(n.target, "edge")
+    constraint = getattr(getattr(op, "_schema", None), "dtype_constraint", None)
+    if constraint is None:
+        return None
+    dtypes: dict[str, torch.dtype | None] = {}
+    for i, a in enumerate(op._schema.arguments):
+        value = (
+            n.kwargs.get(a.name) if a.name in n.kwargs else n.args[i] if i < len(n.args) and not a.kwarg_only else None
+        )
+        first = value[0] if isinstance(value, tuple) and value and type(value[0]) is NodeRef else value
+        name = first.name if type(first) is NodeRef else ""
+        spec = local[name] if name in local else snap.node(name).spec if name in snap.index else None
+        if isinstance(spec, TensorSpec):
+            dtypes[a.name] = dtype_of(spec.dtype)
+    outs = n.spec if isinstance(n.spec, tuple) else (n.spec,)
+    for i, (r, spec) in enumerate(zip(op._schema.returns, outs, strict=False)):
+        if isinstance(spec, TensorSpec):
+            dtypes[r.name or f"__ret_{i}"] = dtype_of(spec.dtype)
+    if constraint.validate(dtypes):
+        return None
+    held = ", ".join(f"{k} {dtype_name(d)}" for k, d in dtypes.items() if d is not None)
+    return f"the program's verifier refuses {n.target} of {held}: its kernels take no such dtypes"
 
 
 def _computed(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
@@ -1652,12 +1706,14 @@ _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]
 
 
 def _known_ops(report: RewriteReport, dialect: str) -> None:
-    """Raises _ApplyError (``unknown-op``) if a plan writes an op torch does not have."""
-    for target in dict.fromkeys(n.target for p in report.plans for n in p.nodes):
-        try:
-            resolve_target(target, dialect)
-        except ValueError as e:
-            raise _ApplyError("unknown-op", str(e)) from e
+    """Raises _ApplyError (``unknown-op``, naming the rule and its anchor) if a plan writes an op
+    torch does not have: a rule's mistake, not its candidate's (the whole transform fails)."""
+    for p in report.plans:
+        for target in dict.fromkeys(n.target for n in p.nodes):
+            try:
+                resolve_target(target, dialect)
+            except ValueError as e:
+                raise _ApplyError("unknown-op", f"{e} (a plan of rule {p.rule!r} at {p.anchor})") from e
 
 
 def _checked(cap: Captured, report: RewriteReport) -> list[dict[tuple[str, str], Reason]]:

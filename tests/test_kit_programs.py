@@ -16,15 +16,15 @@ from torch.export import ExportedProgram
 import adapters
 from adapters.passes import RulesPass
 from adapters.validate import check_plans
-from fxpure.families import ADD, CONV, GETITEM, MUL, RELU, SPLIT
+from fxpure.families import ADD, CONV, GETITEM, MUL, PERMUTE, RELU, SPLIT
 from fxpure.linear import linear_of, linear_root
 from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Op, Planner, Scalar, Var, need, rule
-from fxpure.plan import RewritePlan, plan
+from fxpure.plan import RewritePlan, Rule, plan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
-from fxpure.weights import Fill
+from fxpure.weights import Cast, Fill, WeightExpr
 from tests.models import ScaledConv
-from tests.programs import FORMS, assert_close, assert_sound, build, count, run, validate
+from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 from tests.quantized import pt2e_module
 
 
@@ -135,6 +135,53 @@ def test_an_edge_program_made_to_allow_the_op_takes_it() -> None:
     assert adapters.transform(program, [TO_LINEAR]).unwrap().changed
     assert count(program, "linear") == 1 and count(program, "addmm") == 0
     assert_sound(program, x, want)
+
+
+def _widened(p: Planner, mul: Bound, x: NodeRef, c: WeightExpr) -> RewritePlan:
+    # the same value, its 0-d operand kept in float32 (it does not promote: the result is float16)
+    wide = p.const(Cast(x=c, dtype="float32"), "wide")
+    return p.replace(mul, p.call("aten.mul.Tensor", name="mul32", spec=mul.spec, self=x, other=wide))
+
+
+def _composed(p: Planner, outer: Bound, inner: Bound, x: NodeRef) -> RewritePlan:
+    dims = tuple(inner.ints("dims")[i] for i in outer.ints("dims"))  # (an edge program spells it permute_copy)
+    return p.replace(outer, p.call("aten.permute.default", name="pp", spec=outer.spec, self=x, dims=dims))
+
+
+class Permuted(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sin().permute(0, 2, 1).permute(1, 0, 2) * 3.0
+
+
+@pytest.mark.parametrize(
+    ("made", "said"),
+    [
+        (
+            rule("widen", Op(MUL, name="mul", self=Var("x"), other=Const("c")), plan=_widened),
+            "aten.mul.Tensor of self float16, other float32, __ret_0 float16: its kernels take no such dtypes",
+        ),
+        (
+            rule("compose", Op(PERMUTE, name="outer", self=Op(PERMUTE, name="inner", self=Var("x"))), plan=_composed),
+            "ExecuTorch has no out variant of aten.permute.default: to_executorch would fail (the edge "
+            "program's spelling: aten.permute_copy.default)",
+        ),
+    ],
+    ids=["mixed dtypes", "a view op"],
+)
+def test_an_edge_op_executorch_cannot_take_is_declined_and_the_program_lowers(made: Rule, said: str) -> None:
+    # an outside author: both were applied; the first program then failed ExecuTorch's verifier
+    # (``validate``, and ``edge.transform`` raised), the second failed ``to_executorch`` ("Missing
+    # out variants: {'aten::permute'}"), though the guide says such a plan is declined
+    x = (torch.randn(2, 3, 4, dtype=torch.float16),)
+    edge = to_edge(torch.export.export(Permuted(), x))
+    before = edge.exported_program().graph_module.code
+    outcome = adapters.transform(edge.exported_program(), [made]).unwrap()
+    assert not outcome.changed and edge.exported_program().graph_module.code == before
+    (why,) = [j.reason for j in outcome.report.rejections if j.reason.code != "wrong-op"]
+    assert (why.code, why.path) == ("op-not-allowed", "plan") and why.message.endswith(said)
+    lowered = edge.transform([RulesPass([made])])
+    validate(lowered.exported_program())
+    assert_close(run_pte(lowered.to_executorch().buffer, x), [Permuted()(*x)])
 
 
 class Doubled(torch.nn.Module):
@@ -261,6 +308,7 @@ def test_an_op_torch_does_not_have_fails_a_dry_run_as_it_fails_the_transform() -
         program = build(Relu(), X, "aten")
         failure = adapters.transform(program, [bogus], dry_run=dry_run).failure()
         assert failure.code == "unknown-op" and "aten.does_not_exist.default" in failure.message
+        assert failure.message.endswith("(a plan of rule 'bogus' at relu)")  # (an outside author: say whose)
 
 
 # conv(x * s) -> conv(x): the conv keeps its spec, whatever x is (the check of x's shape forgotten)
