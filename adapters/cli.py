@@ -10,7 +10,10 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from fxpure.reasons import Reason
 
 T = TypeVar("T")
 
@@ -734,10 +737,10 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
         target = report.before.node(node).target
         print(f"{node} ({target}): no rule among {', '.join(r.name for r in rules)} considers it")
     for a in found:
-        outcome = "will rewrite" if a.reason is None else f"declined: {a.reason.code} at {a.reason.path or '-'}"
+        outcome = "will rewrite" if a.reason is None else f"declined: {_coded(a.reason)}"
         instead = fallbacks.get((a.rule, a.anchor)) if a.reason is None else None
         if instead is not None:
-            outcome = f"will rewrite by fallback, instead of {instead.code} at {instead.path or '-'}"
+            outcome = f"will rewrite by fallback, instead of {_coded(instead)}"
         whence = "" if a.anchor == node else f", made from {node} by an earlier rule"
         print(f"{a.rule} at {a.anchor}{whence}: {outcome}")
         said = a.reason if a.reason is not None else instead
@@ -750,11 +753,14 @@ def _explain_node(report: Any, rules: list[Any], node: str, as_json: bool) -> in
     for p in plans:
         print(f"{node} is part of {p.rule}'s candidate at {p.anchor}: will rewrite")
     for r in named:
-        print(
-            f"{node} is part of {r.rule}'s candidate at {r.node}: declined: {r.reason.code} at {r.reason.path or '-'}"
-        )
+        print(f"{node} is part of {r.rule}'s candidate at {r.node}: declined: {_coded(r.reason)}")
         print(f"  {r.reason.message}")
     return EXIT_OK
+
+
+def _coded(reason: Reason) -> str:
+    """A reason's code and where in the pattern it failed (``at`` would read as a node's name)."""
+    return f"{reason.code} (pattern: {reason.path})" if reason.path else reason.code
 
 
 def _shown(value: Any) -> str:

@@ -1321,7 +1321,7 @@ def _refused(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reas
     for snap, stage in planned_on(report):
         for p in stage:
             # what a new node reads: the plan's own constants and nodes, else the snapshot planned on
-            local = (
+            local: dict[str, object] = (
                 {c.name: infer_spec(c.expr).value_or(None) for c in p.constants} | {n.name: n.spec for n in p.nodes}
                 if checked
                 else {}

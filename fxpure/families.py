@@ -621,3 +621,18 @@ STANDARD: tuple[Family, ...] = (
 
 SCHEMAS: Mapping[str, Schema] = FrozenDict({t: s for f in STANDARD for t, s in f.schemas.items()})
 """Every known spelling's schema by canonical target (what ``fxpure.testing`` builds calls with)."""
+
+_COPY_OPS: Mapping[str, str] = FrozenDict(
+    {t: copy for t in SCHEMAS if "." in t and (copy := "{}_copy.{}".format(*t.rsplit(".", 1))) in SCHEMAS}
+)
+
+
+def spelled(target: str, dialect: str) -> str:
+    """How a program of ``dialect`` writes the op ``target``: an edge program has no view ops, and
+    writes each as its ``_copy`` op (same arguments, same values); anything else as it is.
+    :class:`fxpure.pattern.Planner` writes its new nodes so.
+
+    >>> spelled("aten.permute.default", "edge"), spelled("aten.permute.default", "aten")
+    ('aten.permute_copy.default', 'aten.permute.default')
+    """
+    return _COPY_OPS.get(target, target) if dialect == "edge" else target

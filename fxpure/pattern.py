@@ -47,7 +47,7 @@ from typing import Any, Literal, TypeAlias, cast, final
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import CLONE, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family
+from fxpure.families import CLONE, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family, spelled
 from fxpure.frozen import FrozenDict
 from fxpure.layout import SIZE_QUERIES
 from fxpure.plan import (
@@ -1309,7 +1309,8 @@ class Planner:
 
     @property
     def dialect(self) -> str:
-        """``"aten"`` or ``"edge"``: which spelling new nodes should use."""
+        """``"aten"`` or ``"edge"``: which spelling new nodes should use (a view op is respelled
+        for edge by :meth:`node` and :meth:`call`)."""
         return self.match.snap.dialect
 
     def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind | None = None) -> NodeRef:
@@ -1349,12 +1350,13 @@ class Planner:
         provenance: str | None = None,
         source_fn: str | None = None,
     ) -> NodeRef:
-        """A new node with positional arguments as given (a name taken counted up, as for ``const``)."""
+        """A new node with positional arguments as given (a name taken counted up, as for ``const``);
+        on edge, a view op is written as its ``_copy`` op (:func:`fxpure.families.spelled`)."""
         name = self._unique(name)
         self._nodes.append(
             NewNode(
                 name=name,
-                target=target,
+                target=spelled(target, self.dialect),
                 args=args,
                 kwargs=pmap(kwargs or {}),
                 spec=spec,

@@ -806,6 +806,10 @@ class _Batch:
                 else f"plan moves the uses of {next(n for n in moved if moved.count(n) > 1)} twice"
             )
             return PlanConflict(node=p.anchor, detail=detail)
+        plan_names = set(named)
+        itself = next((old for old, new in p.replace if old == new and new not in plan_names), None)
+        if itself is not None:  # (it changes nothing there; counted as a rewrite, it said the program changed)
+            return PlanConflict(node=p.anchor, detail=f"plan moves the uses of {itself} to {itself} itself")
         for c in p.constants:
             try:
                 spec = infer_spec(c.expr)

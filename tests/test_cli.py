@@ -98,10 +98,8 @@ def test_explain_node_names_the_candidates_of_other_nodes_it_is_part_of(saved: d
     declined = fxpure("explain", saved["declines"], *rules, "--node", "conv2d")
     assert declined.returncode == 0, declined.stderr
     first, message = declined.stdout.splitlines()[:2]
-    assert (
-        first
-        == "conv2d is part of fuse-conv-bn's candidate at batch_norm: declined: conv-output-shared at bn.input/conv"
-    )
+    said = "declined: conv-output-shared (pattern: bn.input/conv)"
+    assert first == f"conv2d is part of fuse-conv-bn's candidate at batch_norm: {said}"
     assert message.startswith("  output of conv2d is also used by")
     fused = fxpure("explain", saved["resnext"], *rules, "--node", "conv2d")
     assert fused.stdout == "conv2d is part of fuse-conv-bn's candidate at batch_norm: will rewrite\n"
@@ -347,7 +345,7 @@ def test_explain_node_says_a_fallback_and_the_reason_it_stands_in_for(quantized:
     # the conv were packed; the table says it gets the float fallback (channel-alignment)
     lines = fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "conv2d_1").stdout.splitlines()
     assert lines[:2] == [
-        "quantized-conv at conv2d_1: will rewrite by fallback, instead of channel-alignment at conv",
+        "quantized-conv at conv2d_1: will rewrite by fallback, instead of channel-alignment (pattern: conv)",
         "  conv2d_1: depthwise output channels is 6, not a multiple of 4",
     ]
     doc = json.loads(fxpure("explain", quantized, "--rules", "quantized-conv", "--node", "conv2d_1", "--json").stdout)

@@ -148,6 +148,15 @@ def _composed(p: Planner, outer: Bound, inner: Bound, x: NodeRef) -> RewritePlan
     return p.replace(outer, p.call("aten.permute.default", name="pp", spec=outer.spec, self=x, dims=dims))
 
 
+COMPOSE = rule("compose", Op(PERMUTE, name="outer", self=Op(PERMUTE, name="inner", self=Var("x"))), plan=_composed)
+
+
+def _aliased(p: Planner, outer: Bound, inner: Bound, x: NodeRef) -> RewritePlan:
+    # a view op fxpure knows no ``_copy`` spelling of (``alias``): written as given
+    pp = _composed(p, outer, inner, x).nodes[0]
+    return p.replace(outer, p.node("aten.alias.default", (NodeRef(pp.name),), name="a", spec=outer.spec))
+
+
 class Permuted(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.sin().permute(0, 2, 1).permute(1, 0, 2) * 3.0
@@ -161,9 +170,9 @@ class Permuted(torch.nn.Module):
             "aten.mul.Tensor of self float16, other float32, __ret_0 float16: its kernels take no such dtypes",
         ),
         (
-            rule("compose", Op(PERMUTE, name="outer", self=Op(PERMUTE, name="inner", self=Var("x"))), plan=_composed),
-            "ExecuTorch has no out variant of aten.permute.default: to_executorch would fail (the edge "
-            "program's spelling: aten.permute_copy.default)",
+            rule("alias", Op(PERMUTE, name="outer", self=Op(PERMUTE, name="inner", self=Var("x"))), plan=_aliased),
+            "ExecuTorch has no out variant of aten.alias.default: to_executorch would fail (the edge "
+            "program's spelling: aten.alias_copy.default)",
         ),
     ],
     ids=["mixed dtypes", "a view op"],
@@ -181,6 +190,21 @@ def test_an_edge_op_executorch_cannot_take_is_declined_and_the_program_lowers(ma
     assert (why.code, why.path) == ("op-not-allowed", "plan") and why.message.endswith(said)
     lowered = edge.transform([RulesPass([made])])
     validate(lowered.exported_program())
+    assert_close(run_pte(lowered.to_executorch().buffer, x), [Permuted()(*x)])
+
+
+def test_a_planner_writes_a_view_op_in_the_edge_programs_spelling() -> None:
+    # (an outside author wrote ``aten.permute`` for every form, and on edge it was declined)
+    x = (torch.randn(2, 3, 4, dtype=torch.float16),)
+    for form in FORMS:
+        program = build(Permuted(), x, form)
+        want = run(program, x)
+        assert adapters.transform(program, [COMPOSE]).unwrap().changed
+        assert count(program, "permute") == 1 and count(program, "permute_copy") == (form == "edge")
+        assert_close(run(program, x), want)
+    edge = to_edge(torch.export.export(Permuted(), x))
+    lowered = edge.transform([RulesPass([COMPOSE])])
+    assert count(lowered.exported_program(), "permute_copy") == 1
     assert_close(run_pte(lowered.to_executorch().buffer, x), [Permuted()(*x)])
 
 

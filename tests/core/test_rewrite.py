@@ -789,6 +789,14 @@ def test_a_plan_whose_names_or_moves_say_two_things_conflicts(
     assert rewrite(relu_program(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
 
 
+@pytest.mark.parametrize("erase", [(), ("relu",)])
+def test_a_plan_moving_a_nodes_uses_to_itself_conflicts(erase: tuple[str, ...]) -> None:
+    # (an outside author: a plan of nothing else rewrote nothing and was reported as a change)
+    p = RewritePlan(rule="r", anchor="relu", replace=(("relu", "relu"),), erase=erase)
+    detail = "plan moves the uses of relu to relu itself"
+    assert rewrite(relu_program(), [p]) == Failure(PlanConflict(node="relu", detail=detail))
+
+
 def test_a_new_node_with_an_argument_that_is_no_arg_conflicts() -> None:
     # (a tensor put in a hand-written plan was printed into the program's code: a NameError at run time)
     class Tensorish:
