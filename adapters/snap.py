@@ -67,14 +67,19 @@ def _arg(value: Any, refs: dict[torch.fx.Node, NodeRef | int]) -> Arg:
             ref = refs[value] = NodeRef(value.name)
         return ref
     if kind is list or kind is tuple:
-        return tuple([_arg(v, refs) for v in value])
+        return _args(value, refs)
     if isinstance(value, torch.dtype):
         return DTypeArg(dtype_name(value))
     if isinstance(value, (list, tuple)):  # subclasses: torch.fx's immutable_list, named tuples
-        return tuple([_arg(v, refs) for v in value])
+        return _args(value, refs)
     if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. IntEnum) of the plain kinds
         return value
     return Opaque(repr(value))
+
+
+def _args(values: Any, refs: dict[torch.fx.Node, NodeRef | int]) -> tuple[Arg, ...]:
+    """``_arg`` of each of ``values``, a plain number or string taken as it is (a shape's ints)."""
+    return tuple([v if type(v) in _PLAIN else _arg(v, refs) for v in values])
 
 
 def _dim(d: Any) -> int | str:
@@ -138,11 +143,14 @@ def _least_sizes(
 def _values(t: torch.Tensor) -> tuple[int | float, ...] | None:
     """A small integer vector's data, or a 0-d tensor's number (``ConstantInfo.values``); None for a
     tensor of no data (on the meta device, or fake: a program exported under ``FakeTensorMode``)."""
-    if t.dim() > 1 or t.numel() > SMALL_VALUES or t.is_meta or t.is_complex() or isinstance(t, FakeTensor):
+    dims, floating = t.dim(), t.is_floating_point()
+    if dims > 1 or (dims == 1 and floating) or t.numel() > SMALL_VALUES or t.is_meta or t.is_complex():
+        return None  # (a float vector: a bias, a norm's weight)
+    if isinstance(t, FakeTensor):
         return None
-    if not t.is_floating_point():
+    if not floating:
         return tuple(int(v) for v in t.reshape(-1).tolist())
-    number = float(t.item()) if t.dim() == 0 else None
+    number = float(t.item()) if dims == 0 else None
     return (number,) if number is not None and number == number else None  # (NaN equals nothing)
 
 
@@ -159,7 +167,8 @@ def opaque(t: torch.Tensor) -> bool:
     """A tensor that is not plain dense data: a sparse (or other non-strided) layout, a nested
     tensor, or a tensor subclass wrapping others (torchao's quantized weights, ``TwoTensor``). No
     rule reads it as a constant: its values are not what arithmetic on its elements would compute from."""
-    return t.layout is not torch.strided or t.is_nested or is_traceable_wrapper_subclass(t)
+    plain = type(t) is torch.Tensor or type(t) is torch.nn.Parameter  # (no subclass: most weights)
+    return t.layout is not torch.strided or t.is_nested or (not plain and is_traceable_wrapper_subclass(t))
 
 
 @dataclass
@@ -265,10 +274,11 @@ def _constant(
 ) -> tuple[torch.Tensor, ConstantKind, str] | None:
     """The tensor behind a lifted placeholder or a get_attr node (``value``: its attribute), with
     its kind and key."""
-    if n.op == "placeholder" and ep is not None and n.name in specs and specs[n.name].kind in _KINDS:
-        spec = specs[n.name]
+    spec = specs.get(n.name) if n.op == "placeholder" and ep is not None else None
+    kind = _KINDS.get(spec.kind) if spec is not None else None
+    if ep is not None and spec is not None and kind is not None:
         t = _tensor_of(ep, spec)
-        return (t, _KINDS[spec.kind], spec.target or n.name) if t is not None else None
+        return (t, kind, spec.target or n.name) if t is not None else None
     if isinstance(value, torch.Tensor):
         return value, "parameter" if isinstance(value, torch.nn.Parameter) else "buffer", str(n.target)
     return None
@@ -290,7 +300,10 @@ def _reserved(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> frozenset
     keys += [k for k, _ in gm.named_parameters(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_buffers(remove_duplicate=False)]
     keys += [k for k, _ in gm.named_modules(remove_duplicate=False)]
-    prefixes = {k.rsplit(".", i)[0] for k in keys if "." in k for i in range(1, k.count(".") + 1)}
+    prefixes: set[str] = set()
+    for k in keys:  # each dotted prefix, up to one found already (whose own prefixes are in)
+        while "." in k and (k := k.rsplit(".", 1)[0]) not in prefixes:
+            prefixes.add(k)
     return frozenset(keys) | prefixes | frozenset(dir(gm))
 
 
@@ -422,17 +435,24 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
     for n in gm.graph.find_nodes(op="get_attr"):
         attrs.setdefault(str(n.target), []).append(n.name)
     plain = _NO_WRITES
+    # whether a call_function target is ``plain``, by its id (the graph holds each alive, and an op's
+    # hash is Python code)
+    skip: dict[int, bool] = {}
     for n in gm.graph.nodes:
         if n.op == "call_module":
             _module_writes(w, gm, n, attrs)
             continue
         if n.op not in ("call_function", "call_method"):
             continue
-        try:
-            if n.op == "call_function" and plain.get(n.target, False):
+        if n.op == "call_function":
+            known = skip.get(id(n.target))
+            if known is None:
+                try:
+                    known = skip[id(n.target)] = plain.get(n.target, False)
+                except TypeError:  # an unhashable target (aliases below says why it is skipped)
+                    known = skip[id(n.target)] = False
+            if known:
                 continue
-        except TypeError:  # an unhashable target (aliases below says why it is skipped)
-            pass
         target = n.target if n.op == "call_function" else _method(str(n.target))
         # an edge op holds the aten op it stands for (its own schema is no torch.FunctionSchema)
         target = aten if isinstance(aten := getattr(target, "_op", None), torch._ops.OpOverload) else target
@@ -464,7 +484,7 @@ def _writes(ep: ExportedProgram | None, gm: torch.fx.GraphModule) -> _Writes:
         if not returns_alias and not args and n.op == "call_function" and not _updated_stats(n, target):
             # nothing read is aliased or written (a batch norm's mode is per node: it is never plain)
             with contextlib.suppress(TypeError):
-                plain[n.target] = _STATS[target] is None
+                plain[n.target] = skip[id(n.target)] = _STATS[target] is None
             continue
         unchanged = bool(args) and _idle(n, target)
         viewed: list[str] = []
@@ -697,14 +717,21 @@ def _capture(program: Program) -> Captured:
     symbolic: dict[str, torch.SymInt] = {}
     held_opaque: list[str] = []
     fakes = _Fakes(gm)  # values of calls torch added without one
+    targets: dict[int, tuple[str, bool, str | None]] = {}  # id of a call_function target -> _called's
     edge = False
     for n in gm.graph.nodes:
         name, op = n.name, n.op
         spec: Spec = None
         if op == "call_function":
-            edge = edge or is_edge(n.target)
-            target = target_name(n.target)
-            calls.extend(_function_call(n))
+            # what is read of the target, once per target (by id: the graph holds each alive, and an
+            # op's hash is Python code)
+            called = targets.get(id(n.target))
+            if called is None:
+                called = targets[id(n.target)] = _called(n.target)
+            target, edge_op, function_op = called
+            edge = edge or edge_op
+            if function_op is not None:
+                calls.append((name, function_op, f"the function {function_op.split('.')[1]}"))
         else:
             target = str(n.target)
             value = _attr(gm, target) if op == "get_attr" else None
@@ -727,7 +754,7 @@ def _capture(program: Program) -> Captured:
                 name=name,
                 op=op,
                 target=target,
-                args=tuple([_arg(a, refs) for a in n.args]),
+                args=_args(n.args, refs),
                 kwargs=pmap({k: _arg(v, refs) for k, v in kwargs.items()}) if kwargs else _EMPTY,
                 spec=_spec(v, symbolic)
                 if (v := n.meta.get("val")) is not None
@@ -736,8 +763,7 @@ def _capture(program: Program) -> Captured:
         )
         # size arithmetic export found constant (a conv_transpose's output_padding of output_size=, say):
         # its readers read the number
-        known = known_int(v)
-        if known is not None and op == "call_function":
+        if op == "call_function" and not isinstance(v, torch.Tensor) and (known := known_int(v)) is not None:
             refs[n] = known
     writes = _writes(ep, gm)
     # and every view of one the signature writes, after the graph: the view then holds the written
@@ -818,12 +844,14 @@ _FUNCTION_OPS: dict[object, str] = {
 }
 
 
-def _function_call(n: torch.fx.Node) -> list[tuple[str, str, str]]:
+def _called(target: Any) -> tuple[str, bool, str | None]:
+    """A call_function target's canonical name, whether it is an edge op, and the ATen op a call of
+    it in a symbolic_trace GraphModule stands for (:data:`_FUNCTION_OPS`), if any."""
     try:
-        found = _FUNCTION_OPS.get(n.target)
+        found = _FUNCTION_OPS.get(target)
     except TypeError:  # a target that cannot be hashed
-        return []
-    return [(n.name, found, f"the function {found.split('.')[1]}")] if found is not None else []
+        found = None
+    return target_name(target), is_edge(target), found
 
 
 # arithmetic on a value as a symbolic_trace graph holds it, by (op, target): Python's (``self.conv(x) *
