@@ -1256,6 +1256,7 @@ _SIZE_OPS = SIZE_QUERIES | {
     f"_operator.{op}" for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow")
 }
 _QD = "quantized_decomposed"
+_PLAIN = frozenset({int, float, bool, tuple, type(None)})  # values of a non-tensor argument taken as they are
 _PER_TENSOR = frozenset(
     f"{_QD}.{op}_per_tensor.{overload}" for op in ("quantize", "dequantize") for overload in ("default", "tensor")
 )
@@ -1459,6 +1460,9 @@ class Planner:
                 renamed = schema.rename.get(arg)
                 hint = f"its family calls {arg!r} {renamed!r}" if renamed else _has(schema)
                 raise TypeError(f"{what}: {schema.target} has no argument {arg!r} ({hint})")
+            if isinstance(value, NodeRef) or (type(value) in _PLAIN and q.kind != "tensor"):  # (nothing to check)
+                out[arg] = cast(Arg, value)
+                continue
             if isinstance(value, Source) and value.key in self.match.snap.index:
                 value = NodeRef(value.key)  # a constant as the program holds it: its node
             if isinstance(value, Bound | WeightExpr):
