@@ -559,9 +559,8 @@ def _transposed(p: Planner, lin: Linear, weight: NodeRef, spec: TensorSpec | Non
     on it, or, for a weight that was stored (in, out), a new transpose."""
     if lin.t is not None:
         return p.respell(lin.t, name=f"{lin.t.name}_{suffix}", spec=spec, self=weight)
-    target = "aten.permute_copy.default" if p.dialect == "edge" else "aten.permute.default"
     name = f"{lin.op.name}_{suffix}_t"
-    return p.call(target, name=name, spec=spec, self=weight, dims=(1, 0), provenance=lin.op.name)
+    return p.call("aten.permute.default", name=name, spec=spec, self=weight, dims=(1, 0), provenance=lin.op.name)
 
 
 def emit_linear(

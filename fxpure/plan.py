@@ -798,7 +798,8 @@ class _Batch:
         snap, local, specs = self.snap, {}, {}
         named = [*(c.name for c in p.constants), *(n.name for n in p.nodes)]
         moved = [old for old, _ in p.replace]
-        if len(set(named)) < len(named) or len(set(moved)) < len(moved):  # which one a reference means is unclear
+        plan_names = set(named)
+        if len(plan_names) < len(named) or len(set(moved)) < len(moved):  # which one a reference means is unclear
             name = next((n for n in named if named.count(n) > 1), None)
             detail = (
                 f"plan gives two new values the name {name}"
@@ -806,7 +807,6 @@ class _Batch:
                 else f"plan moves the uses of {next(n for n in moved if moved.count(n) > 1)} twice"
             )
             return PlanConflict(node=p.anchor, detail=detail)
-        plan_names = set(named)
         itself = next((old for old, new in p.replace if old == new and new not in plan_names), None)
         if itself is not None:  # (it changes nothing there; counted as a rewrite, it said the program changed)
             return PlanConflict(node=p.anchor, detail=f"plan moves the uses of {itself} to {itself} itself")

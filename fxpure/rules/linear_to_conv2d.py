@@ -42,14 +42,11 @@ FROM_NCHW: Mapping[int, tuple[Step, ...]] = {
     3: (("squeeze", (2,)), ("permute", (0, 2, 1))),
     4: (("permute", (0, 2, 3, 1)),),
 }
-# (dialect, step) -> its op; edge has no view ops
-VIEW_OPS: Mapping[tuple[str, str], str] = {
-    ("aten", "unsqueeze"): "aten.unsqueeze.default",
-    ("aten", "squeeze"): "aten.squeeze.dims",
-    ("aten", "permute"): "aten.permute.default",
-    ("edge", "unsqueeze"): "aten.unsqueeze_copy.default",
-    ("edge", "squeeze"): "aten.squeeze_copy.dims",
-    ("edge", "permute"): "aten.permute_copy.default",
+# step -> its op (a Planner writes the edge program's ``_copy`` spelling of a view op)
+VIEW_OPS: Mapping[str, str] = {
+    "unsqueeze": "aten.unsqueeze.default",
+    "squeeze": "aten.squeeze.dims",
+    "permute": "aten.permute.default",
 }
 
 # x @ W.T + b in any spelling; W a constant or dequantize(W_int), or a constant W_io stored (in, out)
@@ -161,7 +158,7 @@ def _steps(
     # each names its own function in source_fn_stack (``torch.permute``, ...), not the linear's
     # (nn.Linear): a partitioner grouping a model's linears by it finds the conv's views in none
     for i, step in enumerate(steps):
-        target = VIEW_OPS[(p.dialect, step[0])]
+        target = VIEW_OPS[step[0]]
         shape = _moved(shape, step)
         spec = TensorSpec(shape=shape, dtype=dtype)
         x = p.node(target, (x, step[1]), name=f"{name}{i}", spec=spec, source_fn=step[0])
