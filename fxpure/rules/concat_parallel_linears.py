@@ -44,9 +44,6 @@ from fxpure.weights import Concat, Fill, Permute, WeightExpr, infer_spec
 
 NAME = "concat-parallel-linears"
 
-# the slice and split ops each dialect spells (edge has no view ops)
-SLICE_OP: Mapping[str, str] = {"aten": "aten.slice.Tensor", "edge": "aten.slice_copy.Tensor"}
-SPLIT_OP: Mapping[str, str] = {"aten": "aten.split_with_sizes.default", "edge": "aten.split_with_sizes_copy.default"}
 PRODUCTS = LINEAR.targets | ADDMM.targets | MM.targets | MATMUL.targets | BMM.targets
 MATMULS = ADDMM.targets | MM.targets
 
@@ -368,12 +365,18 @@ def _parts(p: Planner, joined: NodeRef, members: Sequence[_Member], split: bool)
     if split:
         specs, name = tuple(m.spec for m in members), f"{members[0].lin.op.name}_split"
         whole = p.call(
-            SPLIT_OP[p.dialect], name=name, spec=specs, source_fn="split", self=joined, split_sizes=sizes, dim=dim
+            "aten.split_with_sizes.default",
+            name=name,
+            spec=specs,
+            source_fn="split",
+            self=joined,
+            split_sizes=sizes,
+            dim=dim,
         )
     out = []
     for i, m in enumerate(members):
         a = sum(sizes[:i])
-        target = SLICE_OP[p.dialect] if whole is None else "getitem"
+        target = "aten.slice.Tensor" if whole is None else "getitem"  # (slice_copy on edge)
         args: dict[str, Arg] = (
             {"self": joined, "dim": dim, "start": a, "end": a + sizes[i]}
             if whole is None

@@ -20,8 +20,6 @@ from fxpure.weights import Slice, WeightExpr
 
 NAME = "split-group-conv"
 
-# the slice op each dialect spells (edge has no view ops)
-SLICE_OP: Mapping[str, str] = {"aten": "aten.slice.Tensor", "edge": "aten.slice_copy.Tensor"}
 # the user-level function a new node stands for, by target, for quantizer metadata (source_fn_stack)
 SOURCE_FN: Mapping[str, str] = {
     "aten.conv1d.default": "conv1d",
@@ -77,7 +75,7 @@ def _plan(p: Planner, conv: Bound, x: NodeRef, w: WeightExpr, b: WeightExpr | No
     convs: list[NodeRef] = []
     for i in range(g):
         part = p.call(
-            SLICE_OP[p.dialect],
+            "aten.slice.Tensor",  # (a Planner writes slice_copy on edge)
             name=f"{base}_x{i}",
             spec=piece,
             source_fn="getitem",
