@@ -52,11 +52,6 @@ SOURCE_FN: Mapping[str, str] = {
     "aten.convolution.default": "convolution",
     "aten.conv_transpose2d.input": "conv_transpose2d",
 }
-# dialect -> (unsqueeze, squeeze over a list of dims); edge has no view ops
-VIEWS: Mapping[str, tuple[str, str]] = {
-    "aten": ("aten.unsqueeze.default", "aten.squeeze.dims"),
-    "edge": ("aten.unsqueeze_copy.default", "aten.squeeze_copy.dims"),
-}
 
 # conv(x, W or dequantize(W_int), b?) with one spatial dim
 PATTERN = Op(
@@ -121,7 +116,8 @@ def _plan(
     dqw: Bound | None = None,
 ) -> RewritePlan:
     # unsqueeze(x, 2) -> conv2d(W.unsqueeze(2), [1, s], [0, p], [1, d], [0, op]) -> squeeze(., [2])
-    unsqueeze, squeeze = VIEWS[p.dialect]
+    # (a Planner writes the edge program's ``_copy`` spelling of the views)
+    unsqueeze, squeeze = "aten.unsqueeze.default", "aten.squeeze.dims"
     target, a = _target(conv, p.match.snap), conv.args
     base = conv.name
     # the views name their own function in source_fn_stack (``torch.unsqueeze``...), not the conv's
