@@ -44,7 +44,7 @@ from adapters.snap import (
     unreachable,
 )
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_name, dtype_of, resolve_target, target_name
-from adapters.weights import materialize, plain_torch
+from adapters.weights import materialize, plain_torch, widened
 from fxpure.layout import CODE as LAYOUT_READER
 from fxpure.layout import passes_strides
 from fxpure.plan import (
@@ -64,8 +64,10 @@ from fxpure.plan import (
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
 from fxpure.weights import (
+    Binary,
     Cast,
     Source,
+    Unary,
     WeightExpr,
     children,
     infer_spec,
@@ -822,19 +824,54 @@ def _non_finite(
     return out
 
 
-def _own_casts(report: RewriteReport) -> set[WeightExpr]:
-    """The casts to float16 or bfloat16 the program itself computes in the constants the plans fold
+_HALF = ("float16", "bfloat16")
+
+
+# float32 arithmetic that can round a product of normal values into the subnormals (a sum or a
+# difference that lands there is exact, a square root of a normal value is normal)
+_SHRINKS = frozenset({"mul", "div", "reciprocal"})
+
+
+def _rounded(e: WeightExpr, memo: Mapping[object, torch.Tensor]) -> bool:
+    """``e`` is a part of a constant's computation whose rounding can lose a value below its dtype's
+    smallest normal: a cast to float16 or bfloat16, or a float32 product, quotient or reciprocal
+    (``w * 1e-31``)."""
+    if isinstance(e, Cast):
+        return e.dtype in _HALF
+    value = memo.get(e) if isinstance(e, Binary | Unary) and e.op in _SHRINKS else None
+    return value is not None and value.dtype == torch.float32
+
+
+def _own_parts(report: RewriteReport, memo: Mapping[object, torch.Tensor]) -> set[WeightExpr]:
+    """The parts (:func:`_rounded`) the program itself computes in the constants the plans fold
     (``w.half()``, or ``w * 1e-4`` in float16, in ``forward``): what they flush, eager flushed too.
     Found at the nodes the plans remove, which compute the constants they read."""
     out: set[WeightExpr] = set()
     for snap, plans in planned_on(report):
         for name in {n for p in plans for n in (*p.prune, *p.erase)}:
             spec = snap.node(name).tensor_spec if name in snap.index else None
-            if spec is not None and spec.dtype in ("float16", "bfloat16"):
+            if spec is not None and spec.dtype in (*_HALF, "float32"):
                 e = constant_expr(snap, name)
-                if isinstance(e, Cast):
+                if e is not None and _rounded(e, memo):
                     out.add(e)
     return out
+
+
+def _low(memo: Mapping[object, torch.Tensor]) -> bool:
+    """Some part of the constants computed (each in ``memo``) is a cast to float16 or bfloat16, or
+    float32 arithmetic (:func:`_rounded`) that holds a value below float32's smallest normal, not
+    zero: the only parts :func:`_underflows` judges, looked for in one pass (most folds have none).
+    (A float32 part flushed to zero whole, by a factor below 1e-45, is not found.)"""
+    arithmetic = []
+    for e, t in memo.items():
+        if isinstance(e, Cast) and e.dtype in _HALF:
+            return True
+        if isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype == torch.float32 and t.numel():
+            arithmetic.append(t.reshape(-1))
+    if not arithmetic:
+        return False
+    size = torch.cat(arithmetic).abs()
+    return bool(((size < torch.finfo(torch.float32).tiny) & (size > 0)).any())
 
 
 def _underflows(
@@ -843,10 +880,12 @@ def _underflows(
     tensors: Mapping[str, torch.Tensor],
     memo: dict[object, torch.Tensor],
 ) -> dict[str, tuple[WeightExpr, ...]]:
-    """Derived constants computed with a cast to float16 or bfloat16 of a value computed wider (a
-    fold; the constant itself, or what a later rule made of it: a slice, a reshape, a concatenation,
-    another fold), where the cast loses what an output holds, with those casts; not the program's
-    own casts (:func:`_own_casts`). In some slice along dim 0 (a conv's or a linear's output channel), the values
+    """Derived constants computed with a rounding that loses what an output holds, with the parts
+    that do: a cast to float16 or bfloat16 of a value computed wider (a fold; the constant itself,
+    or what a later rule made of it: a slice, a reshape, a concatenation, another fold), judged
+    against that value, or float32 arithmetic (a weight times 1e-31), judged against the same op in
+    float64; not the program's own parts (:func:`_own_parts`). In some slice along dim 0 (a conv's
+    or a linear's output channel), the values
     below the dtype's smallest normal (a weight times 1e-4 in float16, flushed to 0) err, summed, by
     more than half the dtype's epsilon times the largest slice's sum of magnitudes (each value of a
     vector alone, against the largest), where eager scaled an ordinary sum. One near-dead channel
@@ -859,32 +898,35 @@ def _underflows(
         known = memo.get(e)
         return known if known is not None else materialize(e, tensors, memo)
 
-    below: dict[WeightExpr, tuple[Cast, ...]] = {}
+    below: dict[WeightExpr, tuple[WeightExpr, ...]] = {}
 
-    def half_casts(e: WeightExpr) -> tuple[Cast, ...]:  # each shared part walked once
+    def rounded(e: WeightExpr) -> tuple[WeightExpr, ...]:  # each shared part walked once
         known = below.get(e)
         if known is None:
-            inner = [c for x in children(e) for c in half_casts(x)]
-            own = [e] if isinstance(e, Cast) and e.dtype in ("float16", "bfloat16") else []
-            known = below[e] = tuple(dict.fromkeys([*own, *inner]))
+            inner = [c for x in children(e) for c in rounded(x)]
+            known = below[e] = tuple(dict.fromkeys([*([e] if _rounded(e, memo) else []), *inner]))
         return known
 
-    # a float32 program's fold may round through float16 too: the casts are looked for in every
-    # part computed (each in ``memo``), and the expressions walked only if there is one
-    if not any(isinstance(e, Cast) and e.dtype in ("float16", "bfloat16") for e in memo):
+    # a float32 program's fold may round through float16 too: the parts are looked for in every
+    # value computed (each in ``memo``), and the expressions walked only if there is one
+    if not _low(memo):
         return {}
     after = report.after
-    found = {k: half_casts(e) for k in new if (e := after.constants[k].source) is not None}
-    casts_of = {k: casts for k, casts in found.items() if casts}
-    if not casts_of:
+    found = {k: rounded(e) for k in new if (e := after.constants[k].source) is not None}
+    parts_of = {k: parts for k, parts in found.items() if parts}
+    if not parts_of:
         return {}
-    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_casts(report), False)
+    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_parts(report, memo), False)
     out: dict[str, tuple[WeightExpr, ...]] = {}
-    for k, casts in casts_of.items():
-        for c in casts:  # (a cast several constants read, such as a folded weight's slices: judged once)
+    for k, parts in parts_of.items():
+        for c in parts:  # (a part several constants read, such as a folded weight's slices: judged once)
             if c not in verdict:  # a rounding of data the program holds (a number, a weight) torch does too
-                verdict[c] = not moves_data(c.x) and _flushes(value(c), value(c.x))
-        lossy = tuple(c for c in casts if verdict[c])
+                if isinstance(c, Cast):
+                    verdict[c] = not moves_data(c.x) and _flushes(value(c), value(c.x))
+                else:
+                    assert isinstance(c, Binary | Unary)
+                    verdict[c] = _flushes(value(c), widened(c, value))
+        lossy = tuple(c for c in parts if verdict[c])
         if lossy:
             out[k] = tuple(sorted(lossy, key=repr))
     return out

@@ -115,6 +115,14 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
 }
 
 
+def widened(expr: Binary | Unary, ev: Eval) -> torch.Tensor:
+    """``expr``'s op on its operands' values (``ev``) in float64: exact for a sum, difference or
+    product of two float32 numbers, and closer than float32 for the others."""
+    if isinstance(expr, Binary):
+        return _BINARY[expr.op](ev(expr.a).double(), ev(expr.b).double())
+    return _UNARY[expr.op](ev(expr.x).double())
+
+
 # memo keys (_RETURNED, storage address) for the results already given out (the memo keeps them
 # alive, so an address is not reused meanwhile; empty results share address 0 and are copied: harmless)
 _RETURNED = "returned"
