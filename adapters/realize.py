@@ -862,16 +862,18 @@ def _low(memo: Mapping[object, torch.Tensor]) -> bool:
     float32 arithmetic (:func:`_rounded`) that holds a value below float32's smallest normal, not
     zero: the only parts :func:`_underflows` judges, looked for in one pass (most folds have none).
     (A float32 part flushed to zero whole, by a factor below 1e-45, is not found.)"""
-    arithmetic = []
+    same: dict[torch.Size, list[torch.Tensor]] = {}  # by shape: one stack each (a model repeats its blocks)
     for e, t in memo.items():
         if isinstance(e, Cast) and e.dtype in _HALF:
             return True
-        if isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype == torch.float32 and t.numel():
-            arithmetic.append(t.reshape(-1))
-    if not arithmetic:
-        return False
-    size = torch.cat(arithmetic).abs()
-    return bool(((size < torch.finfo(torch.float32).tiny) & (size > 0)).any())
+        if isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype is torch.float32:
+            same.setdefault(t.shape, []).append(t)
+    tiny = torch.finfo(torch.float32).tiny
+    for parts in same.values():
+        size = torch.stack(parts).abs()
+        if bool(((size < tiny) & (size > 0)).any()):
+            return True
+    return False
 
 
 def _underflows(
