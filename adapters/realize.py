@@ -17,7 +17,7 @@ import logging
 import math
 import operator
 from collections import ChainMap
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar, final
@@ -832,17 +832,14 @@ _HALF = ("float16", "bfloat16")
 _SHRINKS = frozenset({"mul", "div", "reciprocal"})
 
 
-def _rounded(e: WeightExpr, memo: Mapping[object, torch.Tensor]) -> bool:
+def _rounded(e: WeightExpr, low: Collection[WeightExpr]) -> bool:
     """``e`` is a part of a constant's computation whose rounding can lose a value below its dtype's
-    smallest normal: a cast to float16 or bfloat16, or a float32 product, quotient or reciprocal
-    (``w * 1e-31``)."""
-    if isinstance(e, Cast):
-        return e.dtype in _HALF
-    value = memo.get(e) if isinstance(e, Binary | Unary) and e.op in _SHRINKS else None
-    return value is not None and value.dtype == torch.float32
+    smallest normal: a cast to float16 or bfloat16, or float32 arithmetic holding such a value
+    (``low``, :func:`_low`: ``w * 1e-31``)."""
+    return (isinstance(e, Cast) and e.dtype in _HALF) or e in low
 
 
-def _own_parts(report: RewriteReport, memo: Mapping[object, torch.Tensor]) -> set[WeightExpr]:
+def _own_parts(report: RewriteReport, low: Collection[WeightExpr]) -> set[WeightExpr]:
     """The parts (:func:`_rounded`) the program itself computes in the constants the plans fold
     (``w.half()``, or ``w * 1e-4`` in float16, in ``forward``): what they flush, eager flushed too.
     Found at the nodes the plans remove, which compute the constants they read."""
@@ -852,28 +849,34 @@ def _own_parts(report: RewriteReport, memo: Mapping[object, torch.Tensor]) -> se
             spec = snap.node(name).tensor_spec if name in snap.index else None
             if spec is not None and spec.dtype in (*_HALF, "float32"):
                 e = constant_expr(snap, name)
-                if e is not None and _rounded(e, memo):
+                if e is not None and _rounded(e, low):
                     out.add(e)
     return out
 
 
-def _low(memo: Mapping[object, torch.Tensor]) -> bool:
-    """Some part of the constants computed (each in ``memo``) is a cast to float16 or bfloat16, or
-    float32 arithmetic (:func:`_rounded`) that holds a value below float32's smallest normal, not
-    zero: the only parts :func:`_underflows` judges, looked for in one pass (most folds have none).
-    (A float32 part flushed to zero whole, by a factor below 1e-45, is not found.)"""
-    same: dict[torch.Size, list[torch.Tensor]] = {}  # by shape: one stack each (a model repeats its blocks)
+def _low(memo: Mapping[object, torch.Tensor]) -> tuple[bool, set[WeightExpr]]:
+    """Whether some part of the constants computed (each in ``memo``) is a cast to float16 or
+    bfloat16, and, where none is, the float32 products, quotients and reciprocals holding a value
+    below float32's smallest normal, not zero: the parts :func:`_underflows` judges, looked for in
+    one pass (most folds have none). (A float32 part flushed to zero whole, by a factor below 1e-45,
+    is not found.)"""
+    half = False
+    same: dict[torch.Size, list[tuple[WeightExpr, torch.Tensor]]] = {}  # one stack each (blocks repeat)
     for e, t in memo.items():
         if isinstance(e, Cast) and e.dtype in _HALF:
-            return True
-        if isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype is torch.float32:
-            same.setdefault(t.shape, []).append(t)
-    tiny = torch.finfo(torch.float32).tiny
+            half = True
+        elif isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype is torch.float32:
+            same.setdefault(t.shape, []).append((e, t))
+    tiny, low = torch.finfo(torch.float32).tiny, set[WeightExpr]()
+    if half:  # (float32 work parts of half values stay far above float32's smallest normal: not looked at)
+        return True, low
     for parts in same.values():
-        size = torch.stack(parts).abs()
-        if bool(((size < tiny) & (size > 0)).any()):
-            return True
-    return False
+        size = torch.stack([t for _, t in parts]).abs()
+        mask = (size < tiny) & (size > 0)
+        if bool(mask.any()):  # (rare: which parts, then)
+            found = mask.reshape(len(parts), -1).any(dim=1)
+            low.update(parts[i][0] for i in found.nonzero().flatten().tolist())
+    return half, low
 
 
 def _underflows(
@@ -906,19 +909,20 @@ def _underflows(
         known = below.get(e)
         if known is None:
             inner = [c for x in children(e) for c in rounded(x)]
-            known = below[e] = tuple(dict.fromkeys([*([e] if _rounded(e, memo) else []), *inner]))
+            known = below[e] = tuple(dict.fromkeys([*([e] if _rounded(e, low) else []), *inner]))
         return known
 
     # a float32 program's fold may round through float16 too: the parts are looked for in every
     # value computed (each in ``memo``), and the expressions walked only if there is one
-    if not _low(memo):
+    half, low = _low(memo)
+    if not half and not low:
         return {}
     after = report.after
     found = {k: rounded(e) for k in new if (e := after.constants[k].source) is not None}
     parts_of = {k: parts for k, parts in found.items() if parts}
     if not parts_of:
         return {}
-    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_parts(report, memo), False)
+    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_parts(report, low), False)
     out: dict[str, tuple[WeightExpr, ...]] = {}
     for k, parts in parts_of.items():
         for c in parts:  # (a part several constants read, such as a folded weight's slices: judged once)
