@@ -41,7 +41,8 @@ def demo() -> int:
     from fxpure.rules import fold_binary, fuse_conv_bn, fuse_linear_bn, split_group_conv
 
     def run_pte(buffer: bytes, x: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, float]:
-        method = Runtime.get().load_program(buffer).load_method("forward")
+        program = Runtime.get().load_program(buffer)  # (alive while its method runs)
+        method = program.load_method("forward")
         assert method is not None
         method.execute(list(x))  # warm-up
         t0 = time.perf_counter()

@@ -44,7 +44,7 @@ from adapters.snap import (
     unreachable,
 )
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_name, dtype_of, resolve_target, target_name
-from adapters.weights import materialize, plain_torch, widened
+from adapters.weights import in_float64, materialize, plain_torch
 from fxpure.layout import CODE as LAYOUT_READER
 from fxpure.layout import passes_strides
 from fxpure.plan import (
@@ -296,12 +296,14 @@ def _prepare(cap: Captured, after: GraphSnapshot, tensors: Mapping[str, torch.Te
 
 
 def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:
-    """Each new 4-D node reading a channels-last value (a conv fused on a channels-last input) is
-    given a fake value laid out as torch computes it, not the contiguous one its spec alone makes:
-    ExecuTorch takes a value's dim order from it, and a later transform judges layouts by it (a
-    second transform split the grouped conv after a fused one as if its input were contiguous, and
-    the ``.pte`` failed). An aten view stays contiguous (``to_edge`` makes it a copy), as does a
-    value torch cannot say of."""
+    """Each new 4-D node reading a channels-last value (a conv fused on a channels-last input), or
+    asking for a layout (a copy to channels last a plan keeps after a fold, ``memory_format`` or
+    ``dim_order``), is given a fake value laid out as torch computes it, not the contiguous one its
+    spec alone makes: ExecuTorch takes a value's dim order from it (an XNNPACK ``.pte`` read a
+    channels-last copy as contiguous, 0.8 of its output off), and a later transform judges layouts
+    by it (a second transform split the grouped conv after a fused one as if its input were
+    contiguous, and the ``.pte`` failed). An aten view stays contiguous (``to_edge`` makes it a
+    copy), as does a value torch cannot say of."""
     env: dict[str, Any] = {name: n.meta.get("val") for name, n in edit.env.items()}
     runs: dict[Hashable, tuple[Any, str | None]] = {}
     last: dict[int, bool] = {}  # (fake values are shared: one per spec)
@@ -311,7 +313,7 @@ def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:
             new.op == "call_function"
             and isinstance(val, torch.Tensor)
             and val.dim() == 4
-            and _reads_channels_last(new, env, last)
+            and (_reads_channels_last(new, env, last) or not _LAYOUT_ARGS.isdisjoint(new.rec.kwargs))
             and (dialect == "edge" or not _copied(new.target))
             and _channels_last(_ran(fakes, new.rec, dialect, env, set(), runs)[0])
         ):
@@ -320,6 +322,9 @@ def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:
                     val.shape, dtype=val.dtype, requires_grad=val.requires_grad, memory_format=torch.channels_last
                 )
         env[new.rec.name] = val
+
+
+_LAYOUT_ARGS = frozenset({"memory_format", "dim_order"})
 
 
 def _reads_channels_last(new: _NewNode, env: Mapping[str, Any], last: dict[int, bool]) -> bool:
@@ -827,8 +832,8 @@ def _non_finite(
 _HALF = ("float16", "bfloat16")
 
 
-# float32 arithmetic that can round a product of normal values into the subnormals (a sum or a
-# difference that lands there is exact, a square root of a normal value is normal)
+# float32 arithmetic that can round a product of normal values into the subnormals, or to zero (a
+# sum or a difference that lands there is exact, a square root of a normal value is normal)
 _SHRINKS = frozenset({"mul", "div", "reciprocal"})
 
 
@@ -839,44 +844,76 @@ def _rounded(e: WeightExpr, low: Collection[WeightExpr]) -> bool:
     return (isinstance(e, Cast) and e.dtype in _HALF) or e in low
 
 
-def _own_parts(report: RewriteReport, low: Collection[WeightExpr]) -> set[WeightExpr]:
-    """The parts (:func:`_rounded`) the program itself computes in the constants the plans fold
-    (``w.half()``, or ``w * 1e-4`` in float16, in ``forward``): what they flush, eager flushed too.
-    Found at the nodes the plans remove, which compute the constants they read."""
-    out: set[WeightExpr] = set()
+def _own_parts(report: RewriteReport) -> list[tuple[frozenset[WeightExpr], frozenset[WeightExpr]]]:
+    """Per plan, the expressions of its constants, and the floating values the program itself
+    computes in them (``w.half()``, or ``w * 1e-31``, in ``forward``): what their rounding loses,
+    eager lost too. Found at the nodes the plan removes, which compute the constants it reads."""
+    out = []
     for snap, plans in planned_on(report):
-        for name in {n for p in plans for n in (*p.prune, *p.erase)}:
-            spec = snap.node(name).tensor_spec if name in snap.index else None
-            if spec is not None and spec.dtype in (*_HALF, "float32"):
-                e = constant_expr(snap, name)
-                if e is not None and _rounded(e, low):
-                    out.add(e)
+        for p in plans:
+            own = set()
+            for name in {*p.prune, *p.erase}:
+                spec = snap.node(name).tensor_spec if name in snap.index else None
+                if spec is not None and spec.dtype in (*_HALF, "float32"):
+                    e = constant_expr(snap, name)
+                    if e is not None:
+                        own.add(e)
+            out.append((frozenset(c.expr for c in p.constants), frozenset(own)))
     return out
 
 
-def _low(memo: Mapping[object, torch.Tensor]) -> tuple[bool, set[WeightExpr]]:
-    """Whether some part of the constants computed (each in ``memo``) is a cast to float16 or
-    bfloat16, and, where none is, the float32 products, quotients and reciprocals holding a value
-    below float32's smallest normal, not zero: the parts :func:`_underflows` judges, looked for in
-    one pass (most folds have none). (A float32 part flushed to zero whole, by a factor below 1e-45,
-    is not found.)"""
-    half = False
-    same: dict[torch.Size, list[tuple[WeightExpr, torch.Tensor]]] = {}  # one stack each (blocks repeat)
+def _parts(e: WeightExpr) -> set[WeightExpr]:
+    """``e`` and every expression in it."""
+    out, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if x not in out:
+            out.add(x)
+            todo.extend(children(x))
+    return out
+
+
+# elements of float32 values :func:`_low` stacks at most (16 MB): a model repeats its blocks, and
+# one look at many is cheaper than one at each, but not at the cost of a copy of every weight at once
+_STACKED = 1 << 22
+
+
+def _low(memo: Mapping[object, torch.Tensor], value: Callable[[WeightExpr], torch.Tensor]) -> set[WeightExpr]:
+    """The float32 products, quotients and reciprocals among the parts of the constants computed
+    (each in ``memo``) that hold a value below float32's smallest normal: a subnormal, or a zero of
+    operands that are not (a factor below 1e-45 flushes a weight whole; a batch norm's mean of 0
+    times its scale is exact). Looked at in stacks of one op and shape (most folds have none)."""
+    same: dict[tuple[str, torch.Size], list[tuple[Binary | Unary, torch.Tensor]]] = {}
     for e, t in memo.items():
-        if isinstance(e, Cast) and e.dtype in _HALF:
-            half = True
-        elif isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype is torch.float32:
-            same.setdefault(t.shape, []).append((e, t))
-    tiny, low = torch.finfo(torch.float32).tiny, set[WeightExpr]()
-    if half:  # (float32 work parts of half values stay far above float32's smallest normal: not looked at)
-        return True, low
-    for parts in same.values():
-        size = torch.stack([t for _, t in parts]).abs()
-        mask = (size < tiny) & (size > 0)
-        if bool(mask.any()):  # (rare: which parts, then)
-            found = mask.reshape(len(parts), -1).any(dim=1)
-            low.update(parts[i][0] for i in found.nonzero().flatten().tolist())
-    return half, low
+        if isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype is torch.float32 and t.numel():
+            same.setdefault((e.op, t.shape), []).append((e, t))
+    tiny, out = torch.finfo(torch.float32).tiny, set[WeightExpr]()
+    for (op, shape), parts in same.items():
+        step = max(1, _STACKED // parts[0][1].numel())
+        for chunk in (parts[i : i + step] for i in range(0, len(parts), step)):
+            values = torch.stack([t for _, t in chunk]) if len(chunk) > 1 else chunk[0][1].unsqueeze(0)
+            size = values.abs()
+            if float(size.amin()) >= tiny:  # (one pass, the usual case)
+                continue
+            small = size < tiny
+            zero = values == 0
+            found = (small & ~zero).reshape(len(chunk), -1).any(dim=1)
+            out.update(chunk[i][0] for i in found.nonzero().flatten().tolist())
+            # the parts holding a zero, and their operands (the reciprocal of a finite float32 is no zero)
+            at = zero.reshape(len(chunk), -1).any(dim=1).nonzero().flatten().tolist() if op != "reciprocal" else []
+            held = [e for e in (chunk[i][0] for i in at) if isinstance(e, Binary)]
+            if held:
+                a = torch.stack([_filled(value(e.a), shape) for e in held])
+                b = torch.stack([_filled(value(e.b), shape) for e in held])
+                flushed = zero[at] & (a != 0) & ((b != 0) if op == "mul" else torch.isfinite(b))
+                found = flushed.reshape(len(held), -1).any(dim=1)
+                out.update(held[i] for i in found.nonzero().flatten().tolist())
+    return out
+
+
+def _filled(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``t`` broadcast to ``shape`` (itself where it has that shape already)."""
+    return t if t.shape == shape else t.expand(shape)
 
 
 def _underflows(
@@ -886,16 +923,22 @@ def _underflows(
     memo: dict[object, torch.Tensor],
 ) -> dict[str, tuple[WeightExpr, ...]]:
     """Derived constants computed with a rounding that loses what an output holds, with the parts
-    that do: a cast to float16 or bfloat16 of a value computed wider (a fold; the constant itself,
-    or what a later rule made of it: a slice, a reshape, a concatenation, another fold), judged
-    against that value, or float32 arithmetic (a weight times 1e-31), judged against the same op in
-    float64; not the program's own parts (:func:`_own_parts`). In some slice along dim 0 (a conv's
-    or a linear's output channel), the values
-    below the dtype's smallest normal (a weight times 1e-4 in float16, flushed to 0) err, summed, by
-    more than half the dtype's epsilon times the largest slice's sum of magnitudes (each value of a
-    vector alone, against the largest), where eager scaled an ordinary sum. One near-dead channel
-    among ordinary ones is no loss at the output's scale (a batch norm's gamma of 1e-5: its bias
-    carries the channel). ``memo``: the one the constants were computed with (their parts are in it)."""
+    that do, not the program's own (:func:`_own_parts`):
+
+    - a cast to float16 or bfloat16 of a value computed wider (a fold; the constant itself, or what
+      a later rule made of it: a slice, a reshape, a concatenation, another fold), judged against
+      that value: in some slice along dim 0 (a conv's or a linear's output channel), the values below
+      the dtype's smallest normal (a weight times 1e-4 in float16, flushed to 0) err, summed, by
+      more than half the dtype's epsilon times the largest slice's sum of magnitudes (each value of
+      a vector alone, against the largest), where eager scaled an ordinary sum. One near-dead
+      channel among ordinary ones is no loss at the output's scale (a batch norm's gamma of 1e-5:
+      its bias carries the channel);
+    - float32 arithmetic holding a value below float32's smallest normal (:func:`_low`: a weight
+      times 1e-31), judged by the constant it computes against the same constant computed in
+      float64 (:func:`_drifts`): what the constant does not feel (a subnormal running mean next
+      to a batch norm's bias of 0.5) is no loss.
+
+    ``memo``: the one the constants were computed with (their parts are in it)."""
 
     def value(e: WeightExpr) -> torch.Tensor:
         if isinstance(e, Source):
@@ -914,28 +957,57 @@ def _underflows(
 
     # a float32 program's fold may round through float16 too: the parts are looked for in every
     # value computed (each in ``memo``), and the expressions walked only if there is one
-    half, low = _low(memo)
-    if not half and not low:
+    low = _low(memo, value)
+    if not low and not any(isinstance(e, Cast) and e.dtype in _HALF for e in memo):
         return {}
     after = report.after
-    found = {k: rounded(e) for k in new if (e := after.constants[k].source) is not None}
-    parts_of = {k: parts for k, parts in found.items() if parts}
+    found = {k: (e, rounded(e)) for k in new if (e := after.constants[k].source) is not None}
+    parts_of = {k: found for k, found in found.items() if found[1]}
     if not parts_of:
         return {}
-    verdict: dict[WeightExpr, bool] = dict.fromkeys(_own_parts(report, low), False)
+    # the program's own values in a constant are those the plans that made it found computed (by
+    # their place: an equal expression another plan made of a fold is not the program's)
+    plans = _own_parts(report)
+    any_own = frozenset().union(*(mine for _, mine in plans))
+    verdict: dict[WeightExpr, bool] = {}
     out: dict[str, tuple[WeightExpr, ...]] = {}
-    for k, parts in parts_of.items():
-        for c in parts:  # (a part several constants read, such as a folded weight's slices: judged once)
-            if c not in verdict:  # a rounding of data the program holds (a number, a weight) torch does too
-                if isinstance(c, Cast):
+    for k, (source, parts) in parts_of.items():
+        own: set[WeightExpr] = set()
+        if any(c in any_own for c in parts):  # (the walk only where a part may be the program's)
+            inside = _parts(source)
+            own = own.union(*(mine for made, mine in plans if made & inside))
+
+        def given(e: WeightExpr, own: set[WeightExpr] = own) -> torch.Tensor | None:  # taken as computed
+            if isinstance(e, Source) or e in own or (isinstance(e, Cast) and e.dtype in _HALF):
+                return value(e)
+            return None
+
+        lossy: list[WeightExpr] = []
+        for c in parts:
+            if isinstance(c, Cast) and c not in own:
+                if c not in verdict:  # (a cast several constants read, a folded weight's slices: judged once)
+                    # a rounding of data the program holds (a number, a weight) torch does too
                     verdict[c] = not moves_data(c.x) and _flushes(value(c), value(c.x))
-                else:
-                    assert isinstance(c, Binary | Unary)
-                    verdict[c] = _flushes(value(c), widened(c, value))
-        lossy = tuple(c for c in parts if verdict[c])
+                if verdict[c]:
+                    lossy.append(c)
+        arithmetic = [c for c in parts if not isinstance(c, Cast) and c not in own]
+        if arithmetic and _drifts(new[k], in_float64(source, given)):
+            lossy.extend(arithmetic)
         if lossy:
             out[k] = tuple(sorted(lossy, key=repr))
     return out
+
+
+def _drifts(t: torch.Tensor, exact: torch.Tensor) -> bool:
+    """``t``, computed as ``exact`` is in float64, errs by more than float32's roundings of a fold
+    do: in some slice along dim 0 (each value of a vector alone), by more than 64 times its dtype's
+    epsilon times the largest slice's sum of magnitudes."""
+    if t.numel() == 0 or not t.is_floating_point():
+        return False
+    rows = t.reshape(t.shape[0] if t.dim() > 1 else t.numel(), -1).double()
+    wide = exact.reshape(rows.shape)
+    err = (rows - wide).abs().sum(dim=1)
+    return bool((err > 64 * torch.finfo(t.dtype).eps * wide.abs().sum(dim=1).max()).any())
 
 
 def _flushes(t: torch.Tensor, exact: torch.Tensor) -> bool:

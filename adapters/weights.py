@@ -115,12 +115,26 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
 }
 
 
-def widened(expr: Binary | Unary, ev: Eval) -> torch.Tensor:
-    """``expr``'s op on its operands' values (``ev``) in float64: exact for a sum, difference or
-    product of two float32 numbers, and closer than float32 for the others."""
-    if isinstance(expr, Binary):
-        return _BINARY[expr.op](ev(expr.a).double(), ev(expr.b).double())
-    return _UNARY[expr.op](ev(expr.x).double())
+def in_float64(expr: WeightExpr, given: Callable[[WeightExpr], torch.Tensor | None]) -> torch.Tensor:
+    """``expr`` computed with its float32 values held in float64 (a cast to float32 kept wide: exact
+    for a sum, difference or product of two float32 numbers, and closer than float32 for the
+    others), but for the parts whose values ``given`` gives (the sources, and what is to be taken
+    as computed)."""
+    memo: dict[WeightExpr, torch.Tensor] = {}
+
+    def ev(e: WeightExpr) -> torch.Tensor:
+        known = given(e)
+        if known is None:
+            known = memo.get(e)
+        if known is None:
+            if isinstance(e, Cast) and e.dtype == "float32":
+                known = memo[e] = ev(e.x).double()
+            else:
+                known = memo[e] = _RULES[type(e)](e, ev)
+        return known.double() if known.dtype is torch.float32 else known
+
+    with torch.no_grad():
+        return ev(expr)
 
 
 # memo keys (_RETURNED, storage address) for the results already given out (the memo keeps them

@@ -77,7 +77,9 @@ def assert_sound(program: Program, x: tuple[torch.Tensor, ...], want: list[torch
 
 
 def run_pte(buffer: bytes, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-    """Run a serialised ExecuTorch program in the runtime."""
-    method = Runtime.get().load_program(buffer).load_method("forward")
+    """Run a serialised ExecuTorch program in the runtime (the program kept alive while its method
+    runs: a method outliving it read freed memory, and gave numbers far off)."""
+    program = Runtime.get().load_program(buffer)
+    method = program.load_method("forward")
     assert method is not None
     return [t for t in method.execute(list(x)) if isinstance(t, torch.Tensor)]

@@ -2273,6 +2273,7 @@ class TinyScaled(nn.Module):
     [
         (1e-13, (1e-31,), False, 0),  # the folded weight, 1e-44, is float32 subnormal: 1-3 bits
         (1e-13, (1e-31, 1e31), False, 0),  # subnormal on the way, normal again: its bits stay lost
+        (1e-13, (1e-40,), False, 0),  # 1e-53: flushed whole to 0, where eager's outputs are not
         (1e-13, (2.0,), True, 1),  # the program's own subnormal weight, doubled: exact, as eager
         (1.0, (1e-31,), False, 1),  # 1e-31 is a normal float32: nothing lost
     ],
@@ -2281,7 +2282,7 @@ def test_a_float32_fold_that_underflows_is_declined(
     form: str, w: float, scales: tuple[float, ...], own: bool, planned: int
 ) -> None:
     # found by a hunt: the check judged casts to float16 or bfloat16 only, so a float32 fold into
-    # float32's subnormals applied (0.03-0.26 of the output off; one flushed whole to 0 is still missed)
+    # float32's subnormals applied (0.03-0.26 of the output off; one flushed whole to 0, all of it)
     torch.manual_seed(0)
     model = TinyScaled(w, scales, own).eval()
     x = (torch.randn(2, 3, 4, 4) * (1e10 if w == 1e-13 else 1.0),)
@@ -2296,6 +2297,68 @@ def test_a_float32_fold_that_underflows_is_declined(
         assert reason.message.endswith("(float32 underflows)") and reason.path.startswith("plan.")
     (got,), (expected,) = run(program, x), want
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+class HalfBeside(nn.Module):
+    """A float32 conv of tiny weights scaled by 1e-31, beside an unrelated float16 conv and batch norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1, bias=False)
+        self.half_conv, self.half_bn = nn.Conv2d(3, 4, 1, bias=False).half(), nn.BatchNorm2d(4).half()
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.randn(4, 3, 1, 1) * 1e-13)
+
+    def forward(self, x: torch.Tensor, x16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv(x) * 1e-31, self.half_bn(self.half_conv(x16))
+
+
+class OwnTwin(nn.Module):
+    """The program's own ``w * k`` (float32 subnormal, as eager computes it) in a conv, and a conv of
+    ``w`` scaled by ``k``, whose fold is the same expression where eager scales a normal sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 1, 1) * 3e-14)
+        self.k = nn.Buffer(torch.full((1, 4, 1, 1), 1e-31))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        to = torch.ops.aten._to_copy.default
+        own = to(self.w, dtype=torch.float32) * to(self.k, dtype=torch.float32).reshape(4).reshape(4, 1, 1, 1)
+        return F.conv2d(x, own) * 2.0, F.conv2d(x, self.w) * self.k
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case", ["half beside", "own twin", "subnormal mean"])
+def test_a_float32_fold_is_judged_alone_and_by_what_it_computes(form: str, case: str) -> None:
+    # found by a review of the check: a float16 cast anywhere in the transform turned the float32
+    # judgement off for every fold ("half beside", 3.5% off); the program's own float32 product
+    # exempted another fold of the same expression ("own twin", 14% off on output 2); and a float32
+    # part was judged by its own size, so a batch norm whose running mean holds a subnormal value,
+    # which its bias of 0.5 does not feel, was declined ("subnormal mean")
+    torch.manual_seed(0)
+    rules: list[Rule] = [fold_binary()]
+    if case == "half beside":
+        model: nn.Module = HalfBeside()
+        x: tuple[torch.Tensor, ...] = (torch.randn(2, 3, 4, 4) * 1e10, torch.randn(2, 3, 4, 4).half())
+        rules, planned = [fuse_conv_bn(), fold_binary()], {"fuse-conv-bn"}
+    elif case == "own twin":
+        model, x, planned = OwnTwin(), (torch.randn(2, 3, 4, 4) * 1e10,), {"fold-binary"}
+    else:
+        bn = nn.BatchNorm2d(4)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), bn)
+        with torch.no_grad():
+            cast(torch.Tensor, bn.running_mean).copy_(torch.tensor([0.0, 0.0, 0.0, 3e-39]))
+            bn.bias.fill_(0.5)
+        x, rules, planned = (torch.randn(2, 3, 8, 8),), [fuse_conv_bn()], {"fuse-conv-bn"}
+    program = build(model.eval(), x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, rules).unwrap()
+    declined = {(r.rule, r.reason.code) for r in outcome.report.rejections}
+    assert {p.rule for p in outcome.report.plans} == planned
+    assert declined == ({("fold-binary", "weight-underflow")} if case != "subnormal mean" else set())
+    for got, expected in zip(run(program, x), want, strict=True):
+        assert (got.float() - expected.float()).abs().max() <= 1e-3 * expected.float().abs().max()
 
 
 def _opaque_clone(snap: fxpure.GraphSnapshot, node: fxpure.NodeSnapshot) -> fxpure.RewritePlan:
