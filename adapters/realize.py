@@ -935,8 +935,8 @@ def _underflows(
       its bias carries the channel);
     - float32 arithmetic holding a value below float32's smallest normal (:func:`_low`: a weight
       times 1e-31), judged by the constant it computes against the same constant computed in
-      float64 (:func:`_drifts`): what the constant does not feel (a subnormal running mean next
-      to a batch norm's bias of 0.5) is no loss.
+      float64 from that part's low values exact (:func:`_drifts`): what the constant does not
+      feel (a subnormal running mean next to a batch norm's bias of 0.5) is no loss.
 
     ``memo``: the one the constants were computed with (their parts are in it)."""
 
@@ -957,7 +957,7 @@ def _underflows(
 
     # a float32 program's fold may round through float16 too: the parts are looked for in every
     # value computed (each in ``memo``), and the expressions walked only if there is one
-    low = _low(memo, value)
+    low, tiny = _low(memo, value), torch.finfo(torch.float32).tiny
     if not low and not any(isinstance(e, Cast) and e.dtype in _HALF for e in memo):
         return {}
     after = report.after
@@ -977,9 +977,16 @@ def _underflows(
             inside = _parts(source)
             own = own.union(*(mine for made, mine in plans if made & inside))
 
-        def given(e: WeightExpr, own: set[WeightExpr] = own) -> torch.Tensor | None:  # taken as computed
-            if isinstance(e, Source) or e in own or (isinstance(e, Cast) and e.dtype in _HALF):
+        def given(e: WeightExpr, own: set[WeightExpr] = own) -> torch.Tensor | None:
+            # as computed: a source, the program's own, and what holds no low part; a low part
+            # in float64 where it holds such a value (its ordinary roundings elsewhere, which eager
+            # makes too, are no loss: a bias of beta - mean * scale, close to 0, amplifies them)
+            if isinstance(e, Source) or e in own or not any(c in low for c in below[e]):
                 return value(e)
+            if e in low:
+                wide = in_float64(e, lambda x: None if x is e else value(x))
+                computed = value(e)
+                return torch.where(computed.abs() < tiny, wide, computed.double())
             return None
 
         lossy: list[WeightExpr] = []

@@ -116,10 +116,10 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
 
 
 def in_float64(expr: WeightExpr, given: Callable[[WeightExpr], torch.Tensor | None]) -> torch.Tensor:
-    """``expr`` computed with its float32 values held in float64 (a cast to float32 kept wide: exact
-    for a sum, difference or product of two float32 numbers, and closer than float32 for the
-    others), but for the parts whose values ``given`` gives (the sources, and what is to be taken
-    as computed)."""
+    """``expr`` computed with its floating values held in float64 (a cast to float32, float16 or
+    bfloat16 kept wide: exact for a sum, difference or product of two float32 numbers, and closer
+    than float32 for the others), but for the parts whose values ``given`` gives (the sources, and
+    what is to be taken as computed)."""
     memo: dict[WeightExpr, torch.Tensor] = {}
 
     def ev(e: WeightExpr) -> torch.Tensor:
@@ -127,7 +127,7 @@ def in_float64(expr: WeightExpr, given: Callable[[WeightExpr], torch.Tensor | No
         if known is None:
             known = memo.get(e)
         if known is None:
-            if isinstance(e, Cast) and e.dtype == "float32":
+            if isinstance(e, Cast) and e.dtype in ("float32", "float16", "bfloat16"):
                 known = memo[e] = ev(e.x).double()
             else:
                 known = memo[e] = _RULES[type(e)](e, ev)
