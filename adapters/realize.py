@@ -984,7 +984,7 @@ def _underflows(
             if isinstance(e, Source) or e in own or not any(c in low for c in below[e]):
                 return value(e)
             if e in low:
-                wide = in_float64(e, lambda x: None if x is e else value(x))
+                wide = in_float64(e, lambda x: None if x is e else given(x))  # (a low part in it exact too)
                 computed = value(e)
                 return torch.where(computed.abs() < tiny, wide, computed.double())
             return None
