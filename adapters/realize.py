@@ -74,6 +74,7 @@ from fxpure.weights import (
     moves_data,
     source_exprs,
     sources,
+    subexpressions,
 )
 
 V = TypeVar("V")
@@ -862,17 +863,6 @@ def _own_parts(report: RewriteReport) -> list[tuple[frozenset[WeightExpr], froze
     return out
 
 
-def _parts(e: WeightExpr) -> set[WeightExpr]:
-    """``e`` and every expression in it."""
-    out, todo = set(), [e]
-    while todo:
-        x = todo.pop()
-        if x not in out:
-            out.add(x)
-            todo.extend(children(x))
-    return out
-
-
 # elements of float32 values :func:`_low` stacks at most (16 MB): a model repeats its blocks, and
 # one look at many is cheaper than one at each, but not at the cost of a copy of every weight at once
 _STACKED = 1 << 22
@@ -974,7 +964,7 @@ def _underflows(
     for k, (source, parts) in parts_of.items():
         own: set[WeightExpr] = set()
         if any(c in any_own for c in parts):  # (the walk only where a part may be the program's)
-            inside = _parts(source)
+            inside = subexpressions(source)
             own = own.union(*(mine for made, mine in plans if made & inside))
 
         def given(e: WeightExpr, own: set[WeightExpr] = own) -> torch.Tensor | None:
