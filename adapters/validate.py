@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from adapters.snap import Captured, Program, capture_program, changed_since
 from adapters.torchnames import dtype_of, resolve_target
 from adapters.weights import materialize, plain_torch
+from fxpure.families import CLONE, EXPAND, FLATTEN, VIEW
 from fxpure.plan import RewritePlan, RewriteReport, planned_on
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, node_refs
 from fxpure.weights import sources
@@ -176,7 +177,20 @@ class _Region:
             raise _Skip(f"it reads {name}, whose value is not a tensor of known shape")
         if node.target in _DEQUANTIZE:
             return self._dequantized(node, _DEQUANTIZE[node.target])
+        if node.target in _VIEWS and node.args and isinstance(node.args[0], NodeRef):
+            return self._viewed(node, spec)
         return _random(spec, self.symbols, self.g)
+
+    def _viewed(self, node: NodeSnapshot, spec: TensorSpec) -> Any:
+        """A view or copy of a value, computed from that value: two such nodes of one value are one
+        value, as the program computes them (each linear's own ``expand``/``view_copy`` of an edge
+        program's input, which ``concat-parallel-linears`` joins: drawn apart, a right plan failed)."""
+        for r in dict.fromkeys(node_refs(node)):
+            self.get(r)
+        try:
+            return _run(node, self.snap.dialect, self.env)
+        except Exception:  # (a view the drawn value's strides do not allow: drawn itself, as before)
+            return _random(spec, self.symbols, self.g)
 
     def _dequantized(self, node: NodeSnapshot, at: int) -> Any:
         """A dequantize's value on its own grid (random integers in its range, dequantized), as the
@@ -284,6 +298,9 @@ def _check(cap: Captured, snap: GraphSnapshot, p: RewritePlan, tolerance: float 
     note = "" if worst <= tolerance else f"max relative difference {worst:.3g} > {tolerance:g}"
     return PlanCheck(rule=p.rule, anchor=p.anchor, ok=worst <= tolerance, max_rel=worst, note=note)
 
+
+# views and copies of a value: computed from it where a region reads one (see _Region._viewed)
+_VIEWS = VIEW.targets | FLATTEN.targets | EXPAND.targets | CLONE.targets
 
 # each dequantize by the position of its quant_min (quant_max follows)
 _DEQUANTIZE: Mapping[str, int] = {
