@@ -185,11 +185,11 @@ class _Region:
         """A view or copy of a value, computed from that value: two such nodes of one value are one
         value, as the program computes them (each linear's own ``expand``/``view_copy`` of an edge
         program's input, which ``concat-parallel-linears`` joins: drawn apart, a right plan failed)."""
-        for r in dict.fromkeys(node_refs(node)):
-            self.get(r)
         try:
+            for r in dict.fromkeys(node_refs(node)):
+                self.get(r)
             return _run(node, self.snap.dialect, self.env)
-        except Exception:  # (a view the drawn value's strides do not allow: drawn itself, as before)
+        except Exception:  # (a value it views unknown, or strides it does not allow: drawn itself, as before)
             return _random(spec, self.symbols, self.g)
 
     def _dequantized(self, node: NodeSnapshot, at: int) -> Any:
