@@ -119,6 +119,14 @@ def _spec(value: Any, symbolic: dict[str, torch.SymInt]) -> Spec:
     return tensor_spec(value, symbolic)
 
 
+def _decomposed(ep: ExportedProgram | None) -> bool:
+    """An ExportedProgram of Core ATen ops: its verifier's dialect is ``ATEN`` (after
+    ``run_decompositions()``), not ``TRAINING`` (as ``torch.export.export`` makes it). A
+    GraphModule does not say: not taken as one."""
+    verifiers: list[Any] = list(getattr(ep, "verifiers", None) or [])
+    return bool(verifiers) and getattr(verifiers[0], "dialect", None) == "ATEN"
+
+
 def _least_sizes(
     ep: ExportedProgram | None, gm: torch.fx.GraphModule, symbolic: dict[str, torch.SymInt]
 ) -> dict[str, int]:
@@ -783,6 +791,7 @@ def _capture(program: Program) -> Captured:
         constants,
         dialect="edge" if edge else "aten",
         lifted=ep is not None,
+        decomposed=edge or _decomposed(ep),
         reserved=_reserved(ep, gm),
         least_sizes=_least_sizes(ep, gm, symbolic) if symbolic else None,
         written=written,
@@ -931,7 +940,8 @@ def _as_aten(cap: Captured, settings: Mapping[str, tuple[str, dict[str, Arg]]]) 
             nodes.append(replace(n, op="call_function", target=aten, **_by(named, given)))
         else:
             nodes.append(n)
-    return snapshot(nodes, constants, dialect=cap.snap.dialect, lifted=cap.snap.lifted)
+    snap = cap.snap
+    return snapshot(nodes, constants, dialect=snap.dialect, lifted=snap.lifted, decomposed=snap.decomposed)
 
 
 # what a module of :data:`_MODULE_OPS` gives its op that it holds no attribute of

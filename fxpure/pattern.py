@@ -1314,6 +1314,13 @@ class Planner:
         for edge by :meth:`node` and :meth:`call`)."""
         return self.match.snap.dialect
 
+    @property
+    def decomposed(self) -> bool:
+        """The program's ops are Core ATen's (an edge program, or an aten one after
+        ``run_decompositions()``): a new op should be of that set too (``aten.convolution``, not
+        ``aten.conv2d``; :attr:`fxpure.snapshot.GraphSnapshot.decomposed`)."""
+        return self.match.snap.decomposed
+
     def const(self, expr: WeightExpr, name: str, *, kind: ConstantKind | None = None) -> NodeRef:
         """A derived constant (computed by the adapter, once, if it survives), keyed under the
         module of the constants it reads (``NewConstant``). A name the plan gave a new value

@@ -1227,6 +1227,7 @@ def _finish(
             constants=constants,
             dialect=snap.dialect,
             lifted=snap.lifted,
+            decomposed=snap.decomposed,
             users=FrozenDict(users),
             index=FrozenDict(index),
             targets=FrozenDict({t: ns for t, ns in targets.items() if ns}),

@@ -202,13 +202,17 @@ class GraphSnapshot:
     """A whole graph: nodes in topological order, users, constants, dialect.
 
     ``lifted`` says whether constants are placeholders (ExportedProgram) or
-    ``get_attr`` nodes (GraphModule). Build one with :func:`snapshot`.
+    ``get_attr`` nodes (GraphModule). ``decomposed`` says whether the program's ops are Core
+    ATen's (an edge program, or an aten ExportedProgram after ``run_decompositions()``): a rule
+    writes a new op there in its Core ATen spelling (``aten.convolution``, not ``aten.conv2d``).
+    Build one with :func:`snapshot`.
     """
 
     nodes: PVector[NodeSnapshot]
     constants: PMap[str, ConstantInfo]
     dialect: str
     lifted: bool
+    decomposed: bool = False
     # derived from ``nodes`` (so left out of equality and hashing); read-only views
     users: Mapping[str, tuple[str, ...]] = field(compare=False, hash=False)
     index: Mapping[str, int] = field(compare=False, hash=False)
@@ -306,6 +310,7 @@ def snapshot(
     *,
     dialect: str = "aten",
     lifted: bool = True,
+    decomposed: bool | None = None,
     reserved: Iterable[str] = (),
     least_sizes: Mapping[str, int] | None = None,
     written: Iterable[str] = (),
@@ -313,7 +318,9 @@ def snapshot(
 ) -> GraphSnapshot:
     """Build a snapshot, deriving users and the name index in one pass.
 
-    ``reserved``: names a new constant must not take (the program's state-dict keys, say).
+    ``decomposed``: the ops are Core ATen's (:attr:`GraphSnapshot.decomposed`; by default, where
+    ``dialect`` is ``"edge"``). ``reserved``: names a new constant must not take (the program's
+    state-dict keys, say).
     ``least_sizes``: the least value of each symbolic size, where known. ``written``: the nodes
     whose tensor the program writes in place. ``opaque``: the constants held as no plain data
     (:attr:`GraphSnapshot.opaque`).
@@ -331,6 +338,7 @@ def snapshot(
         constants=constants if isinstance(constants, pyrsistent.PMap) else pmap(constants),
         dialect=dialect,
         lifted=lifted,
+        decomposed=dialect == "edge" if decomposed is None else decomposed,
         users=FrozenDict(users),
         index=FrozenDict(index),
         targets=FrozenDict(targets),

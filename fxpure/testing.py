@@ -79,10 +79,19 @@ def _spec(out: Out) -> Spec:
 class GraphBuilder:
     """Builds a ``GraphSnapshot`` node by node; each method returns a reference to the new node."""
 
-    def __init__(self, *, dialect: str = "aten", lifted: bool = True, schemas: Sequence[Schema | Family] = ()) -> None:
-        """``schemas``: the schemas of other ops than ``fxpure.families``', or families of them (an
+    def __init__(
+        self,
+        *,
+        dialect: str = "aten",
+        lifted: bool = True,
+        decomposed: bool | None = None,
+        schemas: Sequence[Schema | Family] = (),
+    ) -> None:
+        """``decomposed``: the graph is of Core ATen ops (by default where ``dialect`` is ``"edge"``;
+        an aten ExportedProgram after ``run_decompositions()`` is too: ``GraphSnapshot.decomposed``).
+        ``schemas``: the schemas of other ops than ``fxpure.families``', or families of them (an
         author's own: every spelling)."""
-        self.dialect, self.lifted = dialect, lifted
+        self.dialect, self.lifted, self.decomposed = dialect, lifted, decomposed
         own = [t for s in schemas for t in (s.schemas.values() if isinstance(s, Family) else (s,))]
         self.schemas: dict[str, Schema] = {**SCHEMAS, **{s.target: s for s in own}}
         self._consts: list[NodeSnapshot] = []
@@ -237,6 +246,7 @@ class GraphBuilder:
             {k: i for k, i in self._infos.items() if k not in names and (i.storage is None or i.storage not in shared)},
             dialect=self.dialect,
             lifted=self.lifted,
+            decomposed=self.decomposed,
             reserved=reserved,
             least_sizes=self._least,
             written=names,

@@ -327,6 +327,23 @@ def test_edge_programs_lower_and_run_in_executorch(cls: type[nn.Module], form: s
         assert_close(run_pte(buffer, x), eager(cls, x))
 
 
+@pytest.mark.parametrize("decomposed", [True, False], ids=["decomposed", "training-ir"])
+def test_after_run_decompositions_the_conv_is_a_core_aten_op(decomposed: bool) -> None:
+    # until 2026-12-06 aten.conv2d, which is no Core ATen op, in a program of Core ATen ops; a
+    # program as torch.export.export makes it keeps conv2d (a PT2E quantizer annotates that)
+    ep = torch.export.export(make(MLP), inputs(MLP, case(MLP)[0]))
+    p = ep.run_decompositions() if decomposed else ep
+    assert adapters.capture(p).decomposed is decomposed
+    adapters.transform(p, [linear_to_conv2d()]).unwrap()
+    calls = [n.target for n in p.graph.nodes if n.op == "call_function"]
+    assert [str(t) for t in calls if "conv" in str(t)] == [
+        "aten.convolution.default" if decomposed else "aten.conv2d.default"
+    ] * 3
+    assert all(torch.Tag.core in t.tags for t in calls) is decomposed
+    x = inputs(MLP, case(MLP)[0])
+    assert_sound(p, x, eager(MLP, x))
+
+
 class OneInput(nn.Module):
     """GPT-2's ``Conv1D`` (``addmm(b, x, W)``) and ``x @ W``, ``W`` stored (in, out), of one input feature."""
 

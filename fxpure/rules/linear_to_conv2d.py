@@ -166,8 +166,9 @@ def _steps(
 
 
 def _conv(p: Planner, x: NodeRef, weight: NodeRef, b: Arg, name: str, spec: TensorSpec) -> NodeRef:
-    """The 1x1 conv: ``conv2d`` in aten, ``convolution`` in edge."""
-    if p.dialect != "edge":
+    """The 1x1 conv: ``conv2d`` in aten (a PT2E quantizer annotates that), ``convolution`` where the
+    program's ops are Core ATen's (edge; aten after ``run_decompositions()``)."""
+    if not p.decomposed:
         return p.call("aten.conv2d.default", name=name, spec=spec, source_fn="conv2d", input=x, weight=weight, bias=b)
     return p.call(
         "aten.convolution.default",

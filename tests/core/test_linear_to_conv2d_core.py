@@ -180,6 +180,20 @@ def test_plan_for_every_spelling_and_rank(spelling: str, dialect: str, rank: int
     assert p.anchor == "lin"
 
 
+@pytest.mark.parametrize("bias", ["param", "none"])
+def test_a_program_of_core_aten_ops_gets_the_convolution_spelling(bias: str) -> None:
+    # an aten program after run_decompositions(): Core ATen's convolution, aten's own views
+    g = replace(linear(spelling="addmm", lead=LEAD[3], bias=bias), decomposed=True)
+    assert (GraphBuilder().build().decomposed, GraphBuilder(dialect="edge").build().decomposed) == (False, True)
+    after = plan(g, [RULE]).after
+    b = NodeRef("b") if bias == "param" else None
+    conv = after.node("lin_conv")
+    args = (NodeRef("lin_nchw1"), NodeRef("lin_weight_1x1"), b, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    assert (conv.target, conv.args, conv.spec) == ("aten.convolution.default", args, spec(2, 6, 1, 5))
+    assert [after.node(f"lin_nchw{i}").target for i in (0, 1)] == ["aten.permute.default", "aten.unsqueeze.default"]
+    assert after.decomposed
+
+
 @pytest.mark.parametrize("dialect", ["aten", "edge"])
 def test_dynamic_batch_and_sequence_stay_symbolic(dialect: str) -> None:
     g = linear(spelling="addmm", dialect=dialect, lead=("s0", "s1"), least={"s1": 1})  # s0 may be 0
