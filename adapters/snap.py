@@ -120,7 +120,7 @@ def _spec(value: Any, symbolic: dict[str, torch.SymInt]) -> Spec:
 
 
 def _decomposed(ep: ExportedProgram | None) -> bool:
-    """An ExportedProgram of Core ATen ops: its verifier's dialect is ``ATEN`` (after
+    """An aten ExportedProgram of Core ATen ops: its verifier's dialect is ``ATEN`` (after
     ``run_decompositions()``), not ``TRAINING`` (as ``torch.export.export`` makes it). A
     GraphModule does not say: not taken as one."""
     verifiers: list[Any] = list(getattr(ep, "verifiers", None) or [])
@@ -791,7 +791,7 @@ def _capture(program: Program) -> Captured:
         constants,
         dialect="edge" if edge else "aten",
         lifted=ep is not None,
-        decomposed=edge or _decomposed(ep),
+        decomposed=_decomposed(ep),
         reserved=_reserved(ep, gm),
         least_sizes=_least_sizes(ep, gm, symbolic) if symbolic else None,
         written=written,

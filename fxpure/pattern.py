@@ -47,7 +47,7 @@ from typing import Any, Literal, TypeAlias, cast, final
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import CLONE, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family, spelled
+from fxpure.families import CLONE, CONV, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family, spelled
 from fxpure.frozen import FrozenDict
 from fxpure.layout import SIZE_QUERIES
 from fxpure.plan import (
@@ -1284,6 +1284,36 @@ def _per_tensor(n: NodeSnapshot) -> bool:
     return n.target in _PER_TENSOR and len(n.args) == 6 and isinstance(n.args[5], DTypeArg)
 
 
+_CONVOLUTION = "aten.convolution.default"
+
+
+def _as_convolution(schema: Schema, values: Mapping[str, Arg]) -> dict[str, Arg] | None:
+    """The arguments of a new ``conv{1,2,3}d`` or ``conv_transpose{1,2,3}d`` as those of Core ATen's
+    one conv, ``aten.convolution``: every argument given, int lists of the conv's rank; None for
+    any other op, or for a padding given as a string.
+
+    >>> conv = _as_convolution(SCHEMAS["aten.conv2d.default"], {"input": NodeRef("x"), "weight": NodeRef("w")})
+    >>> [conv[k] for k in ("bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")]
+    [None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1]
+    """
+    if schema.target not in CONV.targets or schema.target == _CONVOLUTION:
+        return None
+    rank = int(schema.target.removeprefix("aten.conv_transpose").removeprefix("aten.conv")[0])
+
+    def given(name: str) -> Arg:
+        param = schema.param(name)
+        return values[name] if name in values else param.default if param is not None else schema.fixed[name]
+
+    out = {k: given(k) for k in ("input", "weight", "bias", "transposed", "groups")}
+    for k in ("stride", "padding", "dilation", "output_padding"):
+        value = given(k)
+        if isinstance(value, str):
+            return None
+        items = value if isinstance(value, tuple) else (value,)
+        out[k] = items * rank if len(items) == 1 else items
+    return out
+
+
 @final
 class Planner:
     """Builds the plan for one match: new constants and nodes by name, then ``replace``.
@@ -1414,11 +1444,18 @@ class Planner:
         ``Schema`` of any op (``MY_FAMILY.schemas[target]``, ``parse_schema(...)``). A constant
         bound as the program holds it (``Const("w")`` of a weight, no view of it) is read as it
         is, under its own key; one computed from it is ``p.const(expr, name)``. A dtype may be given
-        by name (``dtype="float16"``)."""
+        by name (``dtype="float16"``). Where the program's ops are Core ATen's (:attr:`decomposed`),
+        a ``conv{1,2,3}d`` or ``conv_transpose{1,2,3}d`` is written as ``aten.convolution.default``
+        with every argument spelled out (a padding given as a string, ``"same"``, is left as it is:
+        Core ATen has no spelling of it)."""
         schema = target if isinstance(target, Schema) else SCHEMAS.get(target) or self._bound_schema(target)
         if schema is None:
             raise PatternError(f"no schema for {target}: pass its Schema, or use Planner.node (positional arguments)")
-        args, kwargs = arguments(schema, self._fit(f"call {name}", name, schema, values, complete=True))
+        given = self._fit(f"call {name}", name, schema, values, complete=True)
+        core = _as_convolution(schema, given) if self.decomposed else None
+        if core is not None:
+            schema, given = SCHEMAS[_CONVOLUTION], core
+        args, kwargs = arguments(schema, given)
         return self.node(schema.target, args, kwargs, name=name, spec=spec, provenance=provenance, source_fn=source_fn)
 
     def _bound_schema(self, target: str) -> Schema | None:

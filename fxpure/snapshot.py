@@ -196,6 +196,10 @@ class KnownConstants(NamedTuple):
     shared: frozenset[WeightExpr] = frozenset()
 
 
+_SHOWN = 8
+"""How many node names a snapshot's ``repr`` shows."""
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class GraphSnapshot:
@@ -203,8 +207,8 @@ class GraphSnapshot:
 
     ``lifted`` says whether constants are placeholders (ExportedProgram) or
     ``get_attr`` nodes (GraphModule). ``decomposed`` says whether the program's ops are Core
-    ATen's (an edge program, or an aten ExportedProgram after ``run_decompositions()``): a rule
-    writes a new op there in its Core ATen spelling (``aten.convolution``, not ``aten.conv2d``).
+    ATen's (an edge program, always, or an aten ExportedProgram after ``run_decompositions()``): a
+    rule writes a new op there in its Core ATen spelling (``aten.convolution``, not ``aten.conv2d``).
     Build one with :func:`snapshot`.
     """
 
@@ -248,6 +252,8 @@ class GraphSnapshot:
     known: InitVar[KnownConstants | None] = None
 
     def __post_init__(self, known: KnownConstants | None) -> None:
+        if self.dialect == "edge":  # (an edge program's ops are Core ATen's, however it was made)
+            object.__setattr__(self, "decomposed", True)
         if known is None:
             names: set[str] = set()
             keys: set[str] = set()
@@ -267,6 +273,19 @@ class GraphSnapshot:
         object.__setattr__(self, "constant_keys", known.keys)
         object.__setattr__(self, "derived", known.derived)
         object.__setattr__(self, "shared_derived", known.shared)
+
+    def __repr__(self) -> str:
+        """Short (every node and constant of a large program would be megabytes): its size, form and
+        first nodes.
+
+        >>> snapshot([NodeSnapshot(name="x", op="placeholder", target="x")], {})
+        GraphSnapshot(1 node: x; 0 constants; dialect='aten', lifted=True, decomposed=False)
+        """
+        names = [n.name for n in self.nodes[:_SHOWN]]
+        more = ", ..." if len(self.nodes) > _SHOWN else ""
+        count = f"{len(self.nodes)} node{'s' if len(self.nodes) != 1 else ''}"
+        form = f"dialect={self.dialect!r}, lifted={self.lifted}, decomposed={self.decomposed}"
+        return f"GraphSnapshot({count}: {', '.join(names)}{more}; {len(self.constants)} constants; {form})"
 
     def least(self, dim: Dim) -> int:
         """The least value ``dim`` can take: itself when static, else what the program declares
@@ -310,7 +329,7 @@ def snapshot(
     *,
     dialect: str = "aten",
     lifted: bool = True,
-    decomposed: bool | None = None,
+    decomposed: bool = False,
     reserved: Iterable[str] = (),
     least_sizes: Mapping[str, int] | None = None,
     written: Iterable[str] = (),
@@ -318,7 +337,7 @@ def snapshot(
 ) -> GraphSnapshot:
     """Build a snapshot, deriving users and the name index in one pass.
 
-    ``decomposed``: the ops are Core ATen's (:attr:`GraphSnapshot.decomposed`; by default, where
+    ``decomposed``: the ops are Core ATen's (:attr:`GraphSnapshot.decomposed`; always where
     ``dialect`` is ``"edge"``). ``reserved``: names a new constant must not take (the program's
     state-dict keys, say).
     ``least_sizes``: the least value of each symbolic size, where known. ``written``: the nodes
@@ -338,7 +357,7 @@ def snapshot(
         constants=constants if isinstance(constants, pyrsistent.PMap) else pmap(constants),
         dialect=dialect,
         lifted=lifted,
-        decomposed=dialect == "edge" if decomposed is None else decomposed,
+        decomposed=decomposed,
         users=FrozenDict(users),
         index=FrozenDict(index),
         targets=FrozenDict(targets),

@@ -84,11 +84,11 @@ class GraphBuilder:
         *,
         dialect: str = "aten",
         lifted: bool = True,
-        decomposed: bool | None = None,
+        decomposed: bool = False,
         schemas: Sequence[Schema | Family] = (),
     ) -> None:
-        """``decomposed``: the graph is of Core ATen ops (by default where ``dialect`` is ``"edge"``;
-        an aten ExportedProgram after ``run_decompositions()`` is too: ``GraphSnapshot.decomposed``).
+        """``decomposed``: the graph is of Core ATen ops, as an aten ExportedProgram after
+        ``run_decompositions()`` is (an edge one always is: ``GraphSnapshot.decomposed``).
         ``schemas``: the schemas of other ops than ``fxpure.families``', or families of them (an
         author's own: every spelling)."""
         self.dialect, self.lifted, self.decomposed = dialect, lifted, decomposed

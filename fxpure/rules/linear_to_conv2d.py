@@ -166,25 +166,10 @@ def _steps(
 
 
 def _conv(p: Planner, x: NodeRef, weight: NodeRef, b: Arg, name: str, spec: TensorSpec) -> NodeRef:
-    """The 1x1 conv: ``conv2d`` in aten (a PT2E quantizer annotates that), ``convolution`` where the
-    program's ops are Core ATen's (edge; aten after ``run_decompositions()``)."""
-    if not p.decomposed:
-        return p.call("aten.conv2d.default", name=name, spec=spec, source_fn="conv2d", input=x, weight=weight, bias=b)
-    return p.call(
-        "aten.convolution.default",
-        name=name,
-        spec=spec,
-        source_fn="convolution",
-        input=x,
-        weight=weight,
-        bias=b,
-        stride=(1, 1),
-        padding=(0, 0),
-        dilation=(1, 1),
-        transposed=False,
-        output_padding=(0, 0),
-        groups=1,
-    )
+    """The 1x1 conv: ``conv2d`` (a PT2E quantizer annotates that), which a program of Core ATen ops
+    (edge; aten after ``run_decompositions()``) gets as ``convolution`` (``Planner.call``)."""
+    fn = "convolution" if p.decomposed else "conv2d"
+    return p.call("aten.conv2d.default", name=name, spec=spec, source_fn=fn, input=x, weight=weight, bias=b)
 
 
 def _plan(

@@ -206,3 +206,18 @@ def test_a_written_constant_and_its_aliases_are_no_constants_as_capture_makes_th
     computed = replace(snap, written=frozenset({"s", "conv"}))
     reason = match(Op(MUL, name="m", self=Const("c"), other=Var("s")), computed, computed.node("m")).failure()
     assert reason.message == "self of m is not a constant (it is computed by 'conv')"
+
+
+def test_a_snapshot_prints_short_whatever_its_size() -> None:
+    # an outside author: printing a transform's outcome dumped both snapshots whole (about 20 KB
+    # for 20 nodes)
+    g = GraphBuilder(dialect="edge")
+    y = g.input("x", (2, 3))
+    for i in range(500):
+        y = g.call("aten.relu.default", name=f"r{i}", self=y, out=(2, 3))
+    g.output(y)
+    snap = g.build()
+    assert repr(snap) == (
+        "GraphSnapshot(502 nodes: x, r0, r1, r2, r3, r4, r5, r6, ...; 0 constants; "
+        "dialect='edge', lifted=True, decomposed=True)"
+    )

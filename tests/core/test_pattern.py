@@ -1300,6 +1300,45 @@ def test_a_number_may_be_the_other_operand_of_a_binary_op() -> None:
     assert reason.message == "r: the plan passes 0.5 as self of half (aten.mul.Tensor), a tensor"
 
 
+@pytest.mark.parametrize("form", ["aten", "decomposed", "edge"])
+def test_a_new_conv_is_core_atens_convolution_where_the_programs_ops_are_core_atens(form: str) -> None:
+    # an outside author: a conv legal in every form took all nine arguments of aten.convolution
+    def transposed(p: Planner, conv: Bound, x: NodeRef, w: WeightExpr) -> RewritePlan:
+        t = p.call("aten.conv_transpose2d.input", name="t", spec=conv.spec, input=x, weight=w, stride=2, padding=(1, 0))
+        return p.replace(conv, p.call("aten.conv2d.default", name="c", spec=conv.spec, input=t, weight=w, groups=1))
+
+    g = GraphBuilder(dialect="edge" if form == "edge" else "aten", decomposed=form == "decomposed")
+    x, w = g.input("x", (1, 3, 8, 8)), g.parameter("w", (4, 3, 3, 3))
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 4, 6, 6)))
+    (p,) = plan(g.build(), [rule("t", CONV_XW, plan=transposed)]).plans
+    t, c = p.nodes
+    if form == "aten":
+        assert (t.target, t.args, c.target, c.args) == (
+            "aten.conv_transpose2d.input",
+            (x, w, None, 2, (1, 0)),
+            "aten.conv2d.default",
+            (NodeRef("t"), w, None, (1, 1), (0, 0), (1, 1), 1),
+        )
+        return
+    assert (t.target, t.args) == ("aten.convolution.default", (x, w, None, (2, 2), (1, 0), (1, 1), True, (0, 0), 1))
+    assert (c.target, c.args) == (
+        "aten.convolution.default",
+        (NodeRef("t"), w, None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1),
+    )
+
+
+def test_a_new_conv_of_a_string_padding_keeps_its_spelling_in_a_program_of_core_aten_ops() -> None:
+    def same(p: Planner, conv: Bound, x: NodeRef, w: WeightExpr) -> RewritePlan:
+        new = p.call("aten.conv2d.padding", name="c", spec=conv.spec, input=x, weight=w, padding="same")
+        return p.replace(conv, new)
+
+    g = GraphBuilder(decomposed=True)
+    x, w = g.input("x", (1, 3, 8, 8)), g.parameter("w", (4, 3, 3, 3))
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 4, 8, 8)))
+    (p,) = plan(g.build(), [rule("s", CONV_XW, plan=same)]).plans
+    assert (p.nodes[0].target, p.nodes[0].args) == ("aten.conv2d.padding", (x, w, None, (1, 1), "same"))
+
+
 def test_respell_and_call_refuse_arguments_the_schema_does_not_have() -> None:
     def typo(p: Planner, conv: Bound, w: WeightExpr) -> RewritePlan:
         return p.replace(conv, p.respell(conv, wieght=p.const(Unary(op="neg", x=w), "w2")))
