@@ -11,7 +11,10 @@ rounding one is declined ``arg-mismatch``), add, sub and rsub ops with an operan
 linear whose other operand is not another activation of the op's shape: neither a residual
 ``x + y`` of two other ops nor ``x + conv(x)`` is one. An op of an edge program that reads the
 output through a dtype copy (``to_edge`` writes a promotion so) is a candidate too, declined
-``dtype-promotion`` as the aten form is. The in-place ``y.mul_(c)``, ``div_``, ``add_`` and
+``dtype-promotion`` as the aten form is; so is one reading the output quantized and dequantized
+(a PT2E program's activation), declined ``quantized-output``, and one reading a linear that
+``linear_to_conv2d`` made a 1x1 conv (squeezed and permuted back), declined as no conv's or
+linear's output. The in-place ``y.mul_(c)``, ``div_``, ``add_`` and
 ``sub_`` of an aten program are candidates too (the conv's output, which they write, has no other
 reader: ``conv-output-shared`` otherwise). A chain ``conv * s + t`` (a frozen batch
 norm) folds whole: the rule runs again while it folds (``repeat``), and the second run folds the
@@ -40,6 +43,7 @@ from fxpure.families import (
     MM,
     MUL,
     MUL_,
+    PERMUTE,
     QUANTIZE_PER_TENSOR,
     RSUB,
     SQUEEZE,
@@ -49,7 +53,7 @@ from fxpure.families import (
     VIEW,
 )
 from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
-from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, idle, need, rule
+from fxpure.pattern import ANY, Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, Var, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
@@ -71,6 +75,7 @@ NOT_PRODUCER = "producer-not-conv-or-linear"
 DIVISOR = "output-is-divisor"
 PER_CHANNEL = "not-per-channel"
 PROMOTION = "dtype-promotion"
+QUANTIZED_OUTPUT = "quantized-output"
 
 # the convolutions, named for messages about a producer that is neither
 CONV_OR_LINEAR = replace(CONV, noun="a convolution or a linear")
@@ -89,6 +94,22 @@ DIRECT = OneOf(
 # the output read through a dropout in eval mode, which returns it (BEiT's, DINOv2's layer scale:
 # ``gamma * dropout(dense(x))``): the dropout goes with the op; or through a copy (edge spells that
 # dropout as ``_clone_dim_order``): the copy stays, of the folded op's output, in its layout
+# in a PT2E program, the output quantized and dequantized (its weight dequantized too, its output
+# read by others too; the constant dequantized too): to be declined (quantized-output)
+QUANTIZED = Op(
+    DEQUANTIZE,
+    name="dq_out",
+    users=ANY,
+    input=Op(
+        QUANTIZE_PER_TENSOR,
+        name="q_out",
+        users=ANY,
+        input=OneOf(
+            Op(CONV_OR_LINEAR, name="conv", code=NOT_PRODUCER, users=ANY),
+            linear("lin", weight=Var("qw"), users=ANY, code=NOT_PRODUCER, bias_add=True),
+        ),
+    ),
+)
 PRODUCER = OneOf(*DIRECT.alternatives, *idle(DIRECT))
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
@@ -120,10 +141,14 @@ PATTERN = OneOf(
     # through to_edge's dtype copy: to be declined (dtype-promotion), as the aten form is
     Op(MUL | DIV | ADD | SUB, name="bin", self=PROMOTED, other=OPERAND),
     Op(MUL | DIV | ADD | SUB, name="bin", other=PROMOTED, self=OPERAND),
+    # a PT2E program's quantized output, whatever the other operand: to be declined (quantized-output)
+    Op(MUL | DIV | ADD | SUB | RSUB, name="bin", self=QUANTIZED),
+    Op(MUL | DIV | ADD | SUB | RSUB, name="bin", other=QUANTIZED),
 )
 MATMULS = ADDMM.targets | MM.targets
 PRODUCTS = CONV.targets | LINEAR.targets | MATMULS
 SQUEEZED = CONV.targets | MM.targets  # (what edge squeezes back after unsqueezing an unbatched input)
+MOVES = PERMUTE.targets | SQUEEZE.targets  # (what linear-to-conv2d moves its conv's output back with)
 
 
 def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
@@ -148,6 +173,11 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
         return _computed_by_product(snap, quantized.arg(0, "input"))  # (PT2E's quantized output: declined)
     if node is not None and node.target in SQUEEZE.targets and _unbatched(snap, node):
         return True
+    if node is not None and node.target in MOVES:  # (linear-to-conv2d's spelling of a linear: declined)
+        while node is not None and node.target in MOVES:
+            node = _node(snap, node.args[0]) if node.args else None
+        x = _node(snap, node.args[0]) if node is not None and node.target in CONV.targets and node.args else None
+        return x is not None and x.target in MOVES | UNSQUEEZE.targets
     if node is None or node.target not in VIEW.targets:
         return node is not None and (
             node.target in PRODUCTS or is_linear(snap, node, in_out=True) or is_bias_add(snap, node)
@@ -262,6 +292,18 @@ def _key(bin: Bound, match: Match) -> tuple[str, bool]:
     return op, bin.args.get("self") == NodeRef(read.name)
 
 
+def _dequantized(bin: Bound, match: Match, dq_out: Bound | None = None) -> Reason | None:
+    """The op does not read a quantized activation (PT2E's quantize and dequantize of the output):
+    scaled or shifted in the op, the values its quantization was calibrated for would change."""
+    if dq_out is None:
+        return None
+    detail = (
+        f"{bin.name}: reads the output of {_producer(match).name} quantized and dequantized ({dq_out.name}): "
+        "folded into it, the scale or shift would change the values its quantization was calibrated for"
+    )
+    return Declined(code=QUANTIZED_OUTPUT, node=bin.name, detail=detail)
+
+
 def _affine(bin: Bound, match: Match) -> Reason | None:
     """The op is affine in the producer's output (``c / y`` is not)."""
     if _key(bin, match) in AFFINE:
@@ -289,7 +331,9 @@ def _channels(w: TensorSpec, conv: Bound | None) -> int:
     return n if isinstance(n, int) else -1
 
 
-def _per_channel(bin: Bound, c: WeightExpr | float, match: Match, conv: Bound | None = None) -> Reason | None:
+def _per_channel(
+    bin: Bound, match: Match, c: WeightExpr | float | None = None, conv: Bound | None = None
+) -> Reason | None:
     """A tensor constant broadcasts along the output channels only (size 1 or C there, 1 elsewhere)."""
     y, c_spec, w = _producer(match).spec, match.spec("c"), match.spec("w")
     if not isinstance(c, WeightExpr) or c_spec is None:
@@ -369,14 +413,15 @@ def _folded(
 def _plan(
     p: Planner,
     bin: Bound,
-    w: WeightExpr,
-    c: WeightExpr | float,
+    c: WeightExpr | float | None = None,
+    w: WeightExpr | None = None,
     conv: Bound | None = None,
     b: WeightExpr | None = None,
     alpha: float = 1,
     copy: Bound | None = None,
 ) -> RewritePlan:
     # y' = conv(x, a * W, a * b + k) | linear(x, a * W, a * b + k)
+    assert w is not None and c is not None  # (unbound only where the output is quantized: declined)
     kind, first = _key(bin, p.match)
     if copy is not None and isinstance(c, WeightExpr) and copy.spec is not None:  # the value the op reads
         c = Cast(x=c, dtype=copy.spec.dtype)
@@ -397,6 +442,7 @@ def _plan(
 FOLD_BINARY = rule(
     NAME,
     PATTERN,
+    need.check(_dequantized, codes=(QUANTIZED_OUTPUT,)),
     need.check(_affine, codes=(DIVISOR,)),
     need.static("w"),
     need.dtype("w", FLOAT_DTYPES),
@@ -416,6 +462,6 @@ def fold_binary() -> PatternRule:
     >>> sorted(fold_binary().codes - GENERIC_CODES)
     ['arg-mismatch', 'conv-output-shared', 'dtype-promotion', 'linear-output-shared', 'not-constant', \
 'not-per-channel', 'not-scalar', 'output-is-divisor', 'output-shared', 'producer-not-conv-or-linear', \
-'runs-exhausted', 'symbolic-shape', 'unsupported-dtype', 'wrong-op']
+'quantized-output', 'runs-exhausted', 'symbolic-shape', 'unsupported-dtype', 'wrong-op']
     """
     return FOLD_BINARY

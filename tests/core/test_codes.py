@@ -105,7 +105,7 @@ def _grouped(gen: _Gen) -> None:
 def _quantized_grouped(gen: _Gen) -> None:
     """dq(int8 x) -> conv(dq(int8 W)) -> [relu] -> q with wide, grouped or depthwise channels (output
     channels per group not a multiple of 4: the kernels' texel width), a 1-d conv, symbolic channels,
-    a conv read by others too."""
+    a conv read by others too; sometimes dequantized again and scaled."""
     rank = 1 if gen.flip(8) else 2
     target = "aten.conv1d.default" if rank == 1 else gen.pick(("aten.convolution.default", "aten.conv2d.default"))
     transposed = target == "aten.convolution.default" and gen.flip(4)
@@ -140,7 +140,10 @@ def _quantized_grouped(gen: _Gen) -> None:
         gen.result(y, out)  # the conv's output read by others too
     if gen.flip():
         y = gen.call("aten.relu.default", out, self=y)
-    gen.call(f"{Q}.quantize_per_tensor.default", spec(*out.shape, dtype="int8"), **_qparams(gen, y, "int8"))
+    q = gen.call(f"{Q}.quantize_per_tensor.default", spec(*out.shape, dtype="int8"), **_qparams(gen, y, "int8"))
+    if gen.flip(3):  # dequantized again and scaled (a layer scale of a PT2E program)
+        dq = gen.call(f"{Q}.dequantize_per_tensor.default", out, **_qparams(gen, q, "int8"))
+        gen.call("aten.mul.Tensor", out, self=dq, other=gen.constant((1,)))
 
 
 def _vector(gen: _Gen, n: int) -> NodeRef:
