@@ -94,6 +94,7 @@ DIRECT = OneOf(
 # the output read through a dropout in eval mode, which returns it (BEiT's, DINOv2's layer scale:
 # ``gamma * dropout(dense(x))``): the dropout goes with the op; or through a copy (edge spells that
 # dropout as ``_clone_dim_order``): the copy stays, of the folded op's output, in its layout
+PRODUCER = OneOf(*DIRECT.alternatives, *idle(DIRECT))
 # in a PT2E program, the output quantized and dequantized (its weight dequantized too, its output
 # read by others too; the constant dequantized too): to be declined (quantized-output)
 QUANTIZED = Op(
@@ -110,7 +111,6 @@ QUANTIZED = Op(
         ),
     ),
 )
-PRODUCER = OneOf(*DIRECT.alternatives, *idle(DIRECT))
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))
@@ -175,8 +175,8 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
         return True
     if node is not None and node.target in MOVES:  # (linear-to-conv2d's spelling of a linear: declined)
         while node is not None and node.target in MOVES:
-            node = _node(snap, node.args[0]) if node.args else None
-        x = _node(snap, node.args[0]) if node is not None and node.target in CONV.targets and node.args else None
+            node = _node(snap, node.arg(0, "self"))
+        x = _node(snap, node.arg(0, "input")) if node is not None and node.target in CONV.targets else None
         return x is not None and x.target in MOVES | UNSQUEEZE.targets
     if node is None or node.target not in VIEW.targets:
         return node is not None and (
