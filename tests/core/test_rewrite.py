@@ -485,13 +485,18 @@ class Fixed:
         return Success(RewritePlan(rule=self.name, anchor=node.name, erase=self.erase[node.name]))
 
 
-def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stage_goes_on() -> None:
+def _four_calls() -> GraphSnapshot:
+    """Calls a, b, c and d of one input, none read: what ``Fixed`` plans erase."""
     g = GraphBuilder()
     x = g.input("x", (2,))
     for n in ("a", "b", "c", "d"):
         g.node("f", (x,), name=n, out=(2,))
     g.output()
-    report = plan(g.build(), [Fixed({"a": ("a",), "b": ("b",), "c": ("b", "a", "c"), "d": ("d",)})])
+    return g.build()
+
+
+def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stage_goes_on() -> None:
+    report = plan(_four_calls(), [Fixed({"a": ("a",), "b": ("b",), "c": ("b", "a", "c"), "d": ("d",)})])
     assert [p.anchor for p in report.plans] == ["a", "b", "d"]
     assert report.rejections == (
         Rejection(
@@ -504,12 +509,7 @@ def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stag
 def test_a_candidate_declined_for_an_overlap_that_a_later_plan_of_its_run_erases_is_not_reported() -> None:
     # an outside author's chain of 1x1 convs merged pairwise: the middle conv's plan overlapped the
     # first pair's, and the next pair's plan merged it; the report still said it was declined
-    g = GraphBuilder()
-    x = g.input("x", (2,))
-    for n in ("a", "b", "c", "d"):
-        g.node("f", (x,), name=n, out=(2,))
-    g.output()
-    report = plan(g.build(), [Fixed({"a": ("a",), "b": ("a", "b"), "c": ("c",), "d": ("b", "d")})])
+    report = plan(_four_calls(), [Fixed({"a": ("a",), "b": ("a", "b"), "c": ("c",), "d": ("b", "d")})])
     assert [p.anchor for p in report.plans] == ["a", "c", "d"] and report.rejections == ()
     assert names(report.after) == ["x", "output"]
 
