@@ -283,9 +283,12 @@ class GraphSnapshot:
         """
         names = [n.name for n in self.nodes[:_SHOWN]]
         more = ", ..." if len(self.nodes) > _SHOWN else ""
-        count = f"{len(self.nodes)} node{'s' if len(self.nodes) != 1 else ''}"
+        nodes, constants = len(self.nodes), len(self.constants)
+        count = (
+            f"{nodes} node{'s' * (nodes != 1)}: {', '.join(names)}{more}; {constants} constant{'s' * (constants != 1)}"
+        )
         form = f"dialect={self.dialect!r}, lifted={self.lifted}, decomposed={self.decomposed}"
-        return f"GraphSnapshot({count}: {', '.join(names)}{more}; {len(self.constants)} constants; {form})"
+        return f"GraphSnapshot({count}; {form})"
 
     def least(self, dim: Dim) -> int:
         """The least value ``dim`` can take: itself when static, else what the program declares
