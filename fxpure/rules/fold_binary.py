@@ -155,7 +155,9 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     """``value`` is a conv's or linear's output: its product's (``x @ W.T`` too, and ``x @ W`` of a
     weight stored (in, out), which the rule declines), or a reshape's (or a chain of them:
     ``to_edge`` writes a pair after each in-place op) after a matmul, or edge's squeeze after a
-    conv or ``mm`` of an unsqueezed input (:func:`_unbatched`, declined), or the add of a ``bmm``'s bias;
+    conv or ``mm`` of an unsqueezed input (:func:`_unbatched`, declined), or a conv of a permuted or
+    unsqueezed input squeezed and permuted back (``linear_to_conv2d``'s linear, declined), or the add
+    of a ``bmm``'s bias;
     or a dtype copy of one (on edge, ``to_edge`` writes the promotion of ``conv_fp16 * c_fp32`` so:
     a candidate, declined as the aten form's is reported); or an eval dropout of one, or a copy (the
     ops :func:`fxpure.pattern.idle` takes); or one quantized and dequantized (a PT2E program's
