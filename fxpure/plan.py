@@ -1246,8 +1246,8 @@ def plan(
     """Run rules in order; each stage plans on the previous stage's rewritten snapshot.
 
     Every candidate ends as a plan or a rejection; overlapping plans: the first
-    in topological order wins; a candidate a later stage of the same rule rewrites, or a plan
-    of the rule erases, is not also listed as declined. ``declined`` maps ``(rule, anchor)`` to a reason
+    in topological order wins; a candidate a later stage of the same rule rewrites is not
+    also listed as declined by an earlier one. ``declined`` maps ``(rule, anchor)`` to a reason
     found outside the core (an adapter that computed a weight, say): those
     candidates are rejected with it. Runs with the cyclic garbage collector paused
     (:func:`no_cyclic_gc`).
@@ -1459,10 +1459,8 @@ def _stages(
             stages.append(tuple(accepted))
             reported.update(p.anchor for p in accepted)
             planned.update(p.anchor for p in accepted)
-            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule,
-            # nor one it erased (a candidate declined as its plan overlapped another's, which the
-            # stage's plan at the next candidate took: the middle conv of a chain merged pairwise)
-            done = {(rule.name, n) for p in accepted for n in (p.anchor, *p.erase)}
+            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
+            done = {(rule.name, p.anchor) for p in accepted}
             rejections = [r for r in rejections if (r.rule, r.node) not in done]
             if not accepted:
                 break

@@ -506,14 +506,6 @@ def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stag
     assert names(report.after) == ["x", "c", "output"]
 
 
-def test_a_candidate_declined_for_an_overlap_that_a_later_plan_of_its_run_erases_is_not_reported() -> None:
-    # an outside author's chain of 1x1 convs merged pairwise: the middle conv's plan overlapped the
-    # first pair's, and the next pair's plan merged it; the report still said it was declined
-    report = plan(_four_calls(), [Fixed({"a": ("a",), "b": ("a", "b"), "c": ("c",), "d": ("b", "d")})])
-    assert [p.anchor for p in report.plans] == ["a", "c", "d"] and report.rejections == ()
-    assert names(report.after) == ["x", "output"]
-
-
 def every_rules_work() -> GraphSnapshot:
     """A grouped conv scaled and three linears of one input: four rules rewrite it."""
     g = GraphBuilder()
