@@ -1246,8 +1246,9 @@ def plan(
     """Run rules in order; each stage plans on the previous stage's rewritten snapshot.
 
     Every candidate ends as a plan or a rejection; overlapping plans: the first
-    in topological order wins; a candidate a later stage of the same rule rewrites is not
-    also listed as declined by an earlier one. ``declined`` maps ``(rule, anchor)`` to a reason
+    in topological order wins; a candidate a later stage of the same rule rewrites, or that is
+    declined as its plan overlaps another's and a plan of its stage consumes, is not also listed
+    as declined. ``declined`` maps ``(rule, anchor)`` to a reason
     found outside the core (an adapter that computed a weight, say): those
     candidates are rejected with it. Runs with the cyclic garbage collector paused
     (:func:`no_cyclic_gc`).
@@ -1390,16 +1391,20 @@ def _left(
     return out
 
 
-def _unfit(rule: Rule, node: NodeSnapshot, p: RewritePlan, claimed: Mapping[str, str]) -> PlanConflict | None:
-    """Why the stage takes no plan ``p`` made at ``node``: its fields are not of their types, it
-    names another rule or anchor (checks outside the core find a plan by them), or a node it claims
-    is taken by an earlier plan of the stage."""
+def _unfit(rule: Rule, node: NodeSnapshot, p: RewritePlan) -> PlanConflict | None:
+    """Why the stage takes no plan ``p`` made at ``node``: its fields are not of their types, or it
+    names another rule or anchor (checks outside the core find a plan by them)."""
     wrong = malformed(p)
     if wrong is not None:
         return PlanConflict(node=node.name, detail=f"malformed plan: {wrong}", path="plan")
     if (p.rule, p.anchor) != (rule.name, node.name):
         detail = f"the plan made at {node.name} names rule {p.rule!r} and anchor {p.anchor!r}"
         return PlanConflict(node=node.name, detail=detail, path="plan")
+    return None
+
+
+def _overlap(node: NodeSnapshot, p: RewritePlan, claimed: Mapping[str, str]) -> PlanConflict | None:
+    """A node ``p`` (made at ``node``) claims that an earlier plan of the stage took, or None."""
     overlap = sorted(c for c in p.claims if c in claimed)
     if overlap:
         detail = f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
@@ -1428,11 +1433,19 @@ def _stages(
         for _ in range(runs(rule)):
             accepted: list[RewritePlan] = []
             claimed: dict[str, str] = {}
+            taken: set[str] = set()  # declined in this run only as a node their plan consumes was taken
             for node in _anchors(rule, current):
                 if node.name in planned:  # (an insertion that keeps its anchor would repeat every run)
                     continue
                 result = _decide(rule, current, node, declined)
-                why = result.failure() if isinstance(result, Failure) else _unfit(rule, node, result.unwrap(), claimed)
+                if isinstance(result, Failure):
+                    why: Reason | None = result.failure()
+                else:
+                    why = _unfit(rule, node, result.unwrap())
+                    if why is None:
+                        why = _overlap(node, result.unwrap(), claimed)
+                        if why is not None and node.name not in reported:
+                            taken.add(node.name)
                 if why is not None:
                     _decline(rejections, reported, first, Rejection(rule=rule.name, node=node.name, reason=why))
                     continue
@@ -1459,8 +1472,13 @@ def _stages(
             stages.append(tuple(accepted))
             reported.update(p.anchor for p in accepted)
             planned.update(p.anchor for p in accepted)
-            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule
-            done = {(rule.name, p.anchor) for p in accepted}
+            # a candidate this stage rewrote is no longer declined by an earlier stage of the same rule,
+            # nor one declined for an overlap that a plan of the stage consumed (the middle conv of a
+            # chain merged pairwise: its node is the next pair's). A candidate declined for a reason
+            # of its own stays reported, whatever erased it (a linear of one group that another's join took)
+            done = {(rule.name, p.anchor) for p in accepted} | {
+                (rule.name, n) for p in accepted for n in p.claims if n in taken
+            }
             rejections = [r for r in rejections if (r.rule, r.node) not in done]
             if not accepted:
                 break

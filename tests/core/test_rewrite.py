@@ -27,7 +27,7 @@ from fxpure.plan import (
     rewrite,
     specs_differ,
 )
-from fxpure.reasons import PlanConflict, Reason
+from fxpure.reasons import Declined, PlanConflict, Reason
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, snapshot, verify
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Fill, Reshape, Source
@@ -504,6 +504,36 @@ def test_a_candidate_whose_plan_overlaps_an_earlier_one_is_declined_and_the_stag
         ),
     )
     assert names(report.after) == ["x", "c", "output"]
+
+
+def test_a_candidate_declined_for_an_overlap_that_a_later_plan_of_its_run_consumes_is_not_reported() -> None:
+    # an outside author's chain of 1x1 convs merged pairwise: the middle conv's plan overlapped the
+    # first pair's, and the next pair's plan merged it; the report said it was declined
+    report = plan(_four_calls(), [Fixed({"a": ("a",), "b": ("a", "b"), "c": ("c",), "d": ("b", "d")})])
+    assert [p.anchor for p in report.plans] == ["a", "c", "d"] and report.rejections == ()
+    assert names(report.after) == ["x", "output"]
+
+
+class Declines(Fixed):
+    """``Fixed``, declining the anchors in ``no`` for a reason of their own."""
+
+    def __init__(self, erase: dict[str, tuple[str, ...]], no: set[str]) -> None:
+        super().__init__(erase)
+        self.no = no
+
+    def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
+        if node.name in self.no:
+            return Failure(Declined(code="own-reason", node=node.name, detail="no"))
+        return super().plan_at(snap, node)
+
+
+def test_a_candidate_declined_for_its_own_reason_stays_reported_where_another_plan_consumes_it() -> None:
+    # concat-parallel-linears: a linear that is the shared input of a group too small to join
+    # (too-few-linears) is erased by the join of the group it belongs to; its reason is still why
+    # that group was not joined (the fuzzer found it hidden, 2026-12-06)
+    report = plan(_four_calls(), [Declines({"a": ("a",), "b": (), "c": ("b", "c")}, {"b"})])
+    assert [p.anchor for p in report.plans] == ["a", "c"]
+    assert [(r.node, r.reason.code) for r in report.rejections] == [("b", "own-reason")]
 
 
 def every_rules_work() -> GraphSnapshot:
