@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from fxpure import layout
 from fxpure.families import CONV
 from fxpure.layout import layout_reader
-from fxpure.pattern import Bound, Const, Lit, Match, Op, PatternRule, Planner, Var, need, rule
+from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Var, dequantized, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import NodeRef, TensorSpec
@@ -41,9 +41,18 @@ PATTERN = Op(
     name="conv",
     transposed=Lit(False, code="transposed-conv", text="{node} is a transposed convolution"),
     input=Var("x"),
-    weight=Const("w"),
+    weight=OneOf(Const("w"), dequantized(Const("qw"), name="dq", code="not-constant")),
     bias=Const("b", optional=True),
 )
+
+
+def _float_weight(conv: Bound, dq: Bound | None = None) -> Reason | None:
+    """A weight dequantized at run time (PT2E): its slices would need their own quantization
+    parameters; the rule splits a float model, before it is quantized (as NXP's flow does)."""
+    if dq is None:
+        return None
+    detail = f"weight of {conv.name} is quantized ({dq.name}): split the grouped conv before quantizing"
+    return Declined(code="quantized-weight", node=conv.name, detail=detail)
 
 
 def _channels(spec: TensorSpec | None, index: int) -> int:
@@ -66,7 +75,8 @@ def _with_channels(spec: TensorSpec, channels: int) -> TensorSpec:
     return TensorSpec(shape=(spec.shape[0], channels, *spec.shape[2:]), dtype=spec.dtype)
 
 
-def _plan(p: Planner, conv: Bound, x: NodeRef, w: WeightExpr, b: WeightExpr | None) -> RewritePlan:
+def _plan(p: Planner, conv: Bound, x: NodeRef, b: WeightExpr | None, w: WeightExpr | None = None) -> RewritePlan:
+    assert w is not None  # _float_weight declined the dequantized one
     # x[:, i*cg:(i+1)*cg] -> conv_i(w[i], b[i], groups=1) -> cat(dim=1)
     g, base, x_spec, out_spec = conv.int("groups"), conv.name, p.match.spec("x"), conv.spec
     assert x_spec is not None and out_spec is not None  # need.static checked both
@@ -106,8 +116,8 @@ def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
 
     >>> from fxpure.reasons import GENERIC_CODES
     >>> sorted(split_group_conv(max_groups=4).codes - GENERIC_CODES)
-    ['depthwise-conv', 'groups-out-of-range', 'layout-sensitive-reader', 'not-constant', 'symbolic-shape', \
-'transposed-conv', 'unsupported-rank']
+    ['depthwise-conv', 'groups-out-of-range', 'layout-sensitive-reader', 'not-constant', 'quantized-weight', \
+'symbolic-shape', 'transposed-conv', 'unsupported-rank']
     >>> split_group_conv(max_groups=1)
     Traceback (most recent call last):
     ValueError: groups range must be whole numbers 2 <= min_groups <= max_groups, got 2..1
@@ -127,8 +137,9 @@ def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
         need.spatial_rank("conv", (1, 2)),
         need.static("x", dims=(1,)),
         need.static("conv", dims=(1,)),
-        need.static("w"),
         need.check(groups_fit, codes=("depthwise-conv", "groups-out-of-range", "malformed-node")),
+        need.check(_float_weight, codes=("quantized-weight",)),
+        need.static("w"),
         need.check(_strided, codes=(layout.CODE,)),
         plan=_plan,
         candidate=lambda conv, _: conv.args.get("groups") != 1,

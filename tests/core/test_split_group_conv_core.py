@@ -7,8 +7,10 @@ from dataclasses import replace
 import pytest
 
 import fxpure
-from fxpure import NodeRef, NodeSnapshot, plan, verify
+from fxpure import GraphSnapshot, NodeRef, NodeSnapshot, plan, verify
 from fxpure.rules import fuse_conv_bn, split_group_conv
+from fxpure.snapshot import DTypeArg
+from fxpure.testing import GraphBuilder
 from fxpure.weights import Slice, Source, infer_spec
 from tests.core.build import conv_bn, grouped_conv, spec
 
@@ -94,6 +96,40 @@ def test_symbolic_output_channels_or_weight_are_rejected(
         path,
         message,
     )
+
+
+def _dequantized_weight_conv(groups: int, cin: int, cout: int) -> GraphSnapshot:
+    """A PT2E conv: its int8 weight dequantized per channel at run time."""
+    g = GraphBuilder()
+    x, w = g.input("x", (1, cin, 6, 6)), g.parameter("w", (cout, cin // groups, 3, 3), dtype="int8")
+    scale, zp = g.buffer("scale", (cout,)), g.buffer("zp", (cout,), dtype="int64")
+    dq = g.call(
+        "quantized_decomposed.dequantize_per_channel.default",
+        name="dq",
+        input=w,
+        scale=scale,
+        zero_point=zp,
+        axis=0,
+        quant_min=-127,
+        quant_max=127,
+        dtype=DTypeArg("int8"),
+        out=(cout, cin // groups, 3, 3),
+    )
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=dq, groups=groups, out=(1, cout, 4, 4)))
+    return g.build()
+
+
+@pytest.mark.parametrize(
+    ("groups", "code", "message"),
+    [
+        # depthwise first: the weight's kind does not matter to a conv the rule never splits
+        (8, "depthwise-conv", "conv is depthwise (in = out = groups = 8)"),
+        (2, "quantized-weight", "weight of conv is quantized (dq): split the grouped conv before quantizing"),
+    ],
+)
+def test_a_conv_of_a_dequantized_weight_is_declined_for_what_it_is(groups: int, code: str, message: str) -> None:
+    (r,) = plan(_dequantized_weight_conv(groups, 8, 8), [split_group_conv()]).rejections
+    assert (r.node, r.reason.code, r.reason.message) == ("conv", code, message)
 
 
 def test_policy_is_a_parameter() -> None:
