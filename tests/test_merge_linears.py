@@ -2,7 +2,7 @@
 adapter code) on real programs: the GraphModule, the aten and the edge program of two linears in a
 row, with no bias, one or both, on a matrix or a sequence of vectors, against the original model's
 outputs and the weights left behind; a weight another linear reads stays; a shared inner linear and
-a bottleneck are declined."""
+a bottleneck are declined; the merged edge program lowers to ExecuTorch and runs."""
 
 from __future__ import annotations
 
@@ -10,20 +10,21 @@ from typing import Any
 
 import pytest
 import torch
+from executorch.exir import to_edge
 from torch import nn
 from torch.export import ExportedProgram
 
 import adapters
+from adapters.passes import RulesPass
 from tests.merge_linears import GROWS, merge_linears
-from tests.programs import FORMS, assert_sound, build, count, run
+from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte
 
 
 class Chain(nn.Module):
-    """Two linears in a row, each with or without its bias; ``rank`` 3: a sequence of them."""
+    """Two linears in a row, each with or without its bias."""
 
-    def __init__(self, inner_bias: bool, outer_bias: bool, rank: int = 2) -> None:
+    def __init__(self, inner_bias: bool, outer_bias: bool) -> None:
         super().__init__()
-        self.rank = rank
         self.fc1, self.fc2 = nn.Linear(8, 16, bias=inner_bias), nn.Linear(16, 4, bias=outer_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,7 @@ def _products(program: Any) -> int:
 def test_two_linears_become_one_that_computes_what_they_did(
     form: str, inner_bias: bool, outer_bias: bool, rank: int
 ) -> None:
-    model, x = Chain(inner_bias, outer_bias, rank).eval(), _x(rank)
+    model, x = Chain(inner_bias, outer_bias).eval(), _x(rank)  # rank 3: a sequence of vectors
     program = build(model, x, form)
     with torch.no_grad():
         want = [model(*x)]
@@ -106,7 +107,7 @@ class Branching(nn.Module):
         return self.a(h), self.b(h), self.up(self.down(x))
 
 
-@pytest.mark.parametrize("form", ["aten", "edge"])
+@pytest.mark.parametrize("form", FORMS)
 def test_a_shared_inner_linear_and_a_bottleneck_are_declined_and_the_program_untouched(form: str) -> None:
     model, x = Branching().eval(), _x()
     program = build(model, x, form)
@@ -147,3 +148,13 @@ def test_linears_around_the_models_own_reshapes(form: str) -> None:
         (no,) = [j.reason for j in outcome.report.rejections if j.node == "linear_1"]
         assert no.code == "wrong-op" and "reshape" in no.message
     assert_sound(program, x, want)
+
+
+def test_the_merged_edge_program_lowers_and_the_runtime_computes_the_same() -> None:
+    # as a pass of ExecuTorch's own pipeline (RulesPass), then to_executorch and the runtime
+    model, x = Chain(True, True).eval(), _x(3)
+    with torch.no_grad():
+        want = [model(*x)]
+    edge = to_edge(torch.export.export(model, x)).transform([RulesPass([merge_linears])])
+    assert _products(edge.exported_program()) == 1
+    assert_close(run_pte(edge.to_executorch().buffer, x), want)
