@@ -3,9 +3,12 @@ snapshots, torch-free: the merged weight and bias as expressions, each bias case
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fxpure import NodeRef, plan
+from fxpure.serial import to_data
 from fxpure.testing import GraphBuilder, spec
 from fxpure.weights import Binary, Cast, MatMul, Source, WeightExpr, infer_spec
 from tests.merge_linears import GROWS, merge_linears
@@ -49,6 +52,9 @@ def test_two_linears_are_planned_as_one_of_the_product_of_their_weights(inner_bi
         2, 4
     )
     assert set(p.erase) == {"fc1", "fc2"}
+    # the plan as JSON (--json, golden files): the product a record like the others
+    (weight,) = (c for c in json.loads(json.dumps(to_data(p)))["constants"] if c["name"] == "fc2_merged_weight")
+    assert weight["expr"] == {"type": "MatMul", "a": to_data(w2), "b": to_data(w1)}
 
 
 def test_a_float16_product_is_accumulated_in_float32_and_rounded_once() -> None:
