@@ -15,6 +15,7 @@ from fxpure.weights import (
     Concat,
     Dequantize,
     Fill,
+    MatMul,
     MaxOver,
     PadTo,
     Permute,
@@ -110,6 +111,7 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
     Fill: lambda e, _: _fill(e),
     Binary: lambda e, ev: _BINARY[e.op](ev(e.a), ev(e.b)),
     Unary: lambda e, ev: _UNARY[e.op](ev(e.x)),
+    MatMul: lambda e, ev: torch.matmul(ev(e.a), ev(e.b)),  # (mm, or mv for a vector)
     Quantize: _quantize,
     Dequantize: _dequantize,
 }

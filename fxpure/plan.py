@@ -38,6 +38,7 @@ from fxpure.weights import (
     Binary,
     Cast,
     Fill,
+    MatMul,
     Permute,
     Reshape,
     Slice,
@@ -225,6 +226,9 @@ SQUARE, RSUB = "aten.square.default", frozenset({"aten.rsub.Scalar", "aten.rsub.
 # model's dtype)
 PERMUTES = PERMUTE.targets | TRANSPOSE.targets | TRANSPOSE_DIMS.targets  # permute, t, transpose(dim0, dim1)
 CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
+# a matrix product (by a matrix, or by a vector: ``matmul`` of (m, k) and (k,)), as torch computes it in
+# the operands' dtype, which :class:`~fxpure.weights.MatMul` computes with the same kernel
+PRODUCTS = MM.targets | MATMUL.targets
 # a run of a constant's elements along one dim (``t[1:5]``, step 1), or one of them (``t[1]``, the dim dropped)
 SLICES, SELECTS = SLICE.targets, SELECT.targets
 
@@ -235,7 +239,9 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     one from constants (and numbers): a reshape (:data:`RESHAPES`), a permute, a copy to a floating
     dtype (:data:`CASTS`), floating elementwise arithmetic (:data:`BINARY_OPS`
     and ``rsub`` with ``alpha=1``, :data:`UNARY_OPS`, ``square``, the :data:`POWERS`), such
-    as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a sum over dims
+    as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a matrix product
+    of two (:data:`PRODUCTS`: ``mm``, and ``matmul`` of a matrix by a matrix or a vector, a merged
+    LoRA's ``W + B @ A``), a sum over dims
     or a weight normalisation (float32 or float64), a slice with step 1 or an index along a dim
     (:data:`SLICES`, :data:`SELECTS`: ``gamma[1:5]``, ``t[0]``), and that the program does not write in place
     (``snap.written``). :func:`computed_by` names the nodes that compute it.
@@ -279,6 +285,8 @@ def _constant(snap: GraphSnapshot, name: str, seen: dict[str, WeightExpr | None]
         out = _reduced(snap, node, spec, seen, depth + 1)
     elif node.target in SLICES or node.target in SELECTS:
         out = _narrowed(snap, node, spec, seen, depth + 1)
+    elif node.target in PRODUCTS:
+        out = _product(snap, node, spec, seen, depth + 1)
     seen[name] = out
     return out
 
@@ -291,6 +299,26 @@ def _operand(
     expr = _constant(snap, arg.name, seen, depth) if type(arg) is NodeRef else None
     found = infer_spec(expr) if expr is not None else None
     return expr if isinstance(found, Success) and found.unwrap().dtype == spec.dtype else None
+
+
+def _product(
+    snap: GraphSnapshot, node: NodeSnapshot, spec: TensorSpec, seen: dict[str, WeightExpr | None], depth: int
+) -> WeightExpr | None:
+    """``a @ b`` of two constants of the product's dtype, a matrix by a matrix or a vector.
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> a, b = g.parameter("lora_a", (2, 8)), g.parameter("lora_b", (6, 2))
+    >>> g.output(g.call("aten.mm.default", self=b, mat2=a, out=(6, 8)))
+    >>> e = constant_expr(g.build(), "mm")
+    >>> type(e).__name__, e.a.key, e.b.key
+    ('MatMul', 'lora_b', 'lora_a')
+    """
+    second = node.arg(1, "mat2" if node.target in MM.targets else "other")
+    a, b = _operand(snap, node.arg(0, "self"), spec, seen, depth), _operand(snap, second, spec, seen, depth)
+    out = MatMul(a=a, b=b) if a is not None and b is not None else None
+    found = infer_spec(out) if out is not None else None
+    return out if isinstance(found, Success) and found.unwrap() == spec else None
 
 
 def _layout(

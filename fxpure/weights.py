@@ -3,8 +3,8 @@
 A rule author composes derived weights from this vocabulary and writes no adapter
 code: layout (``Permute``, ``Reshape``, ``Unsqueeze``, ``Slice``, ``PadTo``, ``Concat``),
 reductions (``SumOver``, ``MaxOver``), ``Cast``, constants (``Fill``), elementwise arithmetic
-(``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal/abs/sign) and
-``Quantize``/``Dequantize`` with per-tensor or per-channel parameters. Folds are
+(``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal/abs/sign), the
+matrix product (``MatMul``) and ``Quantize``/``Dequantize`` with per-tensor or per-channel parameters. Folds are
 built from these (:func:`fold_batch_norm`).
 
 Expressions are structural values: equal expressions denote one tensor, so a rewrite
@@ -214,6 +214,20 @@ class Unary(_Expr):
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class MatMul(_Expr):
+    """The matrix product ``a @ b`` (torch's ``mm``; ``mv`` for a vector ``b``): ``a`` of shape
+    ``(m, k)`` by ``b`` of shape ``(k, n)``, giving ``(m, n)``, or by a vector ``(k,)``, giving
+    ``(m,)`` (a bias through a weight: ``W2 @ b1``). Both operands of one numeric dtype (``Cast``
+    first; not bool), and computed in it, as torch's CPU kernel computes it: an integer product
+    wraps, a float16 one is rounded to float16 (a rule that wants float32 accumulation casts its
+    operands to float32 and the product back)."""
+
+    a: WeightExpr
+    b: WeightExpr
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Quantize(_Expr):
     """``clamp(round(x * (1 / scale)) + zero_point, quant_min, quant_max)`` as ``dtype`` (torch's
     ``quantize_per_channel`` and ``quantize_per_tensor.tensor``), in a range ``dtype`` holds; ``axis=None``:
@@ -254,6 +268,7 @@ WeightExpr: TypeAlias = (
     | Fill
     | Binary
     | Unary
+    | MatMul
     | Quantize
     | Dequantize
 )
@@ -401,6 +416,23 @@ def _binary(e: Binary) -> Inferred:
     return TensorSpec(shape=shape, dtype=sa.dtype)
 
 
+def _matmul(e: MatMul) -> Inferred:
+    sa, sb = _spec_of(e.a), _spec_of(e.b)
+    if isinstance(sa, BadExpr):
+        return sa
+    if isinstance(sb, BadExpr):
+        return sb
+    if len(sa.shape) != 2 or len(sb.shape) not in (1, 2):
+        return _bad(f"matmul of ranks {len(sa.shape)} and {len(sb.shape)} (a matrix by a matrix or a vector)")
+    if sa.dtype != sb.dtype:
+        return _bad(f"matmul of {sa.dtype} and {sb.dtype} (cast one first)")
+    if sa.dtype == "bool":  # torch's CPU kernel refuses it
+        return _bad("matmul of bool")
+    if sa.shape[1] != sb.shape[0]:
+        return _bad(f"matmul of shapes {sa.shape} and {sb.shape}: inner sizes differ")
+    return TensorSpec(shape=(sa.shape[0], *sb.shape[1:]), dtype=sa.dtype)
+
+
 def _unary(e: Unary, s: TensorSpec) -> Inferred:
     numeric = e.op in ("neg", "abs", "sign")
     if (not numeric or s.dtype == "bool") and s.dtype not in FLOAT_DTYPES:  # torch refuses -bool
@@ -450,6 +482,9 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
     (4, 4)
     >>> infer_spec(Binary(op="mul", a=w, b=Fill(shape=(), value=2.0, dtype="float32"))).failure().message
     'mul of int8 and float32 (cast one first)'
+    >>> wt = Permute(x=w, dims=(1, 0))
+    >>> infer_spec(MatMul(a=w, b=wt)).unwrap().shape, infer_spec(MatMul(a=w, b=w)).failure().message
+    ((4, 4), 'matmul of shapes (4, 3) and (4, 3): inner sizes differ')
     """
     spec = _spec_of(expr)
     return Success(spec) if isinstance(spec, TensorSpec) else Failure(spec)
@@ -481,6 +516,8 @@ def _infer(expr: WeightExpr) -> Inferred:
         return _concat(expr)
     if isinstance(expr, Binary):
         return _binary(expr)
+    if isinstance(expr, MatMul):
+        return _matmul(expr)
     s = _spec_of(expr.x)  # every other expression is computed from one ``x``
     if isinstance(s, BadExpr):
         return s

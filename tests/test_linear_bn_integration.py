@@ -21,6 +21,7 @@ from fxpure.rules.fuse_linear_bn import fuse_linear_bn
 from tests.linear_fold_support import assert_symbolic, nxp_stand_in
 from tests.models import randomize_bn
 from tests.programs import Program, assert_close, assert_sound, count, run, run_pte
+from tests.programs import build as build_form
 
 FORMS = ("gm", "aten", "edge", "edge-linear")
 
@@ -493,3 +494,36 @@ def test_a_dropout_or_copy_before_the_permute_or_flatten_fuses(how: str, between
     assert len(report.plans) == 1 and report.rejections == ()
     assert count(program, "batch_norm") == 0 and count(program, "dropout") == 0
     assert_sound(program, x, want)
+
+
+class LoRAInForward(nn.Module):
+    """A linear whose weight is merged with its low-rank adapter in forward, ``W + B @ A`` (a
+    ``matmul`` of two parameters in an aten program, ``mm`` on edge), then a batch norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w, self.b = nn.Parameter(torch.randn(6, 8, generator=g)), nn.Parameter(torch.randn(6, generator=g))
+        self.lora_a, self.lora_b = (
+            nn.Parameter(torch.randn(2, 8, generator=g)),
+            nn.Parameter(torch.randn(6, 2, generator=g)),
+        )
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.bn(nn.functional.linear(x, self.w + self.lora_b @ self.lora_a, self.b))
+        return y
+
+
+@pytest.mark.parametrize("form", ["gm", "aten", "edge"])
+def test_a_weight_merged_with_its_lora_in_forward_is_a_constant_folded(form: str) -> None:
+    model, x = randomize_bn(LoRAInForward()), (torch.randn(3, 8),)
+    program = build_form(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [fuse_linear_bn()]).unwrap()
+    assert len(outcome.report.plans) == 1 and not outcome.report.rejections
+    # the product and the sum that computed the weight are folded into it, their parameters gone
+    assert sum(count(program, op) for op in ("aten.mm.", "aten.matmul.", "aten.add.")) == 0
+    assert_sound(program, x, want)
+    held = program.state_dict if isinstance(program, ExportedProgram) else dict(program.named_parameters())
+    assert not {"w", "lora_a", "lora_b"} & set(held)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import adapters.weights as mat
 from adapters.weights import Memo, materialize
 from fxpure.snapshot import TensorSpec
 from fxpure.weights import (
@@ -16,6 +17,7 @@ from fxpure.weights import (
     Cast,
     Dequantize,
     Fill,
+    MatMul,
     MaxOver,
     Permute,
     Quantize,
@@ -195,3 +197,66 @@ def test_batch_norm_affine_computes_what_an_eval_batch_norm_does(dtype: torch.dt
     got = x.double() * s.double().reshape(1, c, 1, 1) + t.double().reshape(1, c, 1, 1)
     tolerance = {torch.float16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
     assert torch.allclose(got, want, atol=tolerance, rtol=tolerance)
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-8, 8, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int64]
+)
+@pytest.mark.parametrize("n", [5, 1, 0, None])  # None: a matrix by a vector
+def test_a_matrix_product_is_torchs_mm_in_the_operands_dtype(dtype: torch.dtype, n: int | None) -> None:
+    g = torch.Generator().manual_seed(1)
+    a = _random((4, 3), dtype, g)
+    b = _random((3,) if n is None else (3, n), dtype, g)
+    tensors = {"a": a, "b": b}
+    before = {k: v.clone() for k, v in tensors.items()}
+    got = materialize(MatMul(a=_src("a", a), b=_src("b", b)), tensors, Memo())
+    # the oracle: torch.mm on the tensors themselves (a vector as a column, and back)
+    want = torch.mm(a, b) if n is not None else torch.mm(a, b.unsqueeze(1)).squeeze(1)
+    assert got.dtype == dtype and got.shape == want.shape == ((4, n) if n is not None else (4,))
+    if n is None and dtype.is_floating_point:  # (mv may sum in another order than mm of a column)
+        assert torch.allclose(
+            got.double(), want.double(), rtol=1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
+        )
+    else:
+        assert torch.equal(got, want)
+    assert all(torch.equal(tensors[k], before[k]) for k in tensors)  # the inputs untouched
+
+
+def test_an_integer_matrix_product_wraps_in_its_dtype() -> None:
+    # computed in the operands' dtype, as documented: 100 * 100 * 2 = 20000 wraps to 32 in int8
+    a, b = torch.full((1, 2), 100, dtype=torch.int8), torch.full((2, 1), 100, dtype=torch.int8)
+    got = materialize(MatMul(a=_src("a", a), b=_src("b", b)), {"a": a, "b": b})
+    assert got.dtype == torch.int8 and got.item() == 32
+
+
+def test_merged_linears_weight_and_bias_share_their_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # W2 @ W1 and W2 @ b1 + b2 of two linears, and W2 @ W1 again in another constant: with one
+    # memo, each distinct product is computed once, and each result is its own tensor
+    g = torch.Generator().manual_seed(2)
+    t = {"w1": torch.randn(4, 3, generator=g), "b1": torch.randn(4, generator=g), "w2": torch.randn(6, 4, generator=g)}
+    t["b2"] = torch.randn(6, generator=g)
+    w1, b1, w2, b2 = (_src(k, v) for k, v in t.items())
+    calls: list[WeightExpr] = []
+    real = mat._RULES[MatMul]
+
+    def counted(e: MatMul, ev: mat.Eval) -> torch.Tensor:
+        calls.append(e)
+        return real(e, ev)
+
+    monkeypatch.setitem(mat._RULES, MatMul, counted)
+    weight = MatMul(a=w2, b=w1)
+    bias = Binary(op="add", a=MatMul(a=w2, b=b1), b=b2)
+    twice = Binary(op="add", a=MatMul(a=w2, b=w1), b=MatMul(a=w2, b=w1))
+    memo = Memo()
+    got_w, got_b, got_twice, got_w_again = (materialize(e, t, memo) for e in (weight, bias, twice, weight))
+    assert sorted(map(repr, calls)) == sorted(map(repr, [weight, MatMul(a=w2, b=b1)]))
+    assert torch.equal(got_w, torch.mm(t["w2"], t["w1"])) and torch.equal(got_w_again, got_w)
+    assert torch.allclose(got_b, torch.mm(t["w2"], t["b1"].unsqueeze(1)).squeeze(1) + t["b2"], atol=1e-6)
+    assert torch.equal(got_twice, torch.mm(t["w2"], t["w1"]) * 2)
+    assert len({_storage(x) for x in (got_w, got_b, got_twice, got_w_again)}) == 4

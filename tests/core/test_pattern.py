@@ -63,6 +63,7 @@ from fxpure.weights import (
     Binary,
     Cast,
     Fill,
+    MatMul,
     Permute,
     Reshape,
     Source,
@@ -1883,6 +1884,43 @@ def test_powers_sums_and_a_weight_normalisation_of_constants_are_constants() -> 
     )
     # x ** 3, a sum to another dtype, the norm of the whole tensor: not computed here
     assert [constant_expr(snap, n) for n in ("cube", "typed", "whole")] == [None, None, None]
+
+
+def test_matrix_products_of_constants_are_constants() -> None:
+    # a merged LoRA computed in forward, W + B @ A: mm (edge, decomposed) and matmul (aten) of two
+    # constants of one dtype, a matrix by a matrix or by a vector, each in the product's own dtype
+    g = GraphBuilder()
+    a, b, w, v = g.parameter("a", (2, 8)), g.parameter("b", (6, 2)), g.parameter("w", (6, 8)), g.parameter("v", (2,))
+    qa, qb = g.buffer("qa", (2, 8), "int8"), g.buffer("qb", (6, 2), "int8")
+    h, x, batch = g.parameter("h", (2, 8), "float16"), g.input("x", (6, 2)), g.parameter("batch", (3, 6, 2))
+    mm = g.call("aten.mm.default", name="mm", self=b, mat2=a, out=(6, 8))
+    merged = g.call("aten.add.Tensor", name="merged", self=w, other=mm, out=(6, 8))
+    products = [
+        g.call("aten.matmul.default", name="mat", self=b, other=a, out=(6, 8)),
+        g.call("aten.matmul.default", name="mv", self=b, other=v, out=(6,)),
+        g.call("aten.mm.default", name="ints", self=qb, mat2=qa, out=spec(6, 8, dtype="int8")),
+        # operands given by name, as a hand-made graph may hold them
+        g.node("aten.mm.default", (), {"self": b, "mat2": a}, name="by_name", out=(6, 8)),
+        g.node("aten.matmul.default", (), {"self": b, "other": a}, name="by_name_1", out=(6, 8)),
+        # of an input, of two dtypes, of a batch of matrices, of a vector by a matrix, not what it computes
+        g.call("aten.mm.default", name="of_input", self=x, mat2=a, out=(6, 8)),
+        g.call("aten.mm.default", name="mixed", self=b, mat2=h, out=(6, 8)),
+        g.call("aten.matmul.default", name="batched", self=batch, other=a, out=(3, 6, 8)),
+        g.call("aten.matmul.default", name="vec_mat", self=v, other=a, out=(8,)),
+        g.call("aten.mm.default", name="wrong", self=b, mat2=a, out=(6, 9)),
+    ]
+    g.output(merged, *products)
+    snap = g.build()
+    A, B = Source(key="a", spec=spec(2, 8)), Source(key="b", spec=spec(6, 2))
+    assert constant_expr(snap, "merged") == Binary(op="add", a=Source(key="w", spec=spec(6, 8)), b=MatMul(a=B, b=A))
+    assert computed_by(snap, "merged") == ("merged", "mm")
+    assert constant_expr(snap, "mat") == constant_expr(snap, "by_name") == constant_expr(snap, "by_name_1")
+    assert constant_expr(snap, "mat") == MatMul(a=B, b=A)
+    assert constant_expr(snap, "mv") == MatMul(a=B, b=Source(key="v", spec=spec(2)))
+    ints = MatMul(a=Source(key="qb", spec=spec(6, 2, dtype="int8")), b=Source(key="qa", spec=spec(2, 8, dtype="int8")))
+    assert constant_expr(snap, "ints") == ints
+    others = ("of_input", "mixed", "batched", "vec_mat", "wrong")
+    assert [constant_expr(snap, n) for n in others] == [None] * len(others)
 
 
 def test_permutes_float_copies_squares_and_reversed_subtractions_of_constants_are_constants() -> None:

@@ -25,6 +25,7 @@ from fxpure.weights import (
     Concat,
     Dequantize,
     Fill,
+    MatMul,
     MaxOver,
     PadTo,
     Permute,
@@ -42,6 +43,7 @@ from fxpure.weights import (
     infer_spec,
     int_values,
     inverse,
+    moves_data,
     out_channels,
     sources,
     subexpressions,
@@ -271,6 +273,16 @@ SPECS: list[tuple[WeightExpr, TensorSpec]] = [
     (Dequantize(x=I8, scale=F32_SCALAR, zero_point=I32_SCALAR, axis=None), spec(4, 3)),
     (Dequantize(x=I8, scale=vec(4), zero_point=vec(4, "int32"), axis=0, dtype="float16"), spec(4, 3, dtype="float16")),
     (Dequantize(x=src("n", 3, dtype="int32"), scale=vec(3), zero_point=vec(3), axis=-1), spec("n", 3)),
+    (MatMul(a=src(4, 3), b=src(3, 5, key="y")), spec(4, 5)),
+    (MatMul(a=src(4, 3, dtype="float16"), b=src(3, 1, dtype="float16")), spec(4, 1, dtype="float16")),
+    (MatMul(a=src(2, 3, dtype="bfloat16"), b=src(3, 3, dtype="bfloat16")), spec(2, 3, dtype="bfloat16")),
+    (MatMul(a=src(4, 3, dtype="int8"), b=src(3, dtype="int8")), spec(4, dtype="int8")),  # a matrix by a vector
+    (MatMul(a=src(4, 3, dtype="float64"), b=vec(3, "float64")), spec(4, dtype="float64")),
+    (MatMul(a=src(1, 2, dtype="uint8"), b=src(2, 7, dtype="uint8")), spec(1, 7, dtype="uint8")),
+    (MatMul(a=src(2, 0, dtype="int64"), b=src(0, 5, dtype="int64")), spec(2, 5, dtype="int64")),  # zeros, as torch's
+    (MatMul(a=src("n", 3), b=src(3, "m")), spec("n", "m")),
+    (MatMul(a=src(2, "k"), b=src("k")), spec(2)),
+    (MatMul(a=Permute(x=W43, dims=(1, 0)), b=W43), spec(3, 3)),
 ]  # fmt: skip
 
 
@@ -378,6 +390,24 @@ FAILURES: list[tuple[WeightExpr, str]] = [
     (Dequantize(x=I8, scale=vec(2), zero_point=I32_SCALAR, axis=None), "per-tensor scale of shape (2,)"),
     (Dequantize(x=I8, scale=vec(4), zero_point=vec(3), axis=0), "zero point of shape (3,) for axis 0 of (4, 3)"),
     (Dequantize(x=BAD, scale=F32_SCALAR, zero_point=I32_SCALAR, axis=None), BAD_MSG),
+    (MatMul(a=src(3), b=src(3, 2)), "matmul of ranks 1 and 2 (a matrix by a matrix or a vector)"),
+    (MatMul(a=src(2, 4, 3), b=src(3, 2)), "matmul of ranks 3 and 2 (a matrix by a matrix or a vector)"),
+    (MatMul(a=src(), b=src()), "matmul of ranks 0 and 0 (a matrix by a matrix or a vector)"),
+    (MatMul(a=W43, b=src(3, 2, 1)), "matmul of ranks 2 and 3 (a matrix by a matrix or a vector)"),
+    (MatMul(a=W43, b=src()), "matmul of ranks 2 and 0 (a matrix by a matrix or a vector)"),
+    (MatMul(a=W43, b=src(3, dtype="int8")), "matmul of float32 and int8 (cast one first)"),
+    (MatMul(a=W43, b=src(3, 2, dtype="float16")), "matmul of float32 and float16 (cast one first)"),
+    (MatMul(a=src(3, dtype="int8"), b=src(3, 2)), "matmul of ranks 1 and 2 (a matrix by a matrix or a vector)"),
+    (MatMul(a=src(2, 3, dtype="bool"), b=src(3, 2, dtype="bool")), "matmul of bool"),  # torch's CPU mm refuses it
+    (MatMul(a=src(2, 3, dtype="bool"), b=src(4, dtype="bool")), "matmul of bool"),
+    (MatMul(a=W43, b=src(4, 5)), "matmul of shapes (4, 3) and (4, 5): inner sizes differ"),
+    (MatMul(a=W43, b=src(4)), "matmul of shapes (4, 3) and (4,): inner sizes differ"),
+    (MatMul(a=W43, b=src(2, 3, dtype="float16")), "matmul of float32 and float16 (cast one first)"),
+    (MatMul(a=src(2, "k"), b=src(3, 2)), "matmul of shapes (2, 'k') and (3, 2): inner sizes differ"),
+    (MatMul(a=src(2, "k"), b=src("j", 2)), "matmul of shapes (2, 'k') and ('j', 2): inner sizes differ"),
+    (MatMul(a=BAD, b=W43), BAD_MSG),
+    (MatMul(a=src(3, 4), b=BAD2), BAD2_MSG),
+    (MatMul(a=BAD2, b=BAD), BAD2_MSG),
 ]
 
 
@@ -480,6 +510,11 @@ def test_a_fill_of_negative_zero_is_not_a_fill_of_zero() -> None:
         (Binary(op="add", a=W43, b=W43), Binary(op="sub", a=W43, b=W43)),
         (Unary(op="neg", x=W43), Unary(op="sqrt", x=W43)),
         (Reshape(x=W43, shape=(12,)), Permute(x=W43, dims=(1, 0))),
+        (MatMul(a=src(3, 3, key="a"), b=src(3, 3, key="b")), MatMul(a=src(3, 3, key="b"), b=src(3, 3, key="a"))),
+        (
+            MatMul(a=src(3, 3, key="a"), b=src(3, 3, key="b")),
+            Binary(op="mul", a=src(3, 3, key="a"), b=src(3, 3, key="b")),
+        ),
     ],
 )
 def test_different_expressions_are_different_keys(a: WeightExpr, b: WeightExpr) -> None:
@@ -532,6 +567,21 @@ def test_children_subexpressions_sources() -> None:
     assert subexpressions(q) == {q, cat, neg, a, b, F32_SCALAR, I32_SCALAR}
     assert sources(q) == {"a", "b"}
     assert sources(F32_SCALAR) == frozenset()
+
+
+def test_a_matrix_product_is_one_key_and_computes_from_both_operands() -> None:
+    def build() -> MatMul:
+        w2, w1 = src(6, 4, key="w2"), src(4, 3, key="w1")
+        return MatMul(a=w2, b=w1)
+
+    merged, again = build(), build()
+    assert merged is not again and merged == again and hash(merged) == hash(again) and {merged: 1}[again] == 1
+    # the weight and the bias of two merged linears both read W2: one subexpression of the two
+    bias = MatMul(a=src(6, 4, key="w2"), b=vec(4, key="b1"))
+    assert children(merged) == (src(6, 4, key="w2"), src(4, 3, key="w1"))
+    assert subexpressions(merged) & subexpressions(bias) == {src(6, 4, key="w2")}
+    assert sources(merged) == {"w1", "w2"} and sources(bias) == {"w2", "b1"}
+    assert not moves_data(merged)  # arithmetic: an inf in a weight is no inf the old ops read at that place
 
 
 # --- inverse and unpack, by value ---------------------------------------------------------------------

@@ -1,0 +1,160 @@
+"""The outside author's ``merge-linears`` rule (``tests/merge_linears.py``, the public kit only, no
+adapter code) on real programs: the GraphModule, the aten and the edge program of two linears in a
+row, with no bias, one or both, on a matrix or a sequence of vectors, against the original model's
+outputs and the weights left behind; a weight another linear reads stays; a shared inner linear and
+a bottleneck are declined; the merged edge program lowers to ExecuTorch and runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from executorch.exir import to_edge
+from torch import nn
+from torch.export import ExportedProgram
+
+import adapters
+from adapters.passes import RulesPass
+from tests.merge_linears import GROWS, merge_linears
+from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte
+
+
+class Chain(nn.Module):
+    """Two linears in a row, each with or without its bias."""
+
+    def __init__(self, inner_bias: bool, outer_bias: bool) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16, bias=inner_bias), nn.Linear(16, 4, bias=outer_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.fc2(self.fc1(x))
+        return torch.relu(y)
+
+
+def _x(rank: int = 2) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn((2, 8) if rank == 2 else (2, 3, 8), generator=g),)
+
+
+def _constants(program: Any) -> set[str]:
+    """The tensors the program holds (a GraphModule's parameters and buffers)."""
+    if isinstance(program, ExportedProgram):
+        return set(program.state_dict) | set(program.constants)
+    return {k for k, _ in program.named_parameters()} | {k for k, _ in program.named_buffers()}
+
+
+def _products(program: Any) -> int:
+    return sum(count(program, op) for op in ("linear", "addmm", "aten.mm", "matmul"))
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize(("inner_bias", "outer_bias"), [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("form", FORMS)
+def test_two_linears_become_one_that_computes_what_they_did(
+    form: str, inner_bias: bool, outer_bias: bool, rank: int
+) -> None:
+    model, x = Chain(inner_bias, outer_bias).eval(), _x(rank)  # rank 3: a sequence of vectors
+    program = build(model, x, form)
+    with torch.no_grad():
+        want = [model(*x)]
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.changed
+    assert _products(program) == 1
+    assert_sound(program, x, want)  # within 1e-5 of the original's outputs, no dead constant, validates
+    (got,) = run(program, x)
+    assert torch.allclose(got, want[0], atol=1e-5)
+    # the two old weights and the inner bias are gone; the outer bias alone is read as it is
+    names = _constants(program)
+    assert not any(k.startswith("fc1.") for k in names) and "fc2.weight" not in names
+    assert ("fc2.bias" in names) == (outer_bias and not inner_bias)
+
+
+class Shared(nn.Module):
+    """The inner linear's weight also read by another linear, on another input: it stays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc2(self.fc1(x)), self.fc1(y)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_weight_another_linear_reads_stays(form: str) -> None:
+    model, x = Shared().eval(), (*_x(), torch.randn(3, 8))
+    program = build(model, x, form)
+    with torch.no_grad():
+        want = list(model(*x))
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert [p.anchor for p in outcome.report.plans] and _products(program) == 2
+    assert_sound(program, x, want)
+    names = _constants(program)
+    assert {"fc1.weight", "fc1.bias"} <= names and "fc2.weight" not in names and "fc2.bias" not in names
+
+
+class Branching(nn.Module):
+    """A linear whose output two linears read (no merge), and a bottleneck (no merge: larger)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 4)
+        self.down, self.up = nn.Linear(8, 2, bias=False), nn.Linear(2, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.fc1(x)
+        return self.a(h), self.b(h), self.up(self.down(x))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_shared_inner_linear_and_a_bottleneck_are_declined_and_the_program_untouched(form: str) -> None:
+    model, x = Branching().eval(), _x()
+    program = build(model, x, form)
+    want = run(program, x)
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert not outcome.changed and not outcome.report.plans
+    codes = sorted(j.reason.code for j in outcome.report.rejections)
+    # fc1 and down read an input; a and b a linear another reads too; up would be larger merged
+    assert codes == sorted(["wrong-op", "wrong-op", "output-shared", "output-shared", GROWS])
+    assert_sound(program, x, want)
+
+
+class Regrouped(nn.Module):
+    """The model's own reshapes before and between the two linears: rows flattened, then regrouped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.fc2(self.fc1(x.reshape(-1, 8)).reshape(-1, 2, 16))
+        return y
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_linears_around_the_models_own_reshapes(form: str) -> None:
+    # on edge, a linear of a 3-D input is itself a reshape, addmm and reshape back: the model's
+    # reshape between the linears is read as the outer one's own (the rows only regrouped), and they
+    # merge; in an aten program (and its GraphModule) fc2 reads a reshape, no linear: declined
+    model, x = Regrouped().eval(), (torch.randn(2, 3, 8),)
+    program = build(model, x, form)
+    with torch.no_grad():
+        want = [model(*x)]
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    merged = form == "edge"
+    assert len(outcome.report.plans) == merged and _products(program) == 2 - merged
+    if not merged:
+        (no,) = [j.reason for j in outcome.report.rejections if j.node == "linear_1"]
+        assert no.code == "wrong-op" and "reshape" in no.message
+    assert_sound(program, x, want)
+
+
+def test_the_merged_edge_program_lowers_and_the_runtime_computes_the_same() -> None:
+    # as a pass of ExecuTorch's own pipeline (RulesPass), then to_executorch and the runtime
+    model, x = Chain(True, True).eval(), _x(3)
+    with torch.no_grad():
+        want = [model(*x)]
+    edge = to_edge(torch.export.export(model, x)).transform([RulesPass([merge_linears])])
+    assert _products(edge.exported_program()) == 1
+    assert_close(run_pte(edge.to_executorch().buffer, x), want)
