@@ -176,9 +176,10 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     if node is not None and node.target in SQUEEZE.targets and _unbatched(snap, node):
         return True
     if node is not None and node.target in MOVES:  # (linear-to-conv2d's spelling of a linear: declined)
-        while node is not None and node.target in MOVES:
-            node = _node(snap, node.arg(0, "self"))
-        x = _node(snap, node.arg(0, "input")) if node is not None and node.target in CONV.targets else None
+        while node is not None and node.target in MOVES:  # (quantized after each view in a PT2E program)
+            node = _unquantized(snap, _node(snap, node.arg(0, "self")))
+        conv = node if node is not None and node.target in CONV.targets else None
+        x = _unquantized(snap, _node(snap, conv.arg(0, "input"))) if conv is not None else None
         return x is not None and x.target in MOVES | UNSQUEEZE.targets
     if node is None or node.target not in VIEW.targets:
         return node is not None and (
@@ -190,6 +191,16 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
             return False
         node = snap.node(inner.name)
     return node.target in MATMULS or (node.target in BMM.targets and is_linear(snap, node)) or is_bias_add(snap, node)
+
+
+def _unquantized(snap: GraphSnapshot, node: NodeSnapshot | None) -> NodeSnapshot | None:
+    """``node``, or what it dequantizes where it dequantizes a quantize (a PT2E program's activation)."""
+    while node is not None and node.target in DEQUANTIZE.targets:
+        q = _node(snap, node.arg(0, "input"))
+        if q is None or q.target not in QUANTIZE_PER_TENSOR.targets:
+            break
+        node = _node(snap, q.arg(0, "input"))
+    return node
 
 
 def _unbatched(snap: GraphSnapshot, squeeze: NodeSnapshot) -> bool:

@@ -762,15 +762,42 @@ def test_a_scale_of_an_unbatched_product_on_edge_is_declined_and_of_a_batched_on
     assert [(r.node, r.reason.code) for r in report.rejections] == want
 
 
+def _qdq(g: GraphBuilder, x: NodeRef, shape: tuple[int, ...]) -> NodeRef:
+    """``x`` quantized and dequantized, as PT2E writes each activation."""
+    q = g.call(
+        "quantized_decomposed.quantize_per_tensor.default",
+        out=spec(*shape, dtype="int8"),
+        input=x,
+        scale=0.1,
+        zero_point=0,
+        quant_min=-128,
+        quant_max=127,
+        dtype=DTypeArg(name="int8"),
+    )
+    return g.call(
+        "quantized_decomposed.dequantize_per_tensor.default",
+        out=shape,
+        input=q,
+        scale=0.1,
+        zero_point=0,
+        quant_min=-128,
+        quant_max=127,
+        dtype=DTypeArg(name="int8"),
+    )
+
+
 @pytest.mark.parametrize("dialect", ["aten", "edge"])
-@pytest.mark.parametrize("moved", [True, False])
+@pytest.mark.parametrize(("moved", "quantized"), [(True, False), (False, False), (True, True), (False, True)])
 def test_a_scale_of_a_linear_made_a_1x1_conv_is_declined_and_of_a_conv_squeezed_is_no_candidate(
-    moved: bool, dialect: str
+    moved: bool, quantized: bool, dialect: str
 ) -> None:
     # found by a hunt: after linear-to-conv2d (the rules in another order than RULES), a layer scale
     # of the linear's output, now conv(unsqueeze(permute(x))) squeezed and permuted back, was skipped
-    # unreported; a squeeze of a conv of an input the graph did not move so is no linear's spelling
+    # unreported; a squeeze of a conv of an input the graph did not move so is no linear's spelling.
+    # In a PT2E program each view's output is quantized and dequantized: that too was skipped (a hunt,
+    # 2026-12-07)
     g = GraphBuilder(dialect=dialect)
+    qdq = (lambda x, shape: _qdq(g, x, shape)) if quantized else (lambda x, _: x)
     permute, unsqueeze, squeeze = (
         ("aten.permute_copy.default", "aten.unsqueeze_copy.default", "aten.squeeze_copy.dims")
         if dialect == "edge"
@@ -778,12 +805,13 @@ def test_a_scale_of_a_linear_made_a_1x1_conv_is_declined_and_of_a_conv_squeezed_
     )
     if moved:
         x = g.input("x", (2, 5, 8))
-        t = g.call(permute, out=(2, 8, 5), self=x, dims=(0, 2, 1))
-        x4 = g.call(unsqueeze, out=(2, 8, 1, 5), self=t, dim=2)
+        t = qdq(g.call(permute, out=(2, 8, 5), self=x, dims=(0, 2, 1)), (2, 8, 5))
+        x4 = qdq(g.call(unsqueeze, out=(2, 8, 1, 5), self=t, dim=2), (2, 8, 1, 5))
     else:
         x4 = g.input("x", (2, 8, 1, 5))
-    y = _edge_conv(g, x4, g.parameter("w", (6, 8, 1, 1)), (2, 6, 1, 5))
-    back = g.call(permute, out=(2, 5, 6), self=g.call(squeeze, out=(2, 6, 5), self=y, dim=(2,)), dims=(0, 2, 1))
+    y = qdq(_edge_conv(g, x4, g.parameter("w", (6, 8, 1, 1)), (2, 6, 1, 5)), (2, 6, 1, 5))
+    squeezed = qdq(g.call(squeeze, out=(2, 6, 5), self=y, dim=(2,)), (2, 6, 5))
+    back = qdq(g.call(permute, out=(2, 5, 6), self=squeezed, dims=(0, 2, 1)), (2, 5, 6))
     g.output(g.call("aten.mul.Tensor", name="mul", out=(2, 5, 6), self=back, other=g.parameter("gamma", (6,))))
     report = plan(g.build(), [RULE])
     assert report.plans == ()
