@@ -398,12 +398,17 @@ def broadcast(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
     return tuple(reversed(out))
 
 
+def _operands(a: WeightExpr, b: WeightExpr) -> tuple[TensorSpec, TensorSpec] | BadExpr:
+    """The specs of two operands, or the first one's failure."""
+    sa, sb = _spec_of(a), _spec_of(b)
+    return sa if isinstance(sa, BadExpr) else sb if isinstance(sb, BadExpr) else (sa, sb)
+
+
 def _binary(e: Binary) -> Inferred:
-    sa, sb = _spec_of(e.a), _spec_of(e.b)
-    if isinstance(sa, BadExpr):
-        return sa
-    if isinstance(sb, BadExpr):
-        return sb
+    specs = _operands(e.a, e.b)
+    if isinstance(specs, BadExpr):
+        return specs
+    sa, sb = specs
     shape = broadcast(sa.shape, sb.shape)
     if sa.dtype != sb.dtype:
         return _bad(f"{e.op} of {sa.dtype} and {sb.dtype} (cast one first)")
@@ -417,11 +422,10 @@ def _binary(e: Binary) -> Inferred:
 
 
 def _matmul(e: MatMul) -> Inferred:
-    sa, sb = _spec_of(e.a), _spec_of(e.b)
-    if isinstance(sa, BadExpr):
-        return sa
-    if isinstance(sb, BadExpr):
-        return sb
+    specs = _operands(e.a, e.b)
+    if isinstance(specs, BadExpr):
+        return specs
+    sa, sb = specs
     if len(sa.shape) != 2 or len(sb.shape) not in (1, 2):
         return _bad(f"matmul of ranks {len(sa.shape)} and {len(sb.shape)} (a matrix by a matrix or a vector)")
     if sa.dtype != sb.dtype:

@@ -170,9 +170,9 @@ def _computed_by_product(snap: GraphSnapshot, value: Arg) -> bool:
     )
     if node is not None and idle and node.args:  # (a copy, or a dropout in eval mode: of its input)
         return _computed_by_product(snap, node.args[0])
-    quantized = _node(snap, node.arg(0, "input")) if node is not None and node.target in DEQUANTIZE.targets else None
-    if quantized is not None and quantized.target in QUANTIZE_PER_TENSOR.targets:
-        return _computed_by_product(snap, quantized.arg(0, "input"))  # (PT2E's quantized output: declined)
+    unquantized = _unquantized(snap, node)
+    if unquantized is not node:  # (PT2E's quantized output: declined)
+        return unquantized is not None and _computed_by_product(snap, NodeRef(unquantized.name))
     if node is not None and node.target in SQUEEZE.targets and _unbatched(snap, node):
         return True
     if node is not None and node.target in MOVES:  # (linear-to-conv2d's spelling of a linear: declined)
