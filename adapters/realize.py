@@ -66,6 +66,7 @@ from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot,
 from fxpure.weights import (
     Binary,
     Cast,
+    MatMul,
     Source,
     Unary,
     WeightExpr,
@@ -872,12 +873,23 @@ def _low(memo: Mapping[object, torch.Tensor], value: Callable[[WeightExpr], torc
     """The float32 products, quotients and reciprocals among the parts of the constants computed
     (each in ``memo``) that hold a value below float32's smallest normal: a subnormal, or a zero of
     operands that are not (a factor below 1e-45 flushes a weight whole; a batch norm's mean of 0
-    times its scale is exact). Looked at in stacks of one op and shape (most folds have none)."""
+    times its scale is exact), or, for a matrix product, a zero where the product in float64 holds
+    none (two linears of 1e-20 and 1e-26 merged). Elementwise ones are looked at in stacks of one op
+    and shape (most folds have none)."""
     same: dict[tuple[str, torch.Size], list[tuple[Binary | Unary, torch.Tensor]]] = {}
-    for e, t in memo.items():
-        if isinstance(e, Binary | Unary) and e.op in _SHRINKS and t.dtype is torch.float32 and t.numel():
-            same.setdefault((e.op, t.shape), []).append((e, t))
     tiny, out = torch.finfo(torch.float32).tiny, set[WeightExpr]()
+    for e, t in memo.items():
+        if not (isinstance(e, Binary | Unary | MatMul) and t.dtype is torch.float32 and t.numel()):
+            continue
+        if isinstance(e, MatMul):
+            size = t.abs()
+            if float(size.amin()) < tiny and (
+                bool(((size < tiny) & (t != 0)).any())
+                or bool(((t == 0) & (torch.matmul(value(e.a).double(), value(e.b).double()) != 0)).any())
+            ):
+                out.add(e)
+        elif e.op in _SHRINKS:
+            same.setdefault((e.op, t.shape), []).append((e, t))
     for (op, shape), parts in same.items():
         step = max(1, _STACKED // parts[0][1].numel())
         for chunk in (parts[i : i + step] for i in range(0, len(parts), step)):

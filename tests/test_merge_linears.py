@@ -158,3 +158,21 @@ def test_the_merged_edge_program_lowers_and_the_runtime_computes_the_same() -> N
     edge = to_edge(torch.export.export(model, x)).transform([RulesPass([merge_linears])])
     assert _products(edge.exported_program()) == 1
     assert_close(run_pte(edge.to_executorch().buffer, x), want)
+
+
+@pytest.mark.parametrize("outer_scale", [1e-26, 1e-22])
+def test_a_merged_weight_float32_cannot_hold_is_declined_and_the_program_untouched(outer_scale: float) -> None:
+    # weights of 1e-20 and 1e-26 (or 1e-22): the program's outputs, of an input of 1e30, are about
+    # 1e-16, but their product is 1e-45 (flushed to 0) or 1e-41 (a subnormal, about 3 digits)
+    model, x = Chain(False, True).eval(), (torch.randn(2, 8, generator=torch.Generator().manual_seed(0)) * 1e30,)
+    with torch.no_grad():
+        model.fc1.weight.mul_(1e-20)
+        model.fc2.weight.mul_(outer_scale)
+        model.fc2.bias.zero_()
+    program = build(model, x, "aten")
+    want = run(program, x)
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert not outcome.changed and not outcome.report.plans
+    (no,) = [j.reason for j in outcome.report.rejections if j.node == "linear_1"]
+    assert no.code == "weight-underflow"
+    assert_sound(program, x, want)
