@@ -347,7 +347,8 @@ def idle(value: Pattern, *, code: str = "wrong-op", shared: str = "output-shared
 
 class NotLiteral(TypeError):
     """A :class:`Bound` accessor read an argument that the node gives by another node (a value
-    computed at run time, such as a symbolic ``eps``) where the rule needs a literal. A
+    computed at run time, such as a symbolic ``eps``) where the rule needs a literal, or
+    :meth:`Match.shape` a shape that is not static. A
     :class:`PatternRule` declines with ``reason`` (``malformed-node``, located at ``plan``); any
     other accessor misuse (an argument of another kind, or one the family does not have) stays a
     ``TypeError``: a bug in the rule."""
@@ -501,6 +502,36 @@ class Match:
                 return None
             return known_values(Fill(shape=(), value=float(held[0]), dtype=value.dtype))  # (as the cast rounds it)
         return known_values(value) if isinstance(value, WeightExpr) else None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a bound value, each size an int: what a planner or check reads after
+        ``need.static(name)`` (no ``assert`` to narrow it). Unknown, or with a symbolic size (no such
+        check before it), it is :class:`NotLiteral`: the rule declines ``malformed-node`` at
+        ``plan``, saying which value."""
+        dims = self._spec_of(name).shape
+        sizes = tuple(d for d in dims if isinstance(d, int))
+        if len(sizes) != len(dims):
+            detail = f"{name} has the symbolic shape {dims}; the rule reads it as static (need.static({name!r}))"
+            raise NotLiteral(Malformed(node=self._node_of(name), detail=detail))
+        return sizes
+
+    def dtype(self, name: str) -> str:
+        """The dtype of a bound value (:class:`NotLiteral` where it is unknown, as :meth:`shape`)."""
+        return self._spec_of(name).dtype
+
+    def _spec_of(self, name: str) -> TensorSpec:
+        if self.bindings.get(name) is None:  # a bug in the rule, whatever the graph
+            raise TypeError(
+                f"{name} is not bound at {self.anchor} (an optional operand absent, or no name of the pattern)"
+            )
+        spec = self.spec(name)
+        if spec is None:  # (a number where a tensor was expected, say)
+            raise NotLiteral(Malformed(node=self._node_of(name), detail=f"{name} has no known shape and dtype"))
+        return spec
+
+    def _node_of(self, name: str) -> str:
+        site = self.sites.get(name)
+        return site.node if site is not None else self.anchor
 
 
 @final

@@ -26,10 +26,7 @@ PATTERN = linear_root(
 
 def _no_larger(outer: Bound, match: Match) -> Reason | None:
     # a bottleneck (LoRA's B @ A: 6 -> 2 -> 6) costs less as two products than as one
-    s1, s2 = match.spec("w1"), match.spec("w2")
-    assert s1 is not None and s2 is not None  # need.static checked them
-    (hidden, inputs), (outputs, _) = s1.shape, s2.shape
-    assert isinstance(hidden, int) and isinstance(inputs, int) and isinstance(outputs, int)
+    (hidden, inputs), (outputs, _) = match.shape("w1"), match.shape("w2")  # (static: need.static)
     if outputs * inputs <= hidden * (inputs + outputs):
         return None
     detail = f"{outer.name}: a {outputs}x{inputs} weight is larger than {hidden}x{inputs} and {outputs}x{hidden}"
@@ -44,9 +41,8 @@ def _merge(
     # between the two products only regroup (one that moved features would leave W2's inner size
     # another than W1's rows: the MatMul, ill-typed, declines the plan)
     x, _ = linear_input(p.match, inner)
-    s1 = p.match.spec("w1")
-    assert s1 is not None and isinstance(s1.shape[1], int) and x is not None  # need.static checked it
-    dtype = s1.dtype
+    assert x is not None  # (the pattern matched the inner linear's input)
+    dtype = p.match.dtype("w1")
     work = work_dtype(dtype)  # a float16 product accumulated in float32, and rounded once
 
     def wide(e: WeightExpr) -> WeightExpr:
@@ -61,7 +57,7 @@ def _merge(
         through = MatMul(a=wide(w2), b=wide(b1))  # b1 through W2
         both = through if b2 is None else Binary(op="add", a=through, b=wide(b2))
         bias = p.const(back(both), f"{outer.op.name}_merged_bias")
-    new = emit_linear(p, outer, weight, bias, input=x, in_features=s1.shape[1], suffix="merged")
+    new = emit_linear(p, outer, weight, bias, input=x, in_features=p.match.shape("w1")[1], suffix="merged")
     return p.replace(outer.outer, new)
 
 

@@ -37,6 +37,7 @@ from fxpure.pattern import (
     Const,
     Lit,
     Match,
+    NotLiteral,
     OneOf,
     Op,
     Pattern,
@@ -2365,3 +2366,32 @@ def test_a_noun_says_what_alternatives_expected_only_where_each_expected_another
         why(Op(ADD), Op(SUB), Const("c"))
         == "self of relu comes from neg (aten.neg.default), not an addition or a subtraction"
     )
+
+
+def test_match_shape_reads_a_static_shape_as_ints_and_declines_a_symbolic_one_with_its_name() -> None:
+    # a planner reads sizes without an assert; where the rule forgot need.static, a symbolic size
+    # declines the candidate (malformed-node, at plan, naming the value) instead of a traceback
+    read: list[tuple[tuple[int, ...], str]] = []
+
+    def planner(p: Planner, relu: Bound) -> RewritePlan:
+        read.append((p.match.shape("x"), p.match.dtype("x")))
+        return p.replace(relu, p.respell(relu))
+
+    scaled = rule("respell-relu", Op(RELU, name="relu", self=Var("x")), plan=planner)
+    for batch in (2, "s0"):
+        g = GraphBuilder()
+        g.output(g.call("aten.relu.default", name="relu", self=g.input("x", (batch, 3), dtype="float16")))
+        report = plan(g.build(), [scaled])
+        if batch == 2:
+            assert len(report.plans) == 1 and read == [((2, 3), "float16")]
+        else:
+            (no,) = report.rejections
+            assert (no.reason.code, no.reason.path, no.reason.node) == ("malformed-node", "plan", "relu")
+            assert "x has the symbolic shape ('s0', 3)" in no.reason.message
+    # a name the match leaves unbound is a bug in the rule, whatever the graph
+    g = GraphBuilder()
+    g.output(g.call("aten.relu.default", name="relu", self=g.input("x", (2, 3))))
+    m = match(Op(RELU, name="relu", self=Var("x")), (snap := g.build()), snap.node("relu")).unwrap()
+    with pytest.raises(TypeError, match="y is not bound at relu") as wrong:
+        m.shape("y")
+    assert not isinstance(wrong.value, NotLiteral)
