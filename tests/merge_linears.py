@@ -6,8 +6,8 @@ bias planned with ``MatMul`` and ``Binary``; no adapter code, no torch. Tested t
 
 from __future__ import annotations
 
-from fxpure.linear import emit_linear, is_linear, linear, linear_input, linear_of, linear_root
-from fxpure.pattern import Bound, Const, Match, Planner, need, rule
+from fxpure.linear import emit_linear, linear, linear_input, linear_of, linear_root
+from fxpure.pattern import ANY, Bound, Const, Match, Planner, Var, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
@@ -15,12 +15,18 @@ from fxpure.weights import FLOAT_DTYPES, Binary, Cast, MatMul, WeightExpr, work_
 
 GROWS = "merged-weight-larger"
 
+
 # linear(linear(x, W1, b1?), W2, b2?) in any spelling, the inner linear read by the outer one only
 PATTERN = linear_root(
     "outer",
     weight=Const("w2"),
     bias=Const("b2", optional=True),
     input=linear("inner", weight=Const("w1"), bias=Const("b1", optional=True)),
+)
+# its candidates: a linear of a linear, whatever its weights and readers (one of an input is none:
+# nothing to report), so that a computed weight or a shared inner linear is declined, saying why
+CHAIN = linear_root(
+    "outer", weight=Var("w2"), bias=Var("b2"), input=linear("inner", weight=Var("w1"), bias=Var("b1"), users=ANY)
 )
 
 
@@ -74,5 +80,6 @@ merge_linears = rule(
     need.dtype("w2", FLOAT_DTYPES),
     need.check(_no_larger, codes=(GROWS,)),
     plan=_merge,
-    candidate=lambda root, snap: is_linear(snap, root.node),
+    # a linear of a linear, shared or not (one of an input is no candidate: no decline to report)
+    candidate=CHAIN,
 )

@@ -115,8 +115,9 @@ def test_a_shared_inner_linear_and_a_bottleneck_are_declined_and_the_program_unt
     outcome = adapters.transform(program, [merge_linears]).unwrap()
     assert not outcome.changed and not outcome.report.plans
     codes = sorted(j.reason.code for j in outcome.report.rejections)
-    # fc1 and down read an input; a and b a linear another reads too; up would be larger merged
-    assert codes == sorted(["wrong-op", "wrong-op", "output-shared", "output-shared", GROWS])
+    # a and b read a linear another reads too; up would be larger merged (fc1 and down read an
+    # input: no candidates, nothing reported)
+    assert codes == sorted(["output-shared", "output-shared", GROWS])
     assert_sound(program, x, want)
 
 
@@ -136,7 +137,7 @@ class Regrouped(nn.Module):
 def test_linears_around_the_models_own_reshapes(form: str) -> None:
     # on edge, a linear of a 3-D input is itself a reshape, addmm and reshape back: the model's
     # reshape between the linears is read as the outer one's own (the rows only regrouped), and they
-    # merge; in an aten program (and its GraphModule) fc2 reads a reshape, no linear: declined
+    # merge; in an aten program (and its GraphModule) fc2 reads a reshape, no linear: no candidate
     model, x = Regrouped().eval(), (torch.randn(2, 3, 8),)
     program = build(model, x, form)
     with torch.no_grad():
@@ -144,9 +145,7 @@ def test_linears_around_the_models_own_reshapes(form: str) -> None:
     outcome = adapters.transform(program, [merge_linears]).unwrap()
     merged = form == "edge"
     assert len(outcome.report.plans) == merged and _products(program) == 2 - merged
-    if not merged:
-        (no,) = [j.reason for j in outcome.report.rejections if j.node == "linear_1"]
-        assert no.code == "wrong-op" and "reshape" in no.message
+    assert not outcome.report.rejections
     assert_sound(program, x, want)
 
 
