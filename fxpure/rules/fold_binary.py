@@ -53,7 +53,23 @@ from fxpure.families import (
     VIEW,
 )
 from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
-from fxpure.pattern import ANY, Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Scalar, Var, idle, need, rule
+from fxpure.pattern import (
+    ANY,
+    Bound,
+    Const,
+    Lit,
+    Match,
+    OneOf,
+    Op,
+    Pattern,
+    PatternRule,
+    Planner,
+    Scalar,
+    Var,
+    idle,
+    need,
+    rule,
+)
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
@@ -95,22 +111,22 @@ DIRECT = OneOf(
 # ``gamma * dropout(dense(x))``): the dropout goes with the op; or through a copy (edge spells that
 # dropout as ``_clone_dim_order``): the copy stays, of the folded op's output, in its layout
 PRODUCER = OneOf(*DIRECT.alternatives, *idle(DIRECT))
+
+
+def _quantized(value: Pattern, at: str) -> Op:
+    """``value`` quantized and dequantized (a PT2E program's activation), read by others too."""
+    q = Op(QUANTIZE_PER_TENSOR, name=f"q_{at}", users=ANY, input=value)
+    return Op(DEQUANTIZE, name=f"dq_{at}", users=ANY, input=q)
+
+
 # in a PT2E program, the output quantized and dequantized (its weight dequantized too, its output
-# read by others too; the constant dequantized too): to be declined (quantized-output)
-QUANTIZED = Op(
-    DEQUANTIZE,
-    name="dq_out",
-    users=ANY,
-    input=Op(
-        QUANTIZE_PER_TENSOR,
-        name="q_out",
-        users=ANY,
-        input=OneOf(
-            Op(CONV_OR_LINEAR, name="conv", code=NOT_PRODUCER, users=ANY),
-            linear("lin", weight=Var("qw"), users=ANY, code=NOT_PRODUCER, bias_add=True),
-        ),
-    ),
+# read by others too; the constant dequantized too), or that read through a dropout or copy,
+# quantized and dequantized again: to be declined (quantized-output)
+QUANTIZED_PRODUCER = OneOf(
+    Op(CONV_OR_LINEAR, name="conv", code=NOT_PRODUCER, users=ANY),
+    linear("lin", weight=Var("qw"), users=ANY, code=NOT_PRODUCER, bias_add=True),
 )
+QUANTIZED = _quantized(OneOf(*QUANTIZED_PRODUCER.alternatives, *idle(_quantized(QUANTIZED_PRODUCER, "in"))), "out")
 # a constant copied to the op's dtype: to_edge lifts a Python int (any number, in a float16 model)
 # as an int64 or float32 tensor and copies it to the op's dtype
 OPERAND = OneOf(Const("c"), Scalar("c"), Op(CAST, name="copy", self=Const("c")))

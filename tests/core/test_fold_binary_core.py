@@ -856,3 +856,25 @@ def test_a_scale_of_a_quantized_and_dequantized_output_is_declined(requantized: 
             "bin: reads the output of conv quantized and dequantized (dq): folded into it, the scale or shift "
             "would change the values its quantization was calibrated for"
         )
+
+
+@pytest.mark.parametrize(("through", "dialect"), [("dropout", "aten"), ("clone", "aten"), ("clone", "edge")])
+def test_a_scale_of_a_quantized_output_read_through_a_dropout_or_copy_is_declined_as_quantized(
+    through: str, dialect: str
+) -> None:
+    # found by a hunt (2026-12-07): PT2E quantizes the dropout's (or copy's) output again; the scale
+    # was declined producer-not-conv-or-linear, naming the dropout, where the direct case says why
+    g = GraphBuilder(dialect=dialect)
+    x, w = g.input("x", (B, IC, 8, 8)), g.parameter("w", (OC, IC, 3, 3))
+    y = _qdq(g, _edge_conv(g, x, w, (B, OC, 6, 6), name="conv"), (B, OC, 6, 6))
+    if through == "dropout":
+        kept = g.call("aten.dropout.default", name="kept", out=(B, OC, 6, 6), self=y, p=0.1, train=False)
+    else:  # (edge's spelling of an eval dropout)
+        clone = "dim_order_ops._clone_dim_order.default" if dialect == "edge" else "aten.clone.default"
+        kept = g.call(clone, name="kept", out=(B, OC, 6, 6), self=y)
+    read = _qdq(g, kept, (B, OC, 6, 6))
+    g.output(g.call("aten.mul.Tensor", name="bin", out=(B, OC, 6, 6), self=read, other=g.parameter("s", (OC, 1, 1))))
+    report = plan(g.build(), [RULE])
+    (no,) = report.rejections
+    assert report.plans == () and (no.node, no.reason.code) == ("bin", "quantized-output")
+    assert no.reason.message.startswith("bin: reads the output of conv quantized and dequantized")
