@@ -41,7 +41,6 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, Literal, TypeAlias, cast, final
 
 from pyrsistent import pmap
@@ -833,7 +832,51 @@ def _arguments(
     a, b = pair
     swap = {a: b, b: a}
     swapped = [(swap.get(k, k), sub) for k, sub in pairs]
-    return _best(st, (partial(_in_order, order, args, node, path, seen_as) for order in (pairs, swapped)))
+    return _commuted((pairs, swapped), args, node, path, seen_as, st)
+
+
+def _commuted(
+    orders: tuple[list[tuple[str, Pattern]], list[tuple[str, Pattern]]],
+    args: Mapping[str, Arg],
+    node: NodeSnapshot,
+    path: str,
+    seen_as: tuple[str, str] | None,
+    st: _State,
+) -> Reason | None:
+    """A commutative op's operands in either order: the first that matches, else the order that got
+    further; where both missed as deep, the one whose other operands match further, each matched
+    in full (``gamma * y`` of a y no pattern takes: y is said, not gamma)."""
+    tried: list[tuple[_State, Reason]] = []
+    for order in orders:
+        fork = st.fork()
+        err = _in_order(order, args, node, path, seen_as, fork)
+        if err is None:
+            _adopt(st, fork)
+            return None
+        tried.append((fork, err))
+    (one, _), (other, _) = tried
+    if one.depth == other.depth:
+        reach = [_in_full(order, args, node, path, seen_as, st) for order in orders]
+        later = reach[1] > reach[0]
+    else:
+        later = other.depth > one.depth
+    fork, reason = tried[later]
+    _adopt(st, fork)
+    return reason
+
+
+def _in_full(
+    order: Sequence[tuple[str, Pattern]],
+    args: Mapping[str, Arg],
+    node: NodeSnapshot,
+    path: str,
+    seen_as: tuple[str, str] | None,
+    st: _State,
+) -> int:
+    """How deep every argument of ``order`` matches, each tried whatever the others do."""
+    fork = st.fork()
+    _in_order(order, args, node, path, seen_as, fork, every=True)
+    return fork.depth
 
 
 def _neutral(p: Op, schema: Schema, args: Mapping[str, Arg], node: NodeSnapshot, path: str) -> ArgMismatch | None:
@@ -871,14 +914,19 @@ def _in_order(
     path: str,
     seen_as: tuple[str, str] | None,
     st: _State,
+    *,
+    every: bool = False,
 ) -> Reason | None:
-    """Match each argument's pattern in turn; the first reason ends it."""
+    """Match each argument's pattern in turn; the first reason ends it (or, ``every``, is returned
+    once the others are matched too: what they match counts in the depth)."""
+    first: Reason | None = None
     for arg, sub in order:
         parent, role = seen_as or (node.name, arg)
         err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", st)
-        if err is not None:
+        if err is not None and not every:
             return err
-    return None
+        first = first or err
+    return first
 
 
 def _consumer(p: Op, node: NodeSnapshot, uses: tuple[str, ...], path: str, st: _State) -> Reason | None:

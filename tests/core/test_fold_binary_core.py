@@ -878,3 +878,16 @@ def test_a_scale_of_a_quantized_output_read_through_a_dropout_or_copy_is_decline
     (no,) = report.rejections
     assert report.plans == () and (no.node, no.reason.code) == ("bin", "quantized-output")
     assert no.reason.message.startswith("bin: reads the output of conv quantized and dequantized")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_an_edge_promotion_of_a_conv_read_again_is_declined_as_shared(shared: bool) -> None:
+    # to_edge copies a float16 conv's output to float32 before `* c_fp32`: declined dtype-promotion,
+    # or output-shared where the copy has another reader (a review: a tie-break between a commuted
+    # op's orders must not outweigh another alternative that got further)
+    g, k = _edge_conv_copied("float16", dtype=DTypeArg("float32"))
+    mul = g.call("aten.mul.Tensor", name="mul", out=(B, OC, 6, 6), self=k, other=g.parameter("c", (OC, 1, 1)))
+    g.output(mul, *([k] if shared else []))
+    (no,) = plan(g.build(), [RULE]).rejections
+    want = ("output-shared", "bin.self/promoted") if shared else ("dtype-promotion", "bin")
+    assert (no.reason.code, no.reason.path) == want

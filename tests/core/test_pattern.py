@@ -2395,3 +2395,20 @@ def test_match_shape_reads_a_static_shape_as_ints_and_declines_a_symbolic_one_wi
     with pytest.raises(TypeError, match="y is not bound at relu") as wrong:
         m.shape("y")
     assert not isinstance(wrong.value, NotLiteral)
+
+
+def test_a_commuted_op_missed_in_both_orders_names_the_operand_no_pattern_takes() -> None:
+    # found by a hunt: `gamma * y` where y is no producer the rule takes said "comes from gamma" (the
+    # first order, as deep as the other), while `y * gamma` named y; now the order whose other
+    # operand matches (gamma, a constant) is said, whichever way the program writes it
+    pattern = Op(MUL, name="m", commute=True, self=Op(RELU, name="r"), other=Const("c"))
+    for first in (True, False):
+        g = GraphBuilder()
+        y = g.call("aten.neg.default", name="neg", self=g.input("x", (2, 3)))
+        c = g.parameter("c", (2, 3))
+        g.output(g.call("aten.mul.Tensor", name="m", out=(2, 3), self=c if first else y, other=y if first else c))
+        snap = g.build()
+        reason = match(pattern, snap, snap.node("m")).failure()
+        side = "other" if first else "self"
+        assert (reason.code, reason.path, reason.node) == ("wrong-op", f"m.{side}/r", "m")
+        assert reason.message == f"{side} of m comes from neg (aten.neg.default), not a relu"
