@@ -423,6 +423,10 @@ CLONE = family(
         ),
         "dim_order_ops._clone_dim_order.default(Tensor self, *, bool non_blocking=False, int[]? dim_order=None)"
         " -> Tensor",
+        # (``y.detach()``, which an aten program keeps, and ``aten.alias``, which decompositions
+        # make of it: the tensor as it is; edge copies it)
+        *(parse_schema(f"aten.{op}.default(Tensor(a) self) -> Tensor(a)", fixed=_BLOCKS) for op in ("detach", "alias")),
+        *(parse_schema(f"aten.{op}_copy.default(Tensor self) -> Tensor", fixed=_BLOCKS) for op in ("detach", "alias")),
     ],
 )
 _COPY = "ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None"

@@ -922,6 +922,40 @@ class _Batch:
         return None
 
 
+def _void(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> dict[str, PlanConflict]:
+    """The plans of a stage whose every replaced value would be read by nothing, by anchor, with why:
+    each node reading it is one another plan erases, or drops once unread, reading through it and
+    recomputing it (a chain of three linears merged pairwise after decompositions was reported as
+    two merges, the first's new linear then dropped unread). Each would be reported as applied,
+    and is not."""
+    erased = {n: q.anchor for q in plans for n in (*q.erase, *(old for old, _ in q.replace))}
+    pruned = {n: q.anchor for q in plans for n in q.prune}
+    # what the plans' new nodes read (a quantized conv's next one reads its quantize, taken over)
+    read = {q.anchor: {r for n in q.nodes for r in refs((n.args, tuple(n.kwargs.values())))} for q in plans}
+    kept = set().union(*read.values())
+    dropped: dict[str, bool] = {}
+
+    def gone(name: str) -> bool:  # erased, or pruned and read by nothing left
+        if name not in dropped:
+            dropped[name] = False  # (a cycle keeps it)
+            dropped[name] = name in erased or (
+                name in pruned and name not in kept and all(gone(u) for u in snap.users.get(name, ()))
+            )
+        return dropped[name]
+
+    out = {}
+    for p in plans:
+        mine, olds = p.claims | set(p.prune), {old for old, _ in p.replace}
+        if any(olds & read[q.anchor] for q in plans if q is not p):
+            continue
+        readers = sorted({u for old in olds for u in snap.users.get(old, ()) if u not in mine})
+        if readers and all(gone(u) for u in readers):
+            by = erased.get(readers[0]) or pruned[readers[0]]
+            detail = f"what it makes is read by nothing: {readers[0]}, which reads it, goes with the plan at {by}"
+            out[p.anchor] = PlanConflict(node=p.anchor, detail=detail, path="plan")
+    return out
+
+
 def _misfits(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> dict[str, PlanConflict]:
     """The plans of a stage ``rewrite`` refused that do not fit on their own, by anchor, with why
     (what one plan gets wrong is its own: the others are still rewritten). Only when a rewrite fails."""
@@ -1480,6 +1514,12 @@ def _stages(
                 p = result.unwrap()
                 claimed.update((c, p.anchor) for c in p.claims)
                 accepted.append(p)
+            void = _void(current, accepted)
+            for p in accepted:  # declined, the rest rewritten
+                if p.anchor in void:
+                    why = void[p.anchor]
+                    _decline(rejections, reported, first, Rejection(rule=rule.name, node=p.anchor, reason=why))
+            accepted = [p for p in accepted if p.anchor not in void]
             step = _rewrite(current, accepted)
             misfits = _misfits(current, accepted) if isinstance(step, Failure) else {}
             if misfits:  # declined each at its candidate, the rest rewritten

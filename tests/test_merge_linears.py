@@ -175,3 +175,20 @@ def test_a_merged_weight_float32_cannot_hold_is_declined_and_the_program_untouch
     (no,) = [j.reason for j in outcome.report.rejections if j.node == "linear_1"]
     assert no.code == "weight-underflow"
     assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", [*FORMS, "decomposed"])
+def test_a_chain_of_three_reports_the_one_merge_it_makes(form: str) -> None:
+    # found by a hunt (2026-12-07): after decompositions and on edge both pairs were reported merged,
+    # though the second read through the linear the first replaced, whose merge was then dropped unread
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 12), nn.Linear(12, 4)).eval()
+    x = (torch.randn(2, 3, 8),)
+    program = torch.export.export(model, x).run_decompositions() if form == "decomposed" else build(model, x, form)
+    with torch.no_grad():
+        want = [model(*x)]
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    (p,) = outcome.report.plans
+    (no,) = outcome.report.rejections
+    assert no.reason.code == "plan-conflict" and _products(program) == 2
+    assert {c.name for c in p.constants} <= _constants(program)  # what the plan made is in the program
+    assert_sound(program, x, want)
