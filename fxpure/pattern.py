@@ -515,7 +515,9 @@ class Match:
         return sizes
 
     def dtype(self, name: str) -> str:
-        """The dtype of a bound value (:class:`NotLiteral` where it is unknown, as :meth:`shape`)."""
+        """The dtype of a bound value (:class:`NotLiteral` where it is unknown, as :meth:`shape`); a
+        Python number's is ``int64`` or ``float64``, as :meth:`need.dtype <_Need.dtype>` reads it
+        (its shape is ``()``)."""
         return self._spec_of(name).dtype
 
     def _spec_of(self, name: str) -> TensorSpec:
@@ -523,8 +525,11 @@ class Match:
             raise TypeError(
                 f"{name} is not bound at {self.anchor} (an optional operand absent, or no name of the pattern)"
             )
-        spec = self.spec(name)
-        if spec is None:  # (a number where a tensor was expected, say)
+        value, spec = self.bindings.get(name), self.spec(name)
+        if spec is None and isinstance(value, int | float) and not isinstance(value, bool):
+            # a Python number (``Scalar``): no dims, and the dtype ``need.dtype`` gives it
+            return TensorSpec(shape=(), dtype="int64" if isinstance(value, int) else "float64")
+        if spec is None:
             raise NotLiteral(Malformed(node=self._node_of(name), detail=f"{name} has no known shape and dtype"))
         return spec
 

@@ -2395,6 +2395,12 @@ def test_match_shape_reads_a_static_shape_as_ints_and_declines_a_symbolic_one_wi
     with pytest.raises(TypeError, match="y is not bound at relu") as wrong:
         m.shape("y")
     assert not isinstance(wrong.value, NotLiteral)
+    # a Python number (Scalar) has no dims and the dtype need.dtype reads it as (a hunt: it declined)
+    for k, dtype in ((2.0, "float64"), (3, "int64")):
+        g = GraphBuilder()
+        g.output(g.call("aten.mul.Scalar", name="mul", out=(2, 3), self=g.input("x", (2, 3)), other=k))
+        m = match(Op(MUL, name="mul", self=Var("x"), other=Scalar("k")), (snap := g.build()), snap.node("mul")).unwrap()
+        assert (m.shape("k"), m.dtype("k")) == ((), dtype)
 
 
 def test_a_commuted_op_missed_in_both_orders_names_the_operand_no_pattern_takes() -> None:
