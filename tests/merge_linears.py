@@ -7,7 +7,7 @@ bias planned with ``MatMul`` and ``Binary``; no adapter code, no torch. Tested t
 from __future__ import annotations
 
 from fxpure.linear import emit_linear, linear, linear_input, linear_of, linear_root
-from fxpure.pattern import ANY, Bound, Const, Match, Planner, Var, need, rule
+from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Planner, Var, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
@@ -17,16 +17,21 @@ GROWS = "merged-weight-larger"
 
 
 # linear(linear(x, W1, b1?), W2, b2?) in any spelling, the inner linear read by the outer one only
+# (through an eval dropout or a copy too; a bmm's bias is the add after it)
+INNER = linear("inner", weight=Const("w1"), bias=Const("b1", optional=True), bias_add=True)
 PATTERN = linear_root(
-    "outer",
-    weight=Const("w2"),
-    bias=Const("b2", optional=True),
-    input=linear("inner", weight=Const("w1"), bias=Const("b1", optional=True)),
+    "outer", weight=Const("w2"), bias=Const("b2", optional=True), input=OneOf(INNER, *idle(INNER), noun="a linear")
 )
 # its candidates: a linear of a linear, whatever its weights and readers (one of an input is none:
-# nothing to report), so that a computed weight or a shared inner linear is declined, saying why
+# nothing to report), so that a computed weight, a weight stored [in, out] or a shared inner linear
+# is declined, saying why
+ANY_INNER = linear("inner", weight=Var("w1"), bias=Var("b1"), users=ANY, bias_add=True, weight_in_out=Var("w1_io"))
 CHAIN = linear_root(
-    "outer", weight=Var("w2"), bias=Var("b2"), input=linear("inner", weight=Var("w1"), bias=Var("b1"), users=ANY)
+    "outer",
+    weight=Var("w2"),
+    bias=Var("b2"),
+    input=OneOf(ANY_INNER, *idle(ANY_INNER)),
+    weight_in_out=Var("w2_io"),
 )
 
 

@@ -192,3 +192,31 @@ def test_a_chain_of_three_reports_the_one_merge_it_makes(form: str) -> None:
     assert no.reason.code == "plan-conflict" and _products(program) == 2
     assert {c.name for c in p.constants} <= _constants(program)  # what the plan made is in the program
     assert_sound(program, x, want)
+
+
+class Kept(nn.Module):
+    """Two chains: one through an eval dropout (merged, the dropout gone), and one of weights stored
+    [in, out], GPT-2's ``Conv1D`` (declined, saying why)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(8, 16), nn.Linear(16, 4), nn.Dropout(0.1)
+        self.w1, self.b1 = nn.Parameter(torch.randn(8, 16) * 0.1), nn.Parameter(torch.randn(16))
+        self.w2, self.b2 = nn.Parameter(torch.randn(16, 4) * 0.1), nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc2(self.drop(self.fc1(x))), torch.addmm(self.b2, torch.addmm(self.b1, x, self.w1), self.w2)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_chain_through_a_dropout_merges_and_one_of_weights_stored_in_out_is_reported(form: str) -> None:
+    # found by a hunt (2026-12-07): both were neither merged nor reported
+    model, x = Kept().eval(), _x()
+    program = build(model, x, form)
+    with torch.no_grad():
+        want = list(model(*x))
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert len(outcome.report.plans) == 1 and count(program, "dropout") == 0
+    (no,) = outcome.report.rejections
+    assert no.reason.code == "wrong-op" and "not a permute or a transpose" in no.reason.message
+    assert_sound(program, x, want)
