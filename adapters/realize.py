@@ -882,11 +882,7 @@ def _low(memo: Mapping[object, torch.Tensor], value: Callable[[WeightExpr], torc
         if not (isinstance(e, Binary | Unary | MatMul) and t.dtype is torch.float32 and t.numel()):
             continue
         if isinstance(e, MatMul):
-            size = t.abs()
-            if float(size.amin()) < tiny and (
-                bool(((size < tiny) & (t != 0)).any())
-                or bool(((t == 0) & (torch.matmul(value(e.a).double(), value(e.b).double()) != 0)).any())
-            ):
+            if _low_product(t, value(e.a), value(e.b), tiny):
                 out.add(e)
         elif e.op in _SHRINKS:
             same.setdefault((e.op, t.shape), []).append((e, t))
@@ -911,6 +907,19 @@ def _low(memo: Mapping[object, torch.Tensor], value: Callable[[WeightExpr], torc
                 found = flushed.reshape(len(held), -1).any(dim=1)
                 out.update(held[i] for i in found.nonzero().flatten().tolist())
     return out
+
+
+def _low_product(t: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tiny: float) -> bool:
+    """The float32 matrix product ``t = a @ b`` holds a subnormal, or a zero where the product in
+    float64 holds none, or was summed from terms below ``tiny`` (each rounded to the subnormals'
+    grid: 65,536 terms of 1.5 * 2**-149 summed to a normal value 0.4% off)."""
+    nonzero_a, nonzero_b = a.abs()[a != 0], b.abs()[b != 0]
+    if nonzero_a.numel() and nonzero_b.numel() and float(nonzero_a.amin()) * float(nonzero_b.amin()) < tiny:
+        return True
+    size = t.abs()
+    return float(size.amin()) < tiny and (
+        bool(((size < tiny) & (t != 0)).any()) or bool(((t == 0) & (torch.matmul(a.double(), b.double()) != 0)).any())
+    )
 
 
 def _filled(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -987,6 +996,8 @@ def _underflows(
                 return value(e)
             if e in low:
                 wide = in_float64(e, lambda x: None if x is e else given(x))  # (a low part in it exact too)
+                if isinstance(e, MatMul):  # (summed from low terms, a normal value errs too)
+                    return wide
                 computed = value(e)
                 return torch.where(computed.abs() < tiny, wide, computed.double())
             return None

@@ -220,3 +220,23 @@ def test_a_chain_through_a_dropout_merges_and_one_of_weights_stored_in_out_is_re
     (no,) = outcome.report.rejections
     assert no.reason.code == "wrong-op" and "not a permute or a transpose" in no.reason.message
     assert_sound(program, x, want)
+
+
+def test_a_merged_weight_summed_from_terms_below_float32s_normals_is_declined() -> None:
+    # found by a hunt (2026-12-07): each of W2 @ W1's 65,537 terms is 1.5 * 2**-149 (a subnormal,
+    # rounded on its grid) but one, their sum a normal float32 0.4% off the exact one; the program
+    # computes with normal values (x * W1 is about 2**52), so the merge would move its output
+    k = 65536
+    fc1, fc2 = nn.Linear(1, k + 1, bias=False), nn.Linear(k + 1, 1, bias=False)
+    with torch.no_grad():
+        fc1.weight.fill_(1.5 * 2.0**-74)
+        fc1.weight[-1, 0] = 2.0**-63
+        fc2.weight.fill_(2.0**-75)
+        fc2.weight[0, -1] = 2.0**-63
+    model = nn.Sequential(fc1, fc2).eval()
+    x = (torch.full((2, 1), 2.0**126),)
+    program = build(model, x, "aten")
+    want = run(program, x)
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert not outcome.changed and [j.reason.code for j in outcome.report.rejections] == ["weight-underflow"]
+    assert_sound(program, x, want)
