@@ -602,9 +602,11 @@ def emit_linear(
     else:
         w_spec = lin.stored_spec(p.match.snap)
         t_spec = (
-            TensorSpec(shape=(w_spec.shape[0], out_features), dtype=w_spec.dtype) if w_spec and out_features else None
+            TensorSpec(shape=(w_spec.shape[0], out_features), dtype=w_spec.dtype)
+            if w_spec and out_features is not None
+            else None
         )
-        if w_spec and in_features:
+        if w_spec and in_features is not None:
             t_spec = TensorSpec(shape=(in_features, *(t_spec or w_spec).shape[1:]), dtype=w_spec.dtype)
         new_t = _transposed(p, lin, weight, t_spec or w_spec, suffix)
         spec = _features(op.spec, out_features)

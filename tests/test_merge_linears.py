@@ -240,3 +240,16 @@ def test_a_merged_weight_summed_from_terms_below_float32s_normals_is_declined() 
     outcome = adapters.transform(program, [merge_linears]).unwrap()
     assert not outcome.changed and [j.reason.code for j in outcome.report.rejections] == ["weight-underflow"]
     assert_sound(program, x, want)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_linears_of_no_input_features_merge(form: str) -> None:
+    # found by a hunt (2026-12-07): on edge, a size of 0 was taken for no size given (declined
+    # plan-conflict, "computes float32[0, 4], its plan declares [16, 4]")
+    model, x = nn.Sequential(nn.Linear(0, 16), nn.Linear(16, 4)).eval(), (torch.randn(2, 0),)
+    program = build(model, x, form)
+    with torch.no_grad():
+        want = [model(*x)]
+    outcome = adapters.transform(program, [merge_linears]).unwrap()
+    assert len(outcome.report.plans) == 1 and not outcome.report.rejections
+    assert_sound(program, x, want)
