@@ -46,7 +46,7 @@ from typing import Any, Literal, TypeAlias, cast, final
 from pyrsistent import pmap
 from returns.result import Failure, Result, Success
 
-from fxpure.families import CLONE, CONV, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family, spelled
+from fxpure.families import BATCH_NORM, CLONE, CONV, DEQUANTIZE, DROPOUT, RELU, RELU_, SCHEMAS, Family, spelled
 from fxpure.frozen import FrozenDict
 from fxpure.layout import SIZE_QUERIES
 from fxpure.plan import (
@@ -328,6 +328,26 @@ def dequantized(
     ``qparams`` match those too. Shared by default: two convs may read one dequantized weight.
     Transparent: a reason about its operands names the op that reads the dequantized value."""
     return Op.of(family, {"input": value, **qparams}, name=name, users=users, code=code, transparent=True)
+
+
+def eval_batch_norm(input: Pattern, *, name: str = "bn") -> Op:
+    """A batch norm in eval mode of ``input``, read by its first output in every spelling (edge's
+    ``_native_batch_norm_legit_no_training`` through ``getitem(·, 0)``; another read:
+    ``bn-stats-used``), its running statistics constants bound as ``mean`` and ``var``, its affine
+    ones as ``gamma`` and ``beta`` (None where it has none); one in training mode is declined
+    ``bn-training-mode``. Its ``eps``: ``bn.float("eps")`` in the planner."""
+    return Op(
+        BATCH_NORM,
+        name=name,
+        out=0,
+        out_code="bn-stats-used",
+        training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
+        input=input,
+        weight=Const("gamma", optional=True),
+        bias=Const("beta", optional=True),
+        running_mean=Const("mean"),
+        running_var=Const("var"),
+    )
 
 
 def idle(value: Pattern, *, code: str = "wrong-op", shared: str = "output-shared") -> tuple[Op, Op]:

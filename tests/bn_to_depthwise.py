@@ -10,26 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fxpure.families import BATCH_NORM
-from fxpure.pattern import Bound, Const, Lit, Op, Planner, Var, need, rule
+from fxpure.pattern import Bound, Planner, Var, eval_batch_norm, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.rules import fuse_conv_bn
 from fxpure.snapshot import NodeRef
 from fxpure.weights import FLOAT_DTYPES, Reshape, WeightExpr, batch_norm_affine
 
 # bn(x, gamma?, beta?, mean, var, training=False)[0], whatever x is
-PATTERN = Op(
-    BATCH_NORM,
-    name="bn",
-    out=0,
-    out_code="bn-stats-used",
-    training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=Var("x"),
-    weight=Const("gamma", optional=True),
-    bias=Const("beta", optional=True),
-    running_mean=Const("mean"),
-    running_var=Const("var"),
-)
+PATTERN = eval_batch_norm(Var("x"))
 
 
 def _depthwise(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import BATCH_NORM, CONV
+from fxpure.families import CONV
 from fxpure.linear import is_bias_add, is_linear
-from fxpure.pattern import Bound, Const, Lit, OneOf, Op, PatternRule, Planner, idle, need, rule
+from fxpure.pattern import Bound, Const, OneOf, Op, PatternRule, Planner, eval_batch_norm, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr
 from fxpure.rules.fuse_linear_bn import read_by
@@ -23,17 +23,8 @@ CONV_OP = Op(
 )
 # bn(conv(x, w, b?), gamma?, beta?, mean, var, training=False)[0], also through a dropout in eval mode
 # (it goes) or a copy (edge spells a linear's eval dropout so: it stays, of the fused conv's output)
-PATTERN = Op(
-    BATCH_NORM,
-    name="bn",
-    out=0,
-    out_code="bn-stats-used",
-    training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=OneOf(CONV_OP, *idle(CONV_OP, code="producer-not-conv", shared="conv-output-shared"), noun="a convolution"),
-    weight=Const("gamma", optional=True),
-    bias=Const("beta", optional=True),
-    running_mean=Const("mean"),
-    running_var=Const("var"),
+PATTERN = eval_batch_norm(
+    OneOf(CONV_OP, *idle(CONV_OP, code="producer-not-conv", shared="conv-output-shared"), noun="a convolution")
 )
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from returns.result import Result
 
-from fxpure.families import ADD, BATCH_NORM, CLONE, CONV, DROPOUT, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
+from fxpure.families import ADD, CLONE, CONV, DROPOUT, FLATTEN, PERMUTE, TRANSPOSE_DIMS, VIEW
 from fxpure.linear import emit_linear, is_bias_add, linear, linear_of
-from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, idle, need, rule
+from fxpure.pattern import Bound, Match, OneOf, Op, PatternRule, Planner, eval_batch_norm, idle, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import BadExpr, Declined, Malformed, Reason
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot
@@ -38,18 +38,7 @@ FLAT = Op(VIEW | FLATTEN, name="flat", code=NOT_LINEAR, shared=LINEAR_SHARED, se
 
 # bn(linear(x, w, b?) | permute(linear(x, w, b?)) | flatten(...), gamma?, beta?, mean, var,
 # training=False)[0], the linear read directly or through a dropout or copy
-PATTERN = Op(
-    BATCH_NORM,
-    name="bn",
-    out=0,
-    out_code="bn-stats-used",
-    training=Lit(False, code="bn-training-mode", text="{node} runs in training mode (batch statistics)"),
-    input=OneOf(*READ.alternatives, SWAP, FLAT, noun="a linear (or a permute or flatten of one)"),
-    weight=Const("gamma", optional=True),
-    bias=Const("beta", optional=True),
-    running_mean=Const("mean"),
-    running_var=Const("var"),
-)
+PATTERN = eval_batch_norm(OneOf(*READ.alternatives, SWAP, FLAT, noun="a linear (or a permute or flatten of one)"))
 
 
 def _source_dim(perm: Bound, rank: int) -> int | None:
