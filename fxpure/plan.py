@@ -930,23 +930,26 @@ def _void(snap: GraphSnapshot, plans: Sequence[RewritePlan]) -> dict[str, PlanCo
     and is not."""
     erased = {n: q.anchor for q in plans for n in (*q.erase, *(old for old, _ in q.replace))}
     pruned = {n: q.anchor for q in plans for n in q.prune}
-    # what the plans' new nodes read (a quantized conv's next one reads its quantize, taken over)
-    read = {q.anchor: {r for n in q.nodes for r in refs((n.args, tuple(n.kwargs.values())))} for q in plans}
-    kept = set().union(*read.values())
+    # the plans whose new nodes read each node (a quantized conv's next one reads its quantize, taken over)
+    read: dict[str, set[str]] = {}
+    for q in plans:
+        for n in q.nodes:
+            for r in refs((n.args, tuple(n.kwargs.values()))):
+                read.setdefault(r, set()).add(q.anchor)
     dropped: dict[str, bool] = {}
 
     def gone(name: str) -> bool:  # erased, or pruned and read by nothing left
         if name not in dropped:
             dropped[name] = False  # (a cycle keeps it)
             dropped[name] = name in erased or (
-                name in pruned and name not in kept and all(gone(u) for u in snap.users.get(name, ()))
+                name in pruned and name not in read and all(gone(u) for u in snap.users.get(name, ()))
             )
         return dropped[name]
 
     out = {}
     for p in plans:
         mine, olds = p.claims | set(p.prune), {old for old, _ in p.replace}
-        if any(olds & read[q.anchor] for q in plans if q is not p):
+        if any(read.get(old, set()) - {p.anchor} for old in olds):
             continue
         readers = sorted({u for old in olds for u in snap.users.get(old, ()) if u not in mine})
         if readers and all(gone(u) for u in readers):
@@ -1514,12 +1517,17 @@ def _stages(
                 p = result.unwrap()
                 claimed.update((c, p.anchor) for c in p.claims)
                 accepted.append(p)
-            void = _void(current, accepted)
-            for p in accepted:  # declined, the rest rewritten
-                if p.anchor in void:
-                    why = void[p.anchor]
-                    _decline(rejections, reported, first, Rejection(rule=rule.name, node=p.anchor, reason=why))
-            accepted = [p for p in accepted if p.anchor not in void]
+            # (a plan reads through what another replaces only where it prunes a node the other claims)
+            while any(claimed.get(c, p.anchor) != p.anchor for p in accepted for c in p.prune):
+                void = _void(current, accepted)
+                if not void:
+                    break
+                for p in accepted:  # declined, the rest rewritten (and looked at again without them)
+                    if p.anchor in void:
+                        why = void[p.anchor]
+                        _decline(rejections, reported, first, Rejection(rule=rule.name, node=p.anchor, reason=why))
+                accepted = [p for p in accepted if p.anchor not in void]
+                claimed = {c: p.anchor for p in accepted for c in p.claims}
             step = _rewrite(current, accepted)
             misfits = _misfits(current, accepted) if isinstance(step, Failure) else {}
             if misfits:  # declined each at its candidate, the rest rewritten

@@ -6,6 +6,7 @@ a bottleneck are declined; the merged edge program lowers to ExecuTorch and runs
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -177,20 +178,24 @@ def test_a_merged_weight_float32_cannot_hold_is_declined_and_the_program_untouch
     assert_sound(program, x, want)
 
 
+@pytest.mark.parametrize("length", [3, 5, 8])
 @pytest.mark.parametrize("form", [*FORMS, "decomposed"])
-def test_a_chain_of_three_reports_the_one_merge_it_makes(form: str) -> None:
-    # found by a hunt (2026-12-07): after decompositions and on edge both pairs were reported merged,
-    # though the second read through the linear the first replaced, whose merge was then dropped unread
-    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 12), nn.Linear(12, 4)).eval()
+def test_a_chain_reports_the_merges_it_makes(form: str, length: int) -> None:
+    # found by hunts (2026-12-07): after decompositions and on edge every pair was reported merged,
+    # though a plan read through the linear the one before replaced, whose merge was dropped unread
+    sizes = [8, 16, 12, 10, 6, 9, 7, 5, 4][: length + 1]
+    model = nn.Sequential(*(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))).eval()
     x = (torch.randn(2, 3, 8),)
     program = torch.export.export(model, x).run_decompositions() if form == "decomposed" else build(model, x, form)
     with torch.no_grad():
         want = [model(*x)]
     outcome = adapters.transform(program, [merge_linears]).unwrap()
-    (p,) = outcome.report.plans
-    (no,) = outcome.report.rejections
-    assert no.reason.code == "plan-conflict" and _products(program) == 2
-    assert {c.name for c in p.constants} <= _constants(program)  # what the plan made is in the program
+    plans, rejections = outcome.report.plans, outcome.report.rejections
+    # (a candidate declined as its pair was taken, which a plan then merged, is not reported)
+    assert plans and all(j.reason.code == "plan-conflict" for j in rejections)
+    assert _products(program) == length - len(plans)  # each plan reported merged two products
+    made = {c.name for p in plans for c in p.constants}
+    assert made <= _constants(program)  # what each plan made is in the program
     assert_sound(program, x, want)
 
 
