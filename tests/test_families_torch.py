@@ -45,7 +45,9 @@ def test_a_spelling_has_torchs_parameters(target: str, schema: Schema) -> None:
 def test_the_families_cover_the_dropout_clone_cast_and_expand_of_each_form() -> None:
     names = {f.name: f for f in STANDARD}
     assert {"dropout", "clone", "cast", "expand", "sigmoid"} <= set(names)
-    copies = {"aten.clone.default", "aten.contiguous.default", "dim_order_ops._clone_dim_order.default"}
+    copies = {"aten.clone.default", "aten.contiguous.default", "dim_order_ops._clone_dim_order.default"} | {
+        f"aten.{op}{copy}.default" for op in ("detach", "alias") for copy in ("", "_copy")
+    }
     assert names["clone"].targets == copies
     assert "dim_order_ops._to_dim_order_copy.default" in names["cast"].targets
     assert "self" in names["dropout"].params  # renamed from torch's ``input``, as the other no-ops name it

@@ -5,6 +5,7 @@ refuses; an op an edge program's verifier refuses is declined, the program untou
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import pytest
@@ -152,9 +153,13 @@ COMPOSE = rule("compose", Op(PERMUTE, name="outer", self=Op(PERMUTE, name="inner
 
 
 def _aliased(p: Planner, outer: Bound, inner: Bound, x: NodeRef) -> RewritePlan:
-    # a view op fxpure knows no ``_copy`` spelling of (``alias``): written as given
+    # a view op fxpure knows no ``_copy`` spelling of (``as_strided``, here the composed permute's
+    # elements as they are laid out): written as given
     pp = _composed(p, outer, inner, x).nodes[0]
-    return p.replace(outer, p.node("aten.alias.default", (NodeRef(pp.name),), name="a", spec=outer.spec))
+    size = p.match.shape("outer")
+    stride = tuple(math.prod(size[i + 1 :]) for i in range(len(size)))
+    strided = p.node("aten.as_strided.default", (NodeRef(pp.name), size, stride), name="a", spec=outer.spec)
+    return p.replace(outer, strided)
 
 
 class Permuted(torch.nn.Module):
@@ -171,8 +176,8 @@ class Permuted(torch.nn.Module):
         ),
         (
             rule("alias", Op(PERMUTE, name="outer", self=Op(PERMUTE, name="inner", self=Var("x"))), plan=_aliased),
-            "ExecuTorch has no out variant of aten.alias.default: to_executorch would fail (the edge "
-            "program's spelling: aten.alias_copy.default)",
+            "ExecuTorch has no out variant of aten.as_strided.default: to_executorch would fail (the edge "
+            "program's spelling: aten.as_strided_copy.default)",
         ),
     ],
     ids=["mixed dtypes", "a view op"],

@@ -17,7 +17,7 @@ import adapters
 import fxpure
 from fxpure.rules.concat_parallel_linears import concat_parallel_linears
 from fxpure.snapshot import GraphSnapshot
-from tests.programs import Program, assert_close, run
+from tests.programs import Program, run
 
 
 @dataclass(frozen=True)
@@ -85,4 +85,10 @@ def test_concat_commuting_square_and_numerics(c: Config) -> None:
     assert len(report.plans) == 1 and report.rejections == (), report.rejections
     adapters.apply(p, report.plans).unwrap()
     assert normal(adapters.capture(p)) == normal(fxpure.rewrite(g, report.plans).unwrap())
-    assert_close(run(p, x), want)
+    # each output within 1e-5 of the size of the terms it sums: a joined product sums them in
+    # another order, and an output of cancelling terms (1.7e-4 after the relu, of terms about 0.5)
+    # differs from the model's by more than 1e-5 of its own size (found in CI, 2026-12-07)
+    for got, w, lin in zip(run(p, x), want, model.linears, strict=True):
+        assert isinstance(lin, nn.Linear)
+        terms = x[0].abs() @ lin.weight.abs().T + (lin.bias.abs() if lin.bias is not None else 0)
+        assert (got - w).abs().max().item() <= 1e-5 * terms.max().item()
