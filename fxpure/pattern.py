@@ -541,11 +541,11 @@ class Match:
         return self._spec_of(name).dtype
 
     def _spec_of(self, name: str) -> TensorSpec:
-        if self.bindings.get(name) is None:  # a bug in the rule, whatever the graph
+        value, spec = self.bindings.get(name), self.spec(name)
+        if value is None:  # a bug in the rule, whatever the graph
             raise TypeError(
                 f"{name} is not bound at {self.anchor} (an optional operand absent, or no name of the pattern)"
             )
-        value, spec = self.bindings.get(name), self.spec(name)
         if spec is None and isinstance(value, int | float) and not isinstance(value, bool):
             # a Python number (``Scalar``): no dims, and the dtype ``need.dtype`` gives it
             return TensorSpec(shape=(), dtype="int64" if isinstance(value, int) else "float64")
@@ -871,37 +871,27 @@ def _commuted(
     """A commutative op's operands in either order: the first that matches, else the order that got
     further; where both missed as deep, the one whose other operands match further, each matched
     in full (``gamma * y`` of a y no pattern takes: y is said, not gamma)."""
+
+    def run(order: Sequence[tuple[str, Pattern]], *, every: bool = False) -> tuple[_State, Reason | None]:
+        fork = st.fork()
+        return fork, _in_order(order, args, node, path, seen_as, fork, every=every)
+
     tried: list[tuple[_State, Reason]] = []
     for order in orders:
-        fork = st.fork()
-        err = _in_order(order, args, node, path, seen_as, fork)
+        fork, err = run(order)
         if err is None:
             _adopt(st, fork)
             return None
         tried.append((fork, err))
     (one, _), (other, _) = tried
-    if one.depth == other.depth:
-        reach = [_in_full(order, args, node, path, seen_as, st) for order in orders]
+    if one.depth == other.depth:  # how deep every operand matches, each tried whatever the others do
+        reach = [run(order, every=True)[0].depth for order in orders]
         later = reach[1] > reach[0]
     else:
         later = other.depth > one.depth
     fork, reason = tried[later]
     _adopt(st, fork)
     return reason
-
-
-def _in_full(
-    order: Sequence[tuple[str, Pattern]],
-    args: Mapping[str, Arg],
-    node: NodeSnapshot,
-    path: str,
-    seen_as: tuple[str, str] | None,
-    st: _State,
-) -> int:
-    """How deep every argument of ``order`` matches, each tried whatever the others do."""
-    fork = st.fork()
-    _in_order(order, args, node, path, seen_as, fork, every=True)
-    return fork.depth
 
 
 def _neutral(p: Op, schema: Schema, args: Mapping[str, Arg], node: NodeSnapshot, path: str) -> ArgMismatch | None:
