@@ -764,26 +764,18 @@ def test_a_scale_of_an_unbatched_product_on_edge_is_declined_and_of_a_batched_on
 
 def _qdq(g: GraphBuilder, x: NodeRef, shape: tuple[int, ...]) -> NodeRef:
     """``x`` quantized and dequantized, as PT2E writes each activation."""
-    q = g.call(
-        "quantized_decomposed.quantize_per_tensor.default",
-        out=spec(*shape, dtype="int8"),
-        input=x,
-        scale=0.1,
-        zero_point=0,
-        quant_min=-128,
-        quant_max=127,
-        dtype=DTypeArg(name="int8"),
-    )
-    return g.call(
-        "quantized_decomposed.dequantize_per_tensor.default",
-        out=shape,
-        input=q,
-        scale=0.1,
-        zero_point=0,
-        quant_min=-128,
-        quant_max=127,
-        dtype=DTypeArg(name="int8"),
-    )
+    for op, dtype in (("quantize", "int8"), ("dequantize", "float32")):
+        x = g.call(
+            f"quantized_decomposed.{op}_per_tensor.default",
+            out=spec(*shape, dtype=dtype),
+            input=x,
+            scale=0.1,
+            zero_point=0,
+            quant_min=-128,
+            quant_max=127,
+            dtype=DTypeArg(name="int8"),
+        )
+    return x
 
 
 @pytest.mark.parametrize("dialect", ["aten", "edge"])
