@@ -1536,8 +1536,10 @@ class Planner:
         """A new call with arguments by schema name. ``target``: a canonical target of a family
         fxpure ships (``fxpure.families.SCHEMAS``) or of a family the match bound, or the
         ``Schema`` of any op (``MY_FAMILY.schemas[target]``, ``parse_schema(...)``). A constant
-        bound as the program holds it (``Const("w")`` of a weight, no view of it) is read as it
-        is, under its own key; one computed from it is ``p.const(expr, name)``. A dtype may be given
+        bound as the program holds it (``Const("w")`` of a weight) is read as it is, under its own
+        key; any other expression (a view of one, ``b.view(4)``, binds a ``Reshape``; a fold of
+        yours) becomes a new constant named ``{name}_{argument}`` (``p.const(expr, name)`` to name
+        it yourself; one already held is shared). A dtype may be given
         by name (``dtype="float16"``). Where the program's ops are Core ATen's (:attr:`decomposed`),
         a ``conv{1,2,3}d`` or ``conv_transpose{1,2,3}d`` is written as ``aten.convolution.default``
         with every argument spelled out (a padding given as a string, ``"same"``, is left as it is:
@@ -1568,7 +1570,8 @@ class Planner:
         **updates: Arg | WeightExpr,
     ) -> NodeRef:
         """A copy of a matched node with some arguments replaced by name, in the node's own spelling
-        (a constant bound as the program holds it is read as it is, as in :meth:`call`)."""
+        (a constant bound as the program holds it is read as it is, any other expression becomes
+        a new constant, as in :meth:`call`)."""
         schema = op.family.schemas[op.node.target]
         args, kwargs = respell(op.node, schema, self._fit(f"respell of {op.name}", name or op.name, schema, updates))
         return self.node(
@@ -1585,11 +1588,13 @@ class Planner:
         self, what: str, name: str, schema: Schema, values: Mapping[str, Arg | WeightExpr], *, complete: bool = False
     ) -> dict[str, Arg]:
         """Raise TypeError for what is wrong whatever the graph (an argument the schema has not,
-        a required one left out of a new call, an op or expression given for a value); note in
+        a required one left out of a new call, an op given for a value, an expression for a
+        non-tensor one); note in
         ``refused`` a value a tensor argument cannot take (a number, None), which depends on the
         match. A number is taken as an ``other`` operand (export writes ``x * 2.0`` so), except on an
         edge program, whose verifier refuses it (``to_edge`` lifts it as a constant). The values, a
-        constant bound as the program holds it (a ``Source``) as its node."""
+        constant bound as the program holds it (a ``Source``) as its node, any other expression as
+        a new constant (:meth:`const`)."""
         out: dict[str, Arg] = {}
         for arg, value in values.items():
             q = schema.family_params.get(arg)  # by the family's name only
@@ -1603,6 +1608,10 @@ class Planner:
                 continue
             if isinstance(value, Source) and value.key in self.match.snap.index:
                 value = NodeRef(value.key)  # a constant as the program holds it: its node
+            elif isinstance(value, WeightExpr) and q.kind == "tensor":
+                # one computed (a view of a weight, ``b.view(4)``, binds a Reshape; an earlier
+                # rule's derived one its expression): a new constant, shared if one holds it already
+                value = self.const(value, f"{name}_{arg}")
             if isinstance(value, Bound | WeightExpr):
                 kind = type(value).__name__
                 raise TypeError(f"{what}: {arg} is a {kind}, not a node: pass NodeRef(op.name), or p.const(expr, name)")
