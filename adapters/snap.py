@@ -937,6 +937,8 @@ def _as_aten(cap: Captured, settings: Mapping[str, tuple[str, dict[str, Arg]]]) 
             named = _named_as(functions.get(n.name), aten, n)  # (``F.dropout(x, p, training)``)
             if n.target == "builtins.getattr":  # (``w.T``: of the tensor alone)
                 named = (n.args[:1], _EMPTY)
+            elif n.op == "call_method" and _listed(aten) and _one_by_one(n.args):
+                named = ((n.args[0], n.args[1:]), given)  # (``w.permute(1, 0)``, ``y.view(-1)``: the op's list)
             nodes.append(replace(n, op="call_function", target=aten, **_by(named, given)))
         else:
             nodes.append(n)
@@ -1091,6 +1093,21 @@ def _module_as_aten(module: object) -> tuple[str, dict[str, Arg]] | None:
             continue
         given[param.name] = _arg(value, {})
     return target, given
+
+
+def _one_by_one(args: tuple[Arg, ...]) -> bool:
+    """A tensor's method given its list one value at a time: several, or one number (``y.view(-1)``;
+    one node may be a whole size, ``y.view(x.size())``)."""
+    return len(args) > 2 or (len(args) == 2 and type(args[1]) is int)
+
+
+@functools.cache
+def _listed(target: str) -> bool:
+    """The ATen op's argument after ``self`` is a list (``permute``'s ``dims``, ``view``'s ``size``),
+    which a tensor's method also takes one by one (``w.permute(1, 0)``)."""
+    _, op, overload = target.split(".")
+    arguments = getattr(getattr(torch.ops.aten, op), overload)._schema.arguments
+    return len(arguments) > 1 and isinstance(arguments[1].type, torch.ListType)
 
 
 def _arithmetic(n: NodeSnapshot) -> str | None:
