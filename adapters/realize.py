@@ -952,8 +952,8 @@ def _underflows(
     ``memo``: the one the constants were computed with (their parts are in it)."""
 
     def value(e: WeightExpr) -> torch.Tensor:
-        if isinstance(e, Source):
-            return tensors[e.key]
+        if isinstance(e, Source):  # (a parameter as data: no autograd, no warning on float() of it)
+            return tensors[e.key].detach()
         known = memo.get(e)
         return known if known is not None else materialize(e, tensors, memo)
 
