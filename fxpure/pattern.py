@@ -209,8 +209,9 @@ class Op:
     matches the node's one consumer; ``out=i`` reads a tuple-output op through ``getitem(·, i)``
     (all its users must: checked after its arguments); ``commute=True`` tries the family's two
     commuting arguments both ways. ``code``/``shared``/``out_code`` name the three reasons.
-    ``transparent=True``: reasons about its operands name the node and argument that read it
-    (a dequantized weight that is not a constant is "weight of conv", not "input of dq").
+    ``transparent=True``: reasons about its value (its first operand) name the node and argument
+    that read it (a dequantized weight that is not a constant is "weight of conv", not "input of
+    dq"); those about its other operands name it (its scale is "scale of dq").
     ``when``: which calls of the family an operand's op matches (:class:`When`); another is a
     wrong op, with ``code``, as a call of another family is (a rule's ``candidate`` chooses its
     root's calls)."""
@@ -326,7 +327,8 @@ def dequantized(
     """A constant behind a dequantize: ``dequantized(Const("w"), name="dq")`` binds the integer
     weight as ``w`` and the dequantize as ``dq`` (its ``scale``, ``zero_point``, ``axis``, ...);
     ``qparams`` match those too. Shared by default: two convs may read one dequantized weight.
-    Transparent: a reason about its operands names the op that reads the dequantized value."""
+    Transparent: a reason about the integer value names the op that reads the dequantized value
+    (one about a scale or zero point, the dequantize)."""
     return Op.of(family, {"input": value, **qparams}, name=name, users=users, code=code, transparent=True)
 
 
@@ -507,12 +509,13 @@ class Match:
         program's, or an earlier rule's fill of one integer (``Fill(shape=(oc,), value=0)``), or such
         a number cast to a float dtype (a float16 edge program's ``x * 1.0`` casts a float32 ``1.0``;
         the value as the cast rounds it, None for bfloat16); a bound number as itself, ``(1.0,)``, so
-        that one check reads ``x * 1.0`` in every form."""
+        that one check reads ``x * 1.0`` in every form; a ``Var`` bound to a constant's node reads
+        its data too."""
         value = self.bindings.get(name)
         if isinstance(value, int | float) and not isinstance(value, bool):
             return (value,)
-        if isinstance(value, Source):  # the program's own: captured when small
-            info = self.snap.constants.get(value.key)
+        if isinstance(value, Source | NodeRef):  # the program's own: captured when small
+            info = self.snap.constants.get(value.key if isinstance(value, Source) else value.name)
             return info.values if info is not None else None
         if isinstance(value, Cast) and isinstance(value.x, Source):  # a number cast to the op's dtype (edge's)
             info = self.snap.constants.get(value.x.key)
@@ -846,6 +849,8 @@ def _arguments(
 ) -> Reason | None:
     schema = p.family.schemas[node.target]
     names = schema.names
+    # (a transparent op's value, its first operand, is what its reader reads: its scale is its own)
+    seen = (next(iter(schema.family_params), ""), *seen_as) if seen_as is not None else None
     pairs = [(k, sub) for k, sub in p.args if k in names]  # an argument a spelling lacks: not checked
     if p.family.strict and not st.loose:
         err = _neutral(p, schema, args, node, path)
@@ -853,11 +858,11 @@ def _arguments(
             return err
     pair = p.family.commutes
     if not p.commute or pair is None or not _commutes(p.family.schemas[node.target], args, pair):
-        return _in_order(pairs, args, node, path, seen_as, st)
+        return _in_order(pairs, args, node, path, seen, st)
     a, b = pair
     swap = {a: b, b: a}
     swapped = [(swap.get(k, k), sub) for k, sub in pairs]
-    return _commuted((pairs, swapped), args, node, path, seen_as, st)
+    return _commuted((pairs, swapped), args, node, path, seen, st)
 
 
 def _commuted(
@@ -865,7 +870,7 @@ def _commuted(
     args: Mapping[str, Arg],
     node: NodeSnapshot,
     path: str,
-    seen_as: tuple[str, str] | None,
+    seen: tuple[str, str, str] | None,
     st: _State,
 ) -> Reason | None:
     """A commutative op's operands in either order: the first that matches, else the order that got
@@ -874,7 +879,7 @@ def _commuted(
 
     def run(order: Sequence[tuple[str, Pattern]], *, every: bool = False) -> tuple[_State, Reason | None]:
         fork = st.fork()
-        return fork, _in_order(order, args, node, path, seen_as, fork, every=every)
+        return fork, _in_order(order, args, node, path, seen, fork, every=every)
 
     tried: list[tuple[_State, Reason]] = []
     for order in orders:
@@ -927,16 +932,17 @@ def _in_order(
     args: Mapping[str, Arg],
     node: NodeSnapshot,
     path: str,
-    seen_as: tuple[str, str] | None,
+    seen: tuple[str, str, str] | None,
     st: _State,
     *,
     every: bool = False,
 ) -> Reason | None:
     """Match each argument's pattern in turn; the first reason ends it (or, ``every``, is returned
-    once the others are matched too: what they match counts in the depth)."""
+    once the others are matched too: what they match counts in the depth). ``seen``: the argument
+    whose reasons name another node and argument (a transparent op's value), and those."""
     first: Reason | None = None
     for arg, sub in order:
-        parent, role = seen_as or (node.name, arg)
+        parent, role = (seen[1], seen[2]) if seen is not None and seen[0] == arg else (node.name, arg)
         err = _match(sub, args.get(arg), parent, role, f"{path}.{arg}", st)
         if err is not None and not every:
             return err
@@ -1408,6 +1414,12 @@ def _as_convolution(schema: Schema, values: Mapping[str, Arg]) -> dict[str, Arg]
     return out
 
 
+def _floating(expr: WeightExpr) -> bool:
+    """The expression's dtype is a floating one (or cannot be told: the plan is declined for it)."""
+    spec = infer_spec(expr)
+    return not isinstance(spec, Success) or spec.unwrap().dtype.startswith(("float", "bfloat", "complex"))
+
+
 @final
 class Planner:
     """Builds the plan for one match: new constants and nodes by name, then ``replace``.
@@ -1451,7 +1463,8 @@ class Planner:
         already is counted up (``w_padded_1``): the reference returned names this one. Its
         ``kind`` is by default that of what it reads: a parameter if it reads one (or a constant an
         earlier stage dropped, whose kind the snapshot no longer holds), else a buffer if it reads
-        one, else a constant (``1 / scale`` of a buffer is a buffer)."""
+        one, else a constant (``1 / scale`` of a buffer is a buffer); one of an integer dtype is no
+        parameter (an int8 weight requantized with a batch norm's gamma is a buffer)."""
         name = self._unique(name)
         self._constants.append(NewConstant(name=name, expr=expr, kind=kind or self._kind(expr)))
         return NodeRef(name)
@@ -1459,7 +1472,10 @@ class Planner:
     def _kind(self, expr: WeightExpr) -> ConstantKind:
         read = self.match.snap.constants
         kinds = {read[k].kind if k in read else "parameter" for k in sources(expr)}
-        return "parameter" if "parameter" in kinds else "buffer" if "buffer" in kinds else "constant"
+        if "parameter" in kinds and _floating(expr):
+            return "parameter"
+        # (an integer one is a buffer: no parameter of an integer dtype can require grad)
+        return "buffer" if kinds & {"parameter", "buffer"} else "constant"
 
     def _unique(self, name: str) -> str:
         if not isinstance(name, str) or not name.isidentifier():  # (the program's code names it so)

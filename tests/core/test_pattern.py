@@ -46,6 +46,7 @@ from fxpure.pattern import (
     Scalar,
     Var,
     When,
+    dequantized,
     explain,
     match,
     need,
@@ -2284,6 +2285,10 @@ def test_a_derived_constant_is_by_default_of_the_kind_of_what_it_reads() -> None
     p.const(src["s"], "as_parameter", kind="parameter")
     # an earlier stage's constant folded in reads what that stage dropped: a parameter, as before
     p.const(Binary(op="mul", a=Source(key="dropped", spec=spec(2, 3)), b=src["s"]), "folded")
+    # an integer one is no parameter (none of an integer dtype can require grad): an outside
+    # author's int8 weight requantized with a batch norm's gamma became an int8 nn.Parameter
+    p.const(Cast(x=Binary(op="mul", a=src["w"], b=src["s"]), dtype="int8"), "ws_int8")
+    p.const(Cast(x=src["c"], dtype="int8"), "c_int8")
     kinds = {c.name: c.kind for c in p.finish([]).constants}
     assert kinds == {
         "inv_s": "buffer",
@@ -2292,6 +2297,8 @@ def test_a_derived_constant_is_by_default_of_the_kind_of_what_it_reads() -> None
         "ones": "constant",
         "as_parameter": "parameter",
         "folded": "parameter",
+        "ws_int8": "buffer",
+        "c_int8": "constant",
     }
 
 
@@ -2421,3 +2428,37 @@ def test_a_commuted_op_missed_in_both_orders_names_the_operand_no_pattern_takes(
         side = "other" if first else "self"
         assert (reason.code, reason.path, reason.node) == ("wrong-op", f"m.{side}/r", "m")
         assert reason.message == f"{side} of m comes from neg (aten.neg.default), not a relu"
+
+
+@pytest.mark.parametrize("computed", ["wq", "scale", "zero_point"])
+def test_a_dequantize_names_its_reader_for_its_value_and_itself_for_its_parameters(computed: str) -> None:
+    # transparent: a computed int8 weight is "weight of conv"; a computed scale was said so too
+    # (an outside author's path said dq.scale, the message "weight of conv is not a constant")
+    g = GraphBuilder()
+    x, s_in = g.input("x", (1, 3, 8, 8)), g.input("s_in", (4,))
+
+    def held(name: str, dtype: str) -> NodeRef:
+        if name != computed:
+            return g.buffer(name, (4, 3, 3, 3) if name == "wq" else (4,), dtype)
+        return g.call("aten.relu.default", name=f"{name}_now", self=s_in, out=(4,))
+
+    w = g.call(
+        "quantized_decomposed.dequantize_per_channel.default",
+        name="dq",
+        input=held("wq", "int8"),
+        scale=held("scale", "float32"),
+        zero_point=held("zero_point", "int64"),
+        axis=0,
+        quant_min=-127,
+        quant_max=127,
+        dtype="int8",
+        out=(4, 3, 3, 3),
+    )
+    g.output(g.call("aten.conv2d.default", name="conv", input=x, weight=w, out=(1, 4, 6, 6)))
+    dq = dequantized(Const("wq"), name="dq", scale=Const("s"), zero_point=Const("zp"))
+    r = rule("probe", Op(CONV, name="conv", weight=dq), plan=lambda p, conv: p.replace(conv, p.respell(conv)))
+    (no,) = plan(g.build(), [r]).rejections
+    role, of = ("weight", "conv") if computed == "wq" else (computed, "dq")
+    path = {"wq": "input", "scale": "scale", "zero_point": "zero_point"}[computed]
+    assert (no.reason.code, no.reason.path) == ("not-constant", f"conv.weight/dq.{path}")
+    assert no.reason.message.startswith(f"{role} of {of} is not a constant (it is computed by '{computed}_now')")
