@@ -177,8 +177,9 @@ class GraphBuilder:
     ) -> NodeRef:
         """A ``call_function`` node of a known target (or of the ``Schema`` given, such as
         ``MY_FAMILY.schemas[target]``); arguments by name as patterns and ``Planner.call`` give them:
-        the schema's, or the family's where the schema renames one (ValueError for one it has not,
-        or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
+        the family's (the schema's own where the family does not rename it: ``scale``, not
+        ``dequantize_per_channel``'s ``scales``; ValueError for one it has not, saying what its
+        family calls it, or a required one left out), ``out`` its output shape (float32), or spec, or a tuple
         of specs for a tuple-output op. A dtype argument given by name (``dtype="int8"``) is a
         ``DTypeArg``, as a captured program holds it."""
         known = target if isinstance(target, Schema) else self.schemas.get(target)
@@ -187,7 +188,8 @@ class GraphBuilder:
         unknown = [a for a in values if a not in known.family_params]
         missing = [a for a in known.required if a not in values]
         if unknown or missing:
-            wrong = [*(f"no argument {a!r}" for a in unknown), *(f"missing {a!r}" for a in missing)]
+            said = {a: f" (its family calls it {known.rename[a]!r})" if a in known.rename else "" for a in unknown}
+            wrong = [*(f"no argument {a!r}{said[a]}" for a in unknown), *(f"missing {a!r}" for a in missing)]
             has = ", ".join(sorted(known.family_params))
             raise ValueError(f"{known.target}: {', '.join(wrong)} (it has: {has}); node() takes any")
         params = known.family_params

@@ -136,6 +136,11 @@ def test_a_call_names_the_arguments_its_schema_has_and_needs() -> None:
     conv = r"^aten.conv2d.default: missing 'weight' \(it has: bias, dilation, groups, input, padding, stride, weight\)"
     with pytest.raises(ValueError, match=conv):
         g.call("aten.conv2d.default", input=x)
+    # a schema's own name its family renames says what the family calls it (an outside author
+    # gave dequantize_per_channel ``scales=`` as the docstring said, and was told only "no argument")
+    dq = "quantized_decomposed.dequantize_per_channel.default"
+    with pytest.raises(ValueError, match=r"no argument 'scales' \(its family calls it 'scale'\)"):
+        g.call(dq, input=x, scales=x, zero_point=None, axis=0, quant_min=-127, quant_max=127, dtype="int8")
     # a node of any arguments (a malformed one, on purpose) is still one call away
     assert g.node("aten.relu.default", (), {"slef": x}, name="odd") == NodeRef("odd")
 

@@ -227,6 +227,11 @@ def test_match_values_reads_small_integer_constants() -> None:
 
     assert why(conv_relu(bias_values=(1, 2, 3, 4)), need.check(look, codes=["x"])) is None
     assert seen == [((1, 2, 3, 4), None, None, None)]
+    # a Var bound to the constant's node reads it too (it was None: an outside author's zero
+    # points, bound so, declined every program "unknown")
+    snap = conv_relu(bias_values=(1, 2, 3, 4))
+    m = match(Op(CONV, name="conv", input=Var("x"), bias=Var("b")), snap, snap.node("conv")).unwrap()
+    assert (m.values("b"), m.values("x")) == ((1, 2, 3, 4), None)
 
 
 @pytest.mark.parametrize(
