@@ -11,7 +11,7 @@ import torch
 
 import adapters
 from fxpure.rules import RULES
-from tests.programs import FORMS, assert_close, assert_sound, build, run
+from tests.programs import FORMS, assert_close, assert_sound, build, dead_constants, run, validate
 
 
 class TransposedLinear(torch.nn.Module):
@@ -287,3 +287,32 @@ def test_a_traced_graphs_method_reading_strides_is_a_layout_sensitive_reader(how
     for r, node in [("linear-to-conv2d", "linear_default"), ("conv1d-to-conv2d", "conv1d_default")]:
         assert codes[(r, node)] == "layout-sensitive-reader"
     assert_close(run(gm, x), run(torch.fx.symbolic_trace(model), x))
+
+
+class EmptyCache(torch.nn.Module):
+    """Q, K and V linears, and a cache of length 0 flattened by a merging view elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.q(x), self.k(x), self.v(x), cache.view(-1, 4)
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["aten", "decomposed"])
+def test_a_merging_view_of_an_empty_tensor_takes_any_strides(decomposed: bool) -> None:
+    # a view of no elements works whatever the strides: the check of which views need them divided
+    # by the empty size, and every rule's transform raised ZeroDivisionError (found by a hunt)
+    model, x = EmptyCache().eval(), (torch.randn(2, 3, 4), torch.randn(2, 0, 4))
+    ep = torch.export.export(model, x)
+    program = ep.run_decompositions() if decomposed else ep
+    with torch.no_grad():
+        want = list(model(*x))
+    outcome = adapters.transform(program, [make() for make in RULES.values()]).unwrap()
+    assert [p.rule for p in outcome.report.plans] == ["concat-parallel-linears", "linear-to-conv2d"]
+    got = run(program, x)
+    assert_close(got[:3], want[:3])
+    assert got[3].shape == want[3].shape == (0, 4)
+    assert dead_constants(program) == []
+    validate(program)
