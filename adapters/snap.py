@@ -1103,11 +1103,12 @@ def _one_by_one(args: tuple[Arg, ...]) -> bool:
 
 @functools.cache
 def _listed(target: str) -> bool:
-    """The ATen op's argument after ``self`` is a list (``permute``'s ``dims``, ``view``'s ``size``),
-    which a tensor's method also takes one by one (``w.permute(1, 0)``)."""
+    """The ATen op's one positional argument after ``self`` is a list (``permute``'s ``dims``,
+    ``view``'s ``size``), which a tensor's method also takes one by one (``w.permute(1, 0)``);
+    Python does not where more follow (``x.amax(1, True)``: ``dim`` 1, ``keepdim``)."""
     _, op, overload = target.split(".")
-    arguments = getattr(getattr(torch.ops.aten, op), overload)._schema.arguments
-    return len(arguments) > 1 and isinstance(arguments[1].type, torch.ListType)
+    positional = [a for a in getattr(getattr(torch.ops.aten, op), overload)._schema.arguments[1:] if not a.kwarg_only]
+    return len(positional) == 1 and isinstance(positional[0].type, torch.ListType)
 
 
 def _arithmetic(n: NodeSnapshot) -> str | None:

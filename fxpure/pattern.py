@@ -209,7 +209,7 @@ class Op:
     matches the node's one consumer; ``out=i`` reads a tuple-output op through ``getitem(·, i)``
     (all its users must: checked after its arguments); ``commute=True`` tries the family's two
     commuting arguments both ways. ``code``/``shared``/``out_code`` name the three reasons.
-    ``transparent=True``: reasons about its value (its first operand) name the node and argument
+    ``transparent=True``: reasons about its value (its first operand, in the schema) name the node and argument
     that read it (a dequantized weight that is not a constant is "weight of conv", not "input of
     dq"); those about its other operands name it (its scale is "scale of dq").
     ``when``: which calls of the family an operand's op matches (:class:`When`); another is a
@@ -1628,9 +1628,12 @@ class Planner:
                 # one computed (a view of a weight, ``b.view(4)``, binds a Reshape; an earlier
                 # rule's derived one its expression): a new constant, shared if one holds it already
                 value = self.const(value, f"{name}_{arg}")
-            if isinstance(value, Bound | WeightExpr):
+            if isinstance(value, Bound):
+                raise TypeError(f"{what}: {arg} is a Bound, not a node: pass NodeRef(op.name), or p.const(expr, name)")
+            if isinstance(value, WeightExpr):  # (for a tensor argument it is a new constant, above)
                 kind = type(value).__name__
-                raise TypeError(f"{what}: {arg} is a {kind}, not a node: pass NodeRef(op.name), or p.const(expr, name)")
+                hint = "bind a number with Scalar, or read one with match.values"
+                raise TypeError(f"{what}: {arg} is a {kind}, and {schema.target} takes no tensor there: {hint}")
             if isinstance(value, str) and q.kind == "dtype":  # a dtype by name, as GraphBuilder.call takes it
                 value = DTypeArg(name=value)
             out[arg] = value

@@ -316,3 +316,28 @@ def test_a_merging_view_of_an_empty_tensor_takes_any_strides(decomposed: bool) -
     assert got[3].shape == want[3].shape == (0, 4)
     assert dead_constants(program) == []
     validate(program)
+
+
+class Methods(torch.nn.Module):
+    """Tensor methods given their list one value at a time, and ones that take more than a list."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.permute(1, 0), x.view(-1), x.amax(1, True), x.roll(1, 0), x.split_with_sizes([2, 2], 1)[0]
+
+
+def test_a_traced_method_is_read_as_its_aten_op_with_its_arguments() -> None:
+    # ``w.permute(1, 0)`` was read as a permute of no list (a product of it went unreported); the
+    # first reading of it packed every op's values after ``self`` (``x.amax(1, True)``: dim (1, True))
+    from adapters.snap import _traced, capture_program
+
+    view = _traced(capture_program(torch.fx.symbolic_trace(Methods()))).view
+    assert view is not None
+    read = {n.name: (n.target, n.args[1:]) for n in view.nodes if n.op == "call_function"}
+    assert read == {
+        "permute": ("aten.permute.default", ((1, 0),)),
+        "view": ("aten.view.default", ((-1,),)),
+        "amax": ("aten.amax.default", (1, True)),
+        "roll": ("aten.roll.default", (1, 0)),
+        "split_with_sizes": ("aten.split_with_sizes.default", ((2, 2), 1)),
+        "getitem": ("getitem", (0,)),
+    }

@@ -1392,6 +1392,14 @@ def test_a_constant_bound_as_the_program_holds_it_is_read_as_it_is() -> None:
     assert (made.name, made.expr) == ("d_other", Reshape(x=Source(key="w", spec=w_spec), shape=(1, 3)))
     assert report.after.node("d_1").args == (NodeRef("x"), NodeRef("d_other")) and "v" not in report.after.index
 
+    # given for an argument that takes no tensor (add's alpha, a number), it is the rule's mistake
+    def to_add(p: Planner, m: Bound, x: NodeRef, w: WeightExpr) -> RewritePlan:
+        return p.replace(m, p.call("aten.add.Tensor", name="d", spec=m.spec, self=x, other=x, alpha=w))
+
+    wrong = rule("to-add", r.pattern, plan=to_add, candidate=lambda op, _: op.name == "m2")
+    with pytest.raises(TypeError, match=r"call d: alpha is a Reshape, and aten.add.Tensor takes no tensor there"):
+        plan(snap, [wrong])
+
 
 def test_replace_with_a_number_declines_and_with_a_bound_op_raises() -> None:
     # add(z, 2.0), z a constant: commute binds x = 2.0, and add's uses cannot move to a number
