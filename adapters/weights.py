@@ -88,6 +88,8 @@ _BINARY: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "sub": torch.sub,
     "mul": torch.mul,
     "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
 }
 _UNARY: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sqrt": torch.sqrt,

@@ -195,9 +195,10 @@ class Fill(_Expr):
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Binary(_Expr):
     """Elementwise ``a (op) b`` with numpy broadcasting; both operands of one dtype (``Cast`` first),
-    a floating one to ``div``."""
+    a floating one to ``div``. ``maximum`` and ``minimum`` are torch's (a NaN in either operand is
+    the result): ``maximum`` with a ``Fill`` floors a value, ``minimum`` caps it, and the two clamp it."""
 
-    op: Literal["add", "sub", "mul", "div"]
+    op: Literal["add", "sub", "mul", "div", "maximum", "minimum"]
     a: WeightExpr
     b: WeightExpr
 

@@ -5,10 +5,8 @@ sqrt(var + eps)``; the sign of ``k`` goes into the int8 values), the bias folded
 Better than Cadence's ``FuseQuantizedBatchNormWithConv``, which keeps the original scales and so clips
 every channel where ``|k| > 1``: here ``q' = round(q * s * k / (s * |k|)) = sign(k) * q``, exact.
 
-A zero ``k`` (gamma 0) would give a zero scale: the new scale is ``s * |k| + TINY`` (TINY = 2**-23, the
-floor PT2E's observers use; no ``max`` in the WeightExpr vocabulary). ``q'`` is then a requantization
-of ``q * s * k``, exactly ``sign(k) * q`` wherever ``s * |k| > 255 * TINY``, and within half a step of
-the new scale everywhere.
+A zero ``k`` (gamma 0) would give a zero scale: the new scale is ``max(s * |k|, TINY)`` (TINY = 2**-23,
+the floor PT2E's observers use), so such a channel's ``q'`` is 0, exactly what ``q * s * k`` is.
 
 Declined, typed: a batch norm in training mode, a weight not quantized per output channel
 (``not-per-channel``), zero points not known to be 0 (``asymmetric-weight``), a range that is not
@@ -124,7 +122,7 @@ def _fuse(
     sdtype = p.match.dtype("scales")
     k, _ = batch_norm_affine(mean=mean, var=var, gamma=gamma, beta=beta, eps=eps, dtype=sdtype)  # (k: its scale)
     new_scales = Binary(
-        op="add", a=Binary(op="mul", a=scales, b=Unary(op="abs", x=k)), b=Fill(shape=(), value=TINY, dtype=sdtype)
+        op="maximum", a=Binary(op="mul", a=scales, b=Unary(op="abs", x=k)), b=Fill(shape=(), value=TINY, dtype=sdtype)
     )
 
     def emit(wb: tuple[WeightExpr, WeightExpr]) -> RewritePlan:

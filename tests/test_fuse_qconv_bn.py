@@ -120,12 +120,25 @@ def test_the_new_int8_weight_is_the_folded_weight_within_half_a_step_and_cadence
         assert not isinstance(new_wq, nn.Parameter) and not isinstance(new_scales, nn.Parameter)  # (buffers)
         half = new_scales.reshape(-1, 1, 1, 1) / 2
         assert ((new_wq.float() * new_scales.reshape(-1, 1, 1, 1) - folded).abs() <= half * 1.0001).all()
-        assert torch.allclose(new_scales, scales * k.abs() + TINY, rtol=1e-6)
+        assert torch.allclose(new_scales, torch.clamp(scales * k.abs(), min=TINY), rtol=1e-6)
         assert torch.equal(new_wq.float(), wq.float() * k.sign().reshape(-1, 1, 1, 1))  # exact: the sign goes in
         # Cadence's requantization with the original scales clips every channel whose |k| > 1
         cadence = (folded / scales.reshape(-1, 1, 1, 1)).round().clamp(low, high) * scales.reshape(-1, 1, 1, 1)
         clipped += int(((cadence - folded).abs() > scales.reshape(-1, 1, 1, 1) / 2 * 1.0001).any(dim=(1, 2, 3)).sum())
     assert clipped >= 4  # (the channels of bn1 with |gamma| >= 2, at least)
+
+
+@pytest.mark.usefixtures("unfused")
+def test_a_channel_a_zero_gamma_silences_gets_the_floor_scale_and_zero_weights() -> None:
+    model, x = ConvBn().eval(), _x()
+    with torch.no_grad():
+        model.bn1.weight[2] = 0.0
+    program = _pt2e(model, x)
+    expected = program.module()(*x)
+    adapters.transform(program, [fuse_qconv_bn]).unwrap()
+    new_wq, new_scales, _, _ = _weight(program, _convs(program)[0])
+    assert new_scales[2] == TINY and not new_wq[2].any() and bool((new_scales > TINY).sum() == 7)
+    assert torch.allclose(program.module()(*x), expected, atol=_step(program) * 1.01)
 
 
 @pytest.mark.usefixtures("unfused")

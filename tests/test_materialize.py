@@ -235,6 +235,26 @@ def test_an_integer_matrix_product_wraps_in_its_dtype() -> None:
     assert got.dtype == torch.int8 and got.item() == 32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_maximum_and_minimum_clamp_a_weight_as_torch_clamp_does(dtype: torch.dtype) -> None:
+    name = str(dtype).removeprefix("torch.")
+    w = Source(key="w", spec=TensorSpec(shape=(2, 3), dtype=name))
+    low, high = (Fill(shape=(), value=v, dtype=name) for v in (-2, 3))
+    clamped = Binary(op="minimum", a=Binary(op="maximum", a=w, b=low), b=high)
+    values = torch.tensor([[-5, -2, 0], [1, 3, 7]], dtype=dtype)
+    out = materialize(clamped, {"w": values}, Memo())
+    assert out.dtype is dtype and out.tolist() == [[-2, -2, 0], [1, 3, 3]]
+
+
+def test_maximum_and_minimum_keep_a_nan_of_either_operand() -> None:
+    w = Source(key="w", spec=TensorSpec(shape=(3,), dtype="float32"))
+    nan = Fill(shape=(), value=math.nan, dtype="float32")
+    values = {"w": torch.tensor([1.0, math.nan, -1.0])}
+    floored = materialize(Binary(op="maximum", a=w, b=Fill(shape=(), value=0.0, dtype="float32")), values, Memo())
+    assert floored[0] == 1 and math.isnan(floored[1]) and floored[2] == 0
+    assert torch.isnan(materialize(Binary(op="minimum", a=w, b=nan), values, Memo())).all()
+
+
 def test_merged_linears_weight_and_bias_share_their_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     # W2 @ W1 and W2 @ b1 + b2 of two linears, and W2 @ W1 again in another constant: with one
     # memo, each distinct product is computed once, and each result is its own tensor

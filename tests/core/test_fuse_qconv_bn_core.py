@@ -129,7 +129,7 @@ def test_the_conv_reads_a_new_int8_weight_with_rescaled_scales_and_the_batch_nor
         ),
     )
     scales = Binary(
-        op="add",
+        op="maximum",
         a=Binary(op="mul", a=_src(g, "scales"), b=Unary(op="abs", x=k)),
         b=Fill(shape=(), value=2.0**-23, dtype="float32"),
     )

@@ -100,6 +100,8 @@ BINARY: dict[str, Callable[[Array, Array], Array]] = {
     "sub": np.subtract,
     "mul": np.multiply,
     "div": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
 }
 UNARY: dict[str, Callable[[Array], Array]] = {
     "neg": np.negative,
@@ -256,6 +258,8 @@ SPECS: list[tuple[WeightExpr, TensorSpec]] = [
     (Binary(op="mul", a=src(4, 1), b=src(3)), spec(4, 3)),
     (Binary(op="add", a=src(2, 3, dtype="int8"), b=src(dtype="int8")), spec(2, 3, dtype="int8")),
     (Binary(op="div", a=src(1), b=src("n", 1)), spec("n", 1)),
+    (Binary(op="maximum", a=src(2, 3, dtype="int8"), b=src(dtype="int8")), spec(2, 3, dtype="int8")),
+    (Binary(op="minimum", a=src(3, 1), b=src(4)), spec(3, 4)),
     (Unary(op="sqrt", x=src(2, 3, dtype="float16")), spec(2, 3, dtype="float16")),
     (Unary(op="rsqrt", x=src(2, dtype="bfloat16")), spec(2, dtype="bfloat16")),
     (Unary(op="reciprocal", x=src(2, dtype="float64")), spec(2, dtype="float64")),
@@ -362,6 +366,8 @@ FAILURES: list[tuple[WeightExpr, str]] = [
     (Binary(op="sub", a=src(2), b=src(3, dtype="float16")), "sub of float32 and float16 (cast one first)"),
     (Binary(op="mul", a=src(2, 3), b=src(4)), "mul of shapes (2, 3) and (4,) that do not broadcast"),
     (Binary(op="div", a=src("n"), b=src("m")), "div of shapes ('n',) and ('m',) that do not broadcast"),
+    (Binary(op="maximum", a=src(2, dtype="int8"), b=src(2)), "maximum of int8 and float32 (cast one first)"),
+    (Binary(op="minimum", a=src(2, 3), b=src(2)), "minimum of shapes (2, 3) and (2,) that do not broadcast"),
     (Binary(op="add", a=BAD, b=BAD2), BAD_MSG),
     (Binary(op="add", a=W43, b=BAD2), BAD2_MSG),
     (Unary(op="sqrt", x=I8), "sqrt of int8 (needs a floating dtype)"),
