@@ -421,6 +421,17 @@ class _Commit:
 
         self.reorder.append(undo)
 
+    def keep_names(self, graph: torch.fx.Graph) -> None:
+        """Undo gives ``graph``'s namespace back the names it held (torch.fx keeps the name of an
+        erased node taken, and the node with it): a node made later is named as it would have been."""
+        ns = graph._graph_namespace
+        names, used, counts = dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count)
+
+        def undo() -> None:
+            ns._obj_to_name, ns._used_names, ns._base_count = names, used, counts
+
+        self.reorder.append(undo)
+
     def set_item(self, d: dict[str, V], key: str, value: V) -> None:
         self.del_item(d, key)
 
@@ -717,18 +728,19 @@ def realize(
     _ApplyError, or re-raises a BaseException, with the program exactly as it was."""
     try:
         edit = _prepare(cap, after, new)
+        # (all found before the commit: nothing after it can fail with the program changed)
+        kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
+        added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
+        dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
+        found = added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
     except _ApplyError:
         raise
     except Exception as e:  # preparing must not fail; if torch does, nothing was touched
         raise _ApplyError("apply-failed", f"{type(e).__name__}: {e}") from e
-    # (all found before the commit: nothing after it can fail with the program changed)
-    kept = {k: v for k, v in cap.tensors.items() if k in after.constants}
-    added = tuple(n.rec.name for n in edit.new if n.rec.name in new)
-    dropped = tuple(n for n in edit.erased if n in cap.snap.constants)
-    found = added, dropped, _bytes(cap.tensors), _bytes({**kept, **new})
     c = _Commit()
     try:
         c.undo.append(cap.gm.recompile)  # (last of all: the graph as it was, its code with it)
+        c.keep_names(cap.gm.graph)
         _edit_graph(c, cap, edit)
         if isinstance(cap.program, ExportedProgram):
             _commit_ep(c, cap, cap.program, new, after)
@@ -764,6 +776,16 @@ def _bytes(tensors: Mapping[str, torch.Tensor]) -> int:
 
 
 def _materialize_new(cap: Captured, after: GraphSnapshot, memo: dict[object, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The new constants of ``after``, computed; _ApplyError where torch fails (nothing was touched)."""
+    try:
+        return _each_new(cap, after, memo)
+    except _ApplyError:
+        raise
+    except Exception as e:  # (a torch error outside a constant's own computation: the Parameter made of it)
+        raise _ApplyError("materialize-failed", f"{type(e).__name__}: {e}") from e
+
+
+def _each_new(cap: Captured, after: GraphSnapshot, memo: dict[object, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     # (or fake: a program exported under FakeTensorMode holds no data either)
     on_meta = {k for k, t in cap.tensors.items() if t.is_meta or isinstance(t, FakeTensor)}

@@ -60,7 +60,9 @@ OP_LIBRARIES = {"et_vk": "executorch.backends.vulkan.custom_ops_lib"}
 
 @cache
 def resolve_target(name: str, dialect: str) -> Callable[..., Any]:
-    """The callable for a canonical name in a dialect; raises ValueError if unknown."""
+    """The op overload for a canonical name in a dialect; raises ValueError if there is none (no
+    such op or overload, a name of something else, ``aten.conv2d.__call__``, or an op whose library
+    does not import)."""
     if name == "getitem":
         return operator.getitem
     parts = name.split(".")
@@ -68,12 +70,17 @@ def resolve_target(name: str, dialect: str) -> Callable[..., Any]:
         raise ValueError(f"cannot resolve op {name!r}")
     ns, op, overload = parts
     if ns in OP_LIBRARIES:
-        importlib.import_module(OP_LIBRARIES[ns])
+        try:
+            importlib.import_module(OP_LIBRARIES[ns])
+        except Exception as e:  # (an ImportError, or whatever the library's registration raises)
+            raise ValueError(f"cannot resolve op {name!r}: {OP_LIBRARIES[ns]} does not import ({e})") from e
     root: Any = exir_ops.edge if dialect == "edge" else torch.ops
     try:
         target: Callable[..., Any] = getattr(getattr(getattr(root, ns), op), overload)
     except AttributeError as e:
         raise ValueError(f"cannot resolve op {name!r} in dialect {dialect}") from e
+    if not isinstance(target, torch._ops.OpOverload | EdgeOpOverload):
+        raise ValueError(f"cannot resolve op {name!r} in dialect {dialect}: {overload!r} is no overload of {op}")
     return target
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from torch.export import ExportedProgram
 
 import adapters
 from adapters.passes import RulesPass
+from adapters.torchnames import OP_LIBRARIES, resolve_target
 from adapters.validate import check_plans
 from fxpure.families import ADD, CONV, GETITEM, MUL, PERMUTE, RELU, SPLIT
 from fxpure.linear import linear_of, linear_root
@@ -326,18 +328,41 @@ def test_a_later_rule_naming_its_node_as_a_node_an_earlier_rule_erased_applies(f
     assert_sound(program, X, [torch.relu(X[0]) + 1.0])
 
 
-def test_an_op_torch_does_not_have_fails_a_dry_run_as_it_fails_the_transform() -> None:
-    # explain (a dry run) said "will rewrite" where apply failed unknown-op
+@pytest.mark.parametrize("target", ["aten.does_not_exist.default", "aten.relu.__call__", "aten.relu.overloads"])
+def test_an_op_torch_does_not_have_fails_a_dry_run_as_it_fails_the_transform(target: str) -> None:
+    # explain (a dry run) said "will rewrite" where apply failed unknown-op; a name of the op's
+    # packet that is no overload (a hunt, forty-eighth session) was written, and the program broken
     bogus = rule(
         "bogus",
         Op(RELU, name="r", self=Var("x")),
-        plan=lambda p, r, x: p.replace(r, p.node("aten.does_not_exist.default", (x,), name="n", spec=r.node.spec)),
+        plan=lambda p, r, x: p.replace(r, p.node(target, (x,), name="n", spec=r.node.spec)),
     )
     for dry_run in (True, False):
         program = build(Relu(), X, "aten")
+        code = str(program.graph)
         failure = adapters.transform(program, [bogus], dry_run=dry_run).failure()
-        assert failure.code == "unknown-op" and "aten.does_not_exist.default" in failure.message
+        assert failure.code == "unknown-op" and target in failure.message
         assert failure.message.endswith("(a plan of rule 'bogus' at relu)")  # (an outside author: say whose)
+        assert str(program.graph) == code
+
+
+def test_an_op_whose_library_does_not_import_is_an_unknown_op_and_the_program_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a hunt (forty-eighth session): the ImportError escaped transform as a traceback
+    resolve_target.cache_clear()
+    monkeypatch.setitem(sys.modules, OP_LIBRARIES["et_vk"], None)  # (importing it raises ImportError)
+    vk = rule(
+        "vk",
+        Op(RELU, name="r", self=Var("x")),
+        plan=lambda p, r, x: p.replace(r, p.node("et_vk.q8ta_add.default", (x,), name="n", spec=r.node.spec)),
+    )
+    program = build(Relu(), X, "aten")
+    code = str(program.graph)
+    failure = adapters.transform(program, [vk]).failure()
+    monkeypatch.undo()
+    assert failure.code == "unknown-op" and f"{OP_LIBRARIES['et_vk']} does not import" in failure.message
+    assert str(program.graph) == code
 
 
 # conv(x * s) -> conv(x): the conv keeps its spec, whatever x is (the check of x's shape forgotten)
