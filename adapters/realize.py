@@ -556,10 +556,10 @@ class _Commit:
         hooks = {name: getattr(gm, name) for name in _NODE_HOOKS if getattr(gm, name, None)}
         failed: BaseException | None = None
         try:
-            for name in hooks:
-                setattr(gm, name, [])
-            steps: list[Callable[[], object]] = [*reversed(self.undo), *self.reorder]
-            steps.append(functools.partial(_mend_lookup, gm.graph))
+            # (the hooks detached as steps too: a Ctrl-C there stops no undo; as plain attributes,
+            # in the module's __dict__, put back in one call: a Ctrl-C cannot land half way)
+            steps: list[Callable[[], object]] = [functools.partial(gm.__dict__.__setitem__, n, []) for n in hooks]
+            steps += [*reversed(self.undo), *self.reorder, functools.partial(_mend_lookup, gm.graph)]
             for fn in steps:
                 try:
                     fn()
@@ -568,8 +568,7 @@ class _Commit:
                     if failed is None or (isinstance(failed, Exception) and not isinstance(e, Exception)):
                         failed = e
         finally:
-            for name, kept in hooks.items():
-                setattr(gm, name, kept)
+            gm.__dict__.update(hooks)
             self.undo.clear()
             self.reorder.clear()
         return failed
@@ -1725,7 +1724,8 @@ def _fake_call(
             kwargs = _bind({k: _literal(v) for k, v in node.kwargs.items()}, reads)
             return op(*args, **kwargs), None
     except Exception as e:
-        if type(e) not in _REFUSED:
+        # (a getitem of the wrong arguments is a TypeError, as a wrong call of any Python function)
+        if type(e) not in _REFUSED and not (node.target == "getitem" and isinstance(e, TypeError)):
             return None, None
         return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     finally:
@@ -1856,6 +1856,20 @@ def _unheld(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reaso
     return out
 
 
+def _unspecified(cap: Captured, report: RewriteReport) -> dict[tuple[str, str], Reason]:
+    """Every plan with a new node of no spec, in an exported program, which holds every node's value
+    (``meta["val"]``: without one it fails ``validate()``, and ``to_edge``), with the reason."""
+    if not isinstance(cap.program, ExportedProgram):
+        return {}
+    out: dict[tuple[str, str], Reason] = {}
+    for p in report.plans:
+        blank = next((n.name for n in p.nodes if n.spec is None), None)
+        if blank is not None:
+            detail = f"new node {blank} declares no spec, and an exported program holds every node's value"
+            out[(p.rule, p.anchor)] = PlanConflict(node=p.anchor, detail=detail)
+    return out
+
+
 # what the core cannot know of a plan, found on the program: each maps the plans it declines to why
 _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]], ...] = (
     _unwritable,
@@ -1868,6 +1882,7 @@ _CHECKS: tuple[Callable[[Captured, RewriteReport], dict[tuple[str, str], Reason]
     _returns_aliased,
     _restrided,
     _computed,
+    _unspecified,  # (last: where a node of no spec makes another check fail too, this says why)
 )
 
 

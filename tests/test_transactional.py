@@ -332,6 +332,41 @@ def test_a_graph_module_hook_that_refuses_an_erase_is_a_failure_and_the_program_
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("form", ["gm", "aten"])
+def test_a_ctrl_c_while_the_rollback_detaches_the_node_hooks_stops_no_undo(
+    monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    # a hunt (forty-eighth session): the rollback detached a module's node hooks by setattr before
+    # its first undo; a Ctrl-C there cleared the undo log with nothing undone (half applied)
+    model = randomize_bn(ResNetish())
+    program = build(model, example(model), form)
+    gm = program.graph_module if isinstance(program, ExportedProgram) else program
+    before_graph, before_code = str(gm.graph), gm.code
+
+    def hook(node: torch.fx.Node) -> None:
+        pass
+
+    gm._register_create_node_hook(hook)
+    real_setattr = torch.nn.Module.__setattr__
+
+    def setattr_(self: torch.nn.Module, name: str, value: Any) -> None:
+        if name.endswith("_node_hooks") and value == []:
+            raise KeyboardInterrupt
+        real_setattr(self, name, value)
+
+    recompile = _fail_on_call(1, RuntimeError("boom"))(torch.fx.GraphModule.recompile)
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", recompile)
+    monkeypatch.setattr(torch.nn.Module, "__setattr__", setattr_)
+    try:
+        result = adapters.transform(program, [fuse_conv_bn()])
+    except KeyboardInterrupt:  # (as a failure of this test, not an interrupt of the run)
+        monkeypatch.undo()
+        pytest.fail(f"the Ctrl-C escaped; the graph is {'as it was' if str(gm.graph) == before_graph else 'changed'}")
+    monkeypatch.undo()
+    assert result.failure().message == "commit failed and was rolled back: RuntimeError: boom"
+    assert str(gm.graph) == before_graph and gm.code == before_code and gm._create_node_hooks == [hook]
+
+
 def test_a_rollback_that_cannot_restore_the_code_says_the_program_may_be_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
