@@ -198,7 +198,7 @@ RESHAPES = frozenset(
         for copy in ("", "_copy")
     }
     | {"aten._unsafe_view.default", "aten.reshape.default", "aten.lift_fresh_copy.default", "aten.detach_.default"}
-    | {"aten.clone.default", "dim_order_ops._clone_dim_order.default"}
+    | {"aten.clone.default", "dim_order_ops._clone_dim_order.default", "aten.contiguous.default"}
 )
 
 
@@ -206,7 +206,7 @@ RESHAPES = frozenset(
 # float widened to float32 and rounded back after each op, as torch's CPU kernels compute them)
 BINARY_OPS: Mapping[str, Literal["add", "sub", "mul", "div"]] = {
     f"aten.{op}.{overload}": op for op in ("add", "sub", "mul", "div") for overload in ("Tensor", "Scalar")
-}
+} | {f"aten.true_divide.{overload}": "div" for overload in ("Tensor", "Scalar")}
 UNARY_OPS: Mapping[str, Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]] = {
     f"aten.{op}.default": op for op in ("sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign")
 }
@@ -229,8 +229,10 @@ CASTS = CAST.targets  # _to_copy, to.dtype, edge's _to_dim_order_copy
 # a matrix product (by a matrix, or by a vector: ``matmul`` of (m, k) and (k,)), as torch computes it in
 # the operands' dtype, which :class:`~fxpure.weights.MatMul` computes with the same kernel
 PRODUCTS = MM.targets | MATMUL.targets
-# a run of a constant's elements along one dim (``t[1:5]``, step 1), or one of them (``t[1]``, the dim dropped)
-SLICES, SELECTS = SLICE.targets, SELECT.targets
+# a run of a constant's elements along one dim (``t[1:5]``, step 1; ``t.narrow(0, 1, 4)``), or one of
+# them (``t[1]``, the dim dropped)
+NARROW = "aten.narrow.default"
+SLICES, SELECTS = SLICE.targets | {NARROW}, SELECT.targets
 
 
 def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
@@ -240,10 +242,10 @@ def constant_expr(snap: GraphSnapshot, name: str) -> WeightExpr | None:
     dtype (:data:`CASTS`), floating elementwise arithmetic (:data:`BINARY_OPS`
     and ``rsub`` with ``alpha=1``, :data:`UNARY_OPS`, ``square``, the :data:`POWERS`), such
     as the scale ``weight * (running_var + eps).rsqrt()`` of a frozen batch norm, a matrix product
-    of two (:data:`PRODUCTS`: ``mm``, and ``matmul`` of a matrix by a matrix or a vector, a merged
-    LoRA's ``W + B @ A``), a sum over dims
-    or a weight normalisation (float32 or float64), a slice with step 1 or an index along a dim
-    (:data:`SLICES`, :data:`SELECTS`: ``gamma[1:5]``, ``t[0]``), and that the program does not write in place
+    of two (:data:`PRODUCTS`: ``mm``, and ``matmul`` of a matrix by a matrix or a vector, or of a
+    vector by a matrix, a merged LoRA's ``W + B @ A``), a sum over dims
+    or a weight normalisation (float32 or float64), a slice with step 1, a ``narrow`` or an index along
+    a dim (:data:`SLICES`, :data:`SELECTS`: ``gamma[1:5]``, ``t[0]``), and that the program does not write in place
     (``snap.written``). :func:`computed_by` names the nodes that compute it.
 
     >>> from fxpure.testing import GraphBuilder
@@ -316,8 +318,18 @@ def _product(
     """
     second = node.arg(1, "mat2" if node.target in MM.targets else "other")
     a, b = _operand(snap, node.arg(0, "self"), spec, seen, depth), _operand(snap, second, spec, seen, depth)
-    out = MatMul(a=a, b=b) if a is not None and b is not None else None
-    found = infer_spec(out) if out is not None else None
+    if a is None or b is None:
+        return None
+    out: WeightExpr = MatMul(a=a, b=b)
+    a_spec = infer_spec(a) if node.target in MATMUL.targets else None
+    if isinstance(a_spec, Success) and len(a_spec.unwrap().shape) == 1:
+        # a vector by a matrix, ``v @ W``: torch's matmul computes it as the row ``v[None] @ W``
+        product = MatMul(a=Reshape(x=a, shape=(1, *a_spec.unwrap().shape)), b=b)
+        found = infer_spec(product)  # (1, n), held as (n,)
+        if not isinstance(found, Success):
+            return None
+        out = Reshape(x=product, shape=tuple(d for d in found.unwrap().shape[1:] if isinstance(d, int)))
+    found = infer_spec(out)
     return out if isinstance(found, Success) and found.unwrap() == spec else None
 
 
@@ -372,6 +384,14 @@ def _narrowed(
             return None
         one = Slice(x=x, dim=dim % len(shape), start=index % size, stop=index % size + 1)
         out: WeightExpr = Reshape(x=one, shape=tuple(d for d in spec.shape if isinstance(d, int)))
+    elif node.target == NARROW:  # (start, length): a start of -size .. size, the run within the dim
+        start, length = node.arg(2, "start"), node.arg(3, "length")
+        if type(start) is not int or type(length) is not int or not -size <= start <= size:
+            return None
+        start = start + size if start < 0 else start
+        if length < 0 or start + length > size:
+            return None
+        out = Slice(x=x, dim=dim % len(shape), start=start, stop=start + length)
     else:
         start, end, step = node.arg(2, "start"), node.arg(3, "end"), node.arg(4, "step")
         start, end = 0 if start is None else start, size if end is None else end

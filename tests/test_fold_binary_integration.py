@@ -611,6 +611,44 @@ def test_a_tensor_made_in_forward_folds_and_its_copies_go(form: str) -> None:
     assert_sound(program, x, eager(model, x))
 
 
+class ComputedWeight(nn.Module):
+    """A linear whose weight (or bias) the model computes with an op aten keeps and decompositions
+    and edge spell otherwise: ``contiguous``, ``true_divide``, ``narrow``, a vector by a matrix."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.randn(8, 5) if how == "contiguous" else torch.randn(10, 8))
+        self.u = nn.Parameter(torch.rand(10, 1) + 1)
+        self.a, self.v = nn.Parameter(torch.randn(3, 5)), nn.Parameter(torch.randn(3))
+        self.bn = nn.BatchNorm1d(5)
+        randomize_bn(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "contiguous":
+            out: torch.Tensor = self.bn(nn.functional.linear(x, self.w.t().contiguous()))
+        elif self.how == "true_divide":
+            out = nn.functional.linear(x, torch.true_divide(self.w, self.u)[:5]) * 2.0
+        elif self.how == "narrow":
+            out = nn.functional.linear(x, self.w.narrow(0, -7, 5)) * 2.0
+        else:
+            out = nn.functional.linear(x, self.w[:5], self.v @ self.a) * 2.0  # a bias of (3,) @ (3, 5)
+        return out
+
+
+@pytest.mark.parametrize("how", ["contiguous", "true_divide", "narrow", "vector-matrix"])
+@pytest.mark.parametrize("form", ["gm", "aten", "decomposed", "edge"])
+def test_a_weight_computed_with_an_op_aten_keeps_folds_in_every_form(form: str, how: str) -> None:
+    # found by a hunt (forty-eighth session): declined not-constant in the gm and aten forms, folded
+    # in the others, where decompositions spell the same computation as clone, div, slice and mm
+    model, x = ComputedWeight(how).eval(), (torch.randn(4, 8),)
+    program = programs.build(model, x, form)
+    rule = fuse_linear_bn() if how == "contiguous" else fold_binary()
+    outcome = adapters.transform(program, [rule]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert_sound(program, x, eager(model, x))
+
+
 class FrozenBatchNorm2d(nn.Module):
     """torchvision's frozen batch norm (the norm of its detection backbones): the scale and shift
     are computed in forward from four buffers."""

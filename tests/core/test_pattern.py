@@ -1915,11 +1915,15 @@ def test_matrix_products_of_constants_are_constants() -> None:
         # operands given by name, as a hand-made graph may hold them
         g.node("aten.mm.default", (), {"self": b, "mat2": a}, name="by_name", out=(6, 8)),
         g.node("aten.matmul.default", (), {"self": b, "other": a}, name="by_name_1", out=(6, 8)),
-        # of an input, of two dtypes, of a batch of matrices, of a vector by a matrix, not what it computes
+        # a vector by a matrix (matmul computes it as a row: a hunt found it declined)
+        g.call("aten.matmul.default", name="vec_mat", self=v, other=a, out=(8,)),
+        # of an input, of two dtypes, of a batch of matrices, mm of a vector (torch refuses it), not
+        # what it computes
         g.call("aten.mm.default", name="of_input", self=x, mat2=a, out=(6, 8)),
         g.call("aten.mm.default", name="mixed", self=b, mat2=h, out=(6, 8)),
         g.call("aten.matmul.default", name="batched", self=batch, other=a, out=(3, 6, 8)),
-        g.call("aten.matmul.default", name="vec_mat", self=v, other=a, out=(8,)),
+        g.call("aten.mm.default", name="vec_mm", self=v, mat2=a, out=(8,)),
+        g.call("aten.matmul.default", name="vec_wrong", self=v, other=a, out=(1, 8)),
         g.call("aten.mm.default", name="wrong", self=b, mat2=a, out=(6, 9)),
     ]
     g.output(merged, *products)
@@ -1932,7 +1936,9 @@ def test_matrix_products_of_constants_are_constants() -> None:
     assert constant_expr(snap, "mv") == MatMul(a=B, b=Source(key="v", spec=spec(2)))
     ints = MatMul(a=Source(key="qb", spec=spec(6, 2, dtype="int8")), b=Source(key="qa", spec=spec(2, 8, dtype="int8")))
     assert constant_expr(snap, "ints") == ints
-    others = ("of_input", "mixed", "batched", "vec_mat", "wrong")
+    row = Reshape(x=Source(key="v", spec=spec(2)), shape=(1, 2))
+    assert constant_expr(snap, "vec_mat") == Reshape(x=MatMul(a=row, b=A), shape=(8,))
+    others = ("of_input", "mixed", "batched", "vec_mm", "vec_wrong", "wrong")
     assert [constant_expr(snap, n) for n in others] == [None] * len(others)
 
 
