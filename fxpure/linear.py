@@ -32,7 +32,7 @@ from fxpure.families import (
     family,
 )
 from fxpure.pattern import ANY, ONE, Bound, Const, Lit, Match, OneOf, Op, Pattern, Planner, Users, Var, When, match
-from fxpure.plan import MAX_DEPTH
+from fxpure.plan import MAX_DEPTH, constant_expr
 from fxpure.schema import parse_schema
 from fxpure.snapshot import GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec, ref_list
 
@@ -246,7 +246,8 @@ def linear_root(
 
 def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) -> bool:
     """Whether the product ``node`` may be a linear's: every ``linear``, ``addmm`` and ``mm`` (a
-    rule says why one is not), but a ``matmul`` only where it reads a transpose (two dims
+    rule says why one is not) but one of constants (a weight computed so: a merged LoRA's ``B @ A``,
+    :func:`~fxpure.plan.constant_expr`), and a ``matmul`` only where it reads a transpose (two dims
     swapped) of a 2-D weight, ``x @ W.T``: a weight being a value computed from constants alone
     (a parameter, a dequantized one, a slice of one; a rule says if it cannot take it). A
     ``matmul`` of two activations (attention's ``q @ k.T``) or of a batch of matrices is no
@@ -272,6 +273,8 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) 
 
 def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int) -> bool:
     """``is_linear``, its weight computed from constants by at most ``most`` nodes (with the transpose)."""
+    if constant_expr(snap, node.name) is not None:  # a product of constants computes a weight (LoRA's B @ A)
+        return False
     if node.target in _BMMS:
         return _broadcast_weight(snap, node, in_out, most) is not None
     if node.target not in _MATMULS:

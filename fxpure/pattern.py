@@ -1146,7 +1146,7 @@ def _call(fn: Callable[..., object], codes: Iterable[str], kind: str, returns: s
     if kind == "check" and "bool" in re.findall(r"\w+", text):
         raise PatternError(f"{kind} {_name(fn)} may return a bool ({text}): return {instead}")
     declared = frozenset(codes)
-    if not declared:
+    if not declared and kind == "check":  # (a compute that cannot fail lists none: codes=())
         raise PatternError(f"{kind} {_name(fn)} must list the reason codes it may return")
     _keywords(f"{kind} {_name(fn)}", sig.parameters.values())
     reads = tuple(n for n in sig.parameters if n != "match")
@@ -1305,12 +1305,17 @@ class _Need:
         return replace(check, reads=(at, *(r for r in check.reads if r != at)))
 
     @staticmethod
-    def compute(name: str, fn: Callable[..., Result[Any, Reason]], *, codes: Iterable[str]) -> Compute:
+    def compute(
+        name: str, fn: Callable[..., Result[Any, Reason]], *, codes: Iterable[str], at: str | None = None
+    ) -> Compute:
         """A value the checks after it and the planner read as ``name``, computed once per match:
         ``fn`` takes bound (and earlier computed) values by name, and ``match`` for the whole
         match, and returns ``Success(value)``, or ``Failure(reason)`` with one of ``codes`` to
-        decline (located like a check's)."""
+        decline (``codes=()``: it never does), located like a check's (``at``, as for
+        :meth:`check`)."""
         call = _call(fn, codes, "compute", "a Result", "Success(value) or Failure(Reason)")
+        if at is not None:
+            call = replace(call, reads=(at, *(r for r in call.reads if r != at)))
 
         def run(m: Match, values: Values) -> Result[object, Reason]:
             out = call.run(m, values)

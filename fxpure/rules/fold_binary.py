@@ -70,7 +70,7 @@ from fxpure.pattern import (
     need,
     rule,
 )
-from fxpure.plan import RewritePlan
+from fxpure.plan import RewritePlan, constant_expr
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.weights import (
@@ -256,8 +256,9 @@ def _activation(snap: GraphSnapshot, value: Arg, shape: tuple[Dim, ...]) -> bool
 def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
     """A binary op with an operand computed by a conv or a linear, and whose other operand is no
     other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``); not the
-    add of a ``bmm``'s bias, which is part of the linear (``fxpure.linear.is_bias_add``)."""
-    if is_bias_add(snap, bin.node):
+    add of a ``bmm``'s bias, which is part of the linear (``fxpure.linear.is_bias_add``); nor one of
+    constants, which computes a weight (a merged LoRA's ``W + B @ A``)."""
+    if is_bias_add(snap, bin.node) or constant_expr(snap, bin.name) is not None:
         return False
     a, b, out = bin.args.get("self"), bin.args.get("other"), bin.spec
     whole = out.shape if out is not None else None

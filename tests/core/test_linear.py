@@ -817,3 +817,22 @@ def test_a_weight_stored_in_out_is_read_where_asked_and_emitted_through_a_new_tr
     x = NodeRef("x" if rank == 2 else "lin_in")  # (the flattening reshape, as it is)
     assert (product.target, product.args) == ("aten.addmm.default", (NodeRef("b2"), x, NodeRef("lin_new_t")))
     assert out.name == ("lin_new" if rank == 2 else "lin_out_new")
+
+
+def test_a_product_of_constants_computes_a_weight_and_is_no_linear() -> None:
+    # a hunt (forty-eighth session): a merged LoRA's B @ A, the weight of a linear, was a linear
+    # itself; linear-to-conv2d made it a 1x1 conv of constants (no later fold could read the weight)
+    # and fold-binary declined the W + B @ A that reads it
+    from fxpure.rules.fold_binary import fold_binary
+
+    g = GraphBuilder()
+    x, w, a, b = g.input("x", (3, 8)), g.parameter("w", (5, 8)), g.parameter("a", (2, 8)), g.parameter("b", (5, 2))
+    lora = g.call("aten.mm.default", name="lora", self=b, mat2=a, out=(5, 8))
+    merged = g.call("aten.add.Tensor", name="merged", self=w, other=lora, out=(5, 8))
+    y = g.call("aten.linear.default", name="lin", input=x, weight=merged, out=(3, 5))
+    g.output(g.call("aten.mul.Tensor", name="scaled", self=y, other=2.0, out=(3, 5)))
+    snap = g.build()
+    assert not is_linear(snap, snap.node("lora")) and is_linear(snap, snap.node("lin"))
+    for r, anchor in ((linear_to_conv2d(), "lin"), (fold_binary(), "scaled")):
+        report = plan(snap, [r])
+        assert [p.anchor for p in report.plans] == [anchor] and report.rejections == ()

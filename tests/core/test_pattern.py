@@ -697,8 +697,37 @@ def test_computed_names_are_checked_when_the_rule_is_built() -> None:
         need.compute("k", is_square, codes=("x",))  # type: ignore[arg-type]
     with pytest.raises(PatternError, match=r"^compute <lambda> must declare its return type \(a Result\)$"):
         need.compute("k", lambda w: Success(1), codes=("x",))
-    with pytest.raises(PatternError, match="compute _kernel must list the reason codes"):
-        need.compute("k", _kernel, codes=())
+    with pytest.raises(PatternError, match="check _checks_nothing must list the reason codes"):
+
+        def _checks_nothing(w: WeightExpr) -> Reason | None:
+            return None
+
+        need.check(_checks_nothing, codes=())
+
+
+def test_a_compute_that_cannot_fail_lists_no_codes_and_one_that_fails_then_is_a_bug() -> None:
+    # (an outside author: an infallible compute was refused codes=(), and given one it never returns)
+    def rows(w: WeightExpr, match: Match) -> Result[int, Reason]:
+        return Success(match.shape("w")[0])
+
+    def scale_by(p: Planner, n: int, mul: Bound, conv: Bound, w: WeightExpr) -> RewritePlan:
+        return _scale(p, mul, conv, w, float(n))
+
+    r = rule("k", SCALED, need.compute("n", rows, codes=()), plan=scale_by)
+    assert [p.anchor for p in plan(scaled(), [r]).plans] == ["mul"]
+    r = rule("k", SCALED, need.compute("kernel", _kernel, codes=()), plan=lambda p, kernel: p.finish([]))
+    with pytest.raises(TypeError, match="not-square"):
+        plan(scaled(w_shape=(4, 3, 3, 1)), [r])
+
+
+def test_a_computes_reasons_are_located_at_the_binding_it_names() -> None:
+    # (an outside author: a compute had no at=, as a check has)
+    def kernel(w: WeightExpr, mul: Bound, match: Match) -> Result[int, Reason]:
+        return Failure(Declined(code="no", node="x", detail="never"))  # (a node it reads nothing at)
+
+    for at, path in ((None, "mul.self/conv.weight"), ("mul", "mul")):
+        r = rule("k", SCALED, need.compute("k", kernel, codes=("no",), at=at), plan=lambda p, k: p.finish([]))
+        assert only_rejection(scaled(), r).path == path
 
 
 @pytest.mark.parametrize("out", [None, (3, 3), Failure("not a reason")])
