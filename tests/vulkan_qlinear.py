@@ -245,19 +245,20 @@ def _vector(p: Planner, expr: WeightExpr, ref: object, oc: int, name: str) -> We
     return p.const(PadTo(x=expr, dim=0, multiple=ALIGN), f"{base}_padded")
 
 
-def _operands(p: Planner, dqw: Bound, wq: WeightExpr, scales: WeightExpr, bias: WeightExpr | None) -> dict[str, object]:
-    """The weight as it is, its sums, scales and bias padded to the kernels' texel width."""
+def _operands(
+    p: Planner, dqw: Bound, wq: WeightExpr, scales: WeightExpr, bias: WeightExpr | None
+) -> tuple[NodeRef, WeightExpr | NodeRef, WeightExpr | NodeRef | None]:
+    """The weight's sums, its scales and the bias, padded to the kernels' texel width."""
     oc = p.match.shape("wq")[0]
     w_ref = dqw.ref("input")
     summed = SumOver(x=wq, dims=(1,), dtype="int32")
     sums = p.const(PadTo(x=summed, dim=0, multiple=ALIGN) if oc % ALIGN else summed, f"{w_ref.name}_sums")
     lin = linear_of(p.match)
-    return {
-        "weights": wq,
-        "weight_sums": sums,
-        "weight_scales": _vector(p, scales, dqw.args.get("scale"), oc, f"{w_ref.name}_scales"),
-        "bias": None if bias is None else _vector(p, bias, lin.bias, oc, f"{lin.op.name}_bias"),
-    }
+    return (
+        sums,
+        _vector(p, scales, dqw.args.get("scale"), oc, f"{w_ref.name}_scales"),
+        None if bias is None else _vector(p, bias, lin.bias, oc, f"{lin.op.name}_bias"),
+    )
 
 
 def _plan_q8ta(
@@ -277,6 +278,7 @@ def _plan_q8ta(
     assert scales is not None  # (_per_channel checked it)
     op = "q8ta_linear_gemv" if _one_row(p.match) else "q8ta_linear"
     lin = linear_of(p.match)
+    sums, w_scales, b = _operands(p, dqw, wq, scales, bias)
     new = p.call(
         Q8TA.schemas[f"et_vk.{op}.default"],
         name=f"{lin.op.name}_q8ta",
@@ -288,7 +290,10 @@ def _plan_q8ta(
         output_scale=out_scale,
         output_zero_point=out_zp,
         activation="relu" if relu is not None else "none",
-        **_operands(p, dqw, wq, scales, bias),  # type: ignore[arg-type]
+        weights=wq,
+        weight_sums=sums,
+        weight_scales=w_scales,
+        bias=b,
     )
     return p.replace(q, new)
 
@@ -310,7 +315,7 @@ def _plan_q8csw(
     # meta), adds the bias unsliced: a bias padded to 4 fails to trace. Where it would be padded, the
     # op takes none and the program's own bias is added after it (one value per output channel).
     after = bias is not None and p.match.shape("wq")[0] % ALIGN != 0
-    operands = _operands(p, dqw, wq, scales, None if after else bias)
+    sums, w_scales, b = _operands(p, dqw, wq, scales, None if after else bias)
     new = p.call(
         Q8CSW.schemas["et_vk.linear_q8ta_q8csw.default"],
         name=f"{lin.op.name}_q8csw",
@@ -319,7 +324,10 @@ def _plan_q8csw(
         x=NodeRef(dqx.name),
         input_scale=x_scale,
         input_zero_point=x_zp,
-        **operands,  # type: ignore[arg-type]
+        weights=wq,
+        weight_sums=sums,
+        weight_scales=w_scales,
+        bias=b,
     )
     if after:
         new = p.call("aten.add.Tensor", name=f"{lin.op.name}_q8csw_bias", spec=spec, self=new, other=bias)
