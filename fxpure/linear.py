@@ -273,7 +273,7 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) 
 
 def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int) -> bool:
     """``is_linear``, its weight computed from constants by at most ``most`` nodes (with the transpose)."""
-    if constant_expr(snap, node.name) is not None:  # a product of constants computes a weight (LoRA's B @ A)
+    if _of_constant_operands(snap, node):  # a product of constants computes a weight (LoRA's B @ A)
         return False
     if node.target in _BMMS:
         return _broadcast_weight(snap, node, in_out, most) is not None
@@ -281,6 +281,19 @@ def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int)
         return node.target in _PRODUCTS
     other = _node(snap, MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None))
     return _is_weight_t(snap, other, in_out, most)
+
+
+def _of_constant_operands(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+    """``node``, an ``mm`` or ``matmul``, computes a constant: its first operand is computed from
+    constants by a few nodes (asked first: an activation reaches an input, or more nodes, soon), and
+    :func:`~fxpure.plan.constant_expr` reads the product."""
+    first = _node(snap, node.args[0]) if node.args else None
+    return (
+        node.target in _CONSTANT_PRODUCTS
+        and first is not None
+        and _of_constants(snap, first.name, most=4)
+        and constant_expr(snap, node.name) is not None
+    )
 
 
 def _node(snap: GraphSnapshot, arg: object) -> NodeSnapshot | None:
@@ -340,6 +353,7 @@ def _is_weight_t(snap: GraphSnapshot, t: NodeSnapshot | None, in_out: bool, most
 
 
 _PRODUCTS, _MATMULS, _BMMS = LINEAR.targets | ADDMM.targets | MM.targets, MATMUL.targets, BMM.targets
+_CONSTANT_PRODUCTS = MM.targets | MATMUL.targets  # (the products constant_expr reads)
 
 
 def _of_constants(snap: GraphSnapshot, name: str, most: int = 8) -> bool:

@@ -258,12 +258,14 @@ def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
     other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``); not the
     add of a ``bmm``'s bias, which is part of the linear (``fxpure.linear.is_bias_add``); nor one of
     constants, which computes a weight (a merged LoRA's ``W + B @ A``)."""
-    if is_bias_add(snap, bin.node) or constant_expr(snap, bin.name) is not None:
+    if is_bias_add(snap, bin.node):
         return False
     a, b, out = bin.args.get("self"), bin.args.get("other"), bin.spec
     whole = out.shape if out is not None else None
     pairs = ((a, b), (b, a))
-    return any(_computed_by_product(snap, y) and not (whole and _activation(snap, c, whole)) for y, c in pairs)
+    return any(_computed_by_product(snap, y) and not (whole and _activation(snap, c, whole)) for y, c in pairs) and (
+        constant_expr(snap, bin.name) is None
+    )  # (asked last: it walks up through activations)
 
 
 Scale: TypeAlias = tuple[Literal["mul", "div"], WeightExpr] | None
