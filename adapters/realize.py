@@ -425,7 +425,7 @@ class _Commit:
         """Undo gives ``graph``'s namespace back the names it held (torch.fx keeps the name of an
         erased node taken, and the node with it): a node made later is named as it would have been."""
         ns = graph._graph_namespace
-        names, used, counts = dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count)
+        names, used, counts = ns._obj_to_name.copy(), ns._used_names.copy(), ns._base_count.copy()
 
         def undo() -> None:
             ns._obj_to_name, ns._used_names, ns._base_count = names, used, counts

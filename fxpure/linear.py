@@ -273,7 +273,7 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) 
 
 def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int) -> bool:
     """``is_linear``, its weight computed from constants by at most ``most`` nodes (with the transpose)."""
-    if _of_constant_operands(snap, node):  # a product of constants computes a weight (LoRA's B @ A)
+    if is_weight_product(snap, node):
         return False
     if node.target in _BMMS:
         return _broadcast_weight(snap, node, in_out, most) is not None
@@ -283,15 +283,19 @@ def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int)
     return _is_weight_t(snap, other, in_out, most)
 
 
-def _of_constant_operands(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
-    """``node``, an ``mm`` or ``matmul``, computes a constant: its first operand is computed from
-    constants by a few nodes (asked first: an activation reaches an input, or more nodes, soon), and
-    :func:`~fxpure.plan.constant_expr` reads the product."""
-    first = _node(snap, node.args[0]) if node.args else None
+def is_weight_product(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+    """Whether ``node`` is an ``mm`` or ``matmul`` of two constants, the second no weight's
+    transpose: a weight's computation (a merged LoRA's ``B @ A``), no linear. (A linear of a
+    constant input, a learned query's ``q @ W.T``, stays one.)"""
+    if node.target not in _CONSTANT_PRODUCTS:
+        return False
+    first = _node(snap, node.arg(0, "self"))
+    second = _node(snap, node.arg(1, "mat2" if node.target in MM.targets else "other"))
     return (
-        node.target in _CONSTANT_PRODUCTS
-        and first is not None
-        and _of_constants(snap, first.name, most=4)
+        first is not None
+        and second is not None
+        and not _is_weight_t(snap, second, False, MAX_DEPTH + 1)  # (an activation's k.T: 4-D, asked first)
+        and _of_constants(snap, first.name)  # (an activation reaches an input, or more nodes, soon)
         and constant_expr(snap, node.name) is not None
     )
 

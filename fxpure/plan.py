@@ -323,10 +323,11 @@ def _product(
     out: WeightExpr = MatMul(a=a, b=b)
     a_spec = infer_spec(a) if node.target in MATMUL.targets else None
     if isinstance(a_spec, Success) and len(a_spec.unwrap().shape) == 1:
-        # a vector by a matrix, ``v @ W``: torch's matmul computes it as the row ``v[None] @ W``
+        # a vector by a matrix, ``v @ W``: torch's matmul computes it as the row ``v[None] @ W`` (a
+        # vector by a vector it computes as a dot product, which no expression here is)
         product = MatMul(a=Reshape(x=a, shape=(1, *a_spec.unwrap().shape)), b=b)
         found = infer_spec(product)  # (1, n), held as (n,)
-        if not isinstance(found, Success):
+        if not isinstance(found, Success) or len(found.unwrap().shape) != 2:
             return None
         out = Reshape(x=product, shape=tuple(d for d in found.unwrap().shape[1:] if isinstance(d, int)))
     found = infer_spec(out)

@@ -52,7 +52,7 @@ from fxpure.families import (
     UNSQUEEZE,
     VIEW,
 )
-from fxpure.linear import emit_linear, is_bias_add, is_linear, linear, linear_of
+from fxpure.linear import emit_linear, is_bias_add, is_linear, is_weight_product, linear, linear_of
 from fxpure.pattern import (
     ANY,
     Bound,
@@ -70,7 +70,7 @@ from fxpure.pattern import (
     need,
     rule,
 )
-from fxpure.plan import RewritePlan, constant_expr
+from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
 from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.weights import (
@@ -257,15 +257,22 @@ def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
     """A binary op with an operand computed by a conv or a linear, and whose other operand is no
     other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``); not the
     add of a ``bmm``'s bias, which is part of the linear (``fxpure.linear.is_bias_add``); nor one of
-    constants, which computes a weight (a merged LoRA's ``W + B @ A``)."""
+    a product that computes a weight (a merged LoRA's ``W + B @ A``: ``fxpure.linear.is_weight_product``)."""
     if is_bias_add(snap, bin.node):
         return False
     a, b, out = bin.args.get("self"), bin.args.get("other"), bin.spec
     whole = out.shape if out is not None else None
     pairs = ((a, b), (b, a))
-    return any(_computed_by_product(snap, y) and not (whole and _activation(snap, c, whole)) for y, c in pairs) and (
-        constant_expr(snap, bin.name) is None
-    )  # (asked last: it walks up through activations)
+    taken = any(_computed_by_product(snap, y) and not (whole and _activation(snap, c, whole)) for y, c in pairs)
+    return taken and not any(_weight_product(snap, v) for v in (a, b))
+
+
+def _weight_product(snap: GraphSnapshot, value: Arg) -> bool:
+    """``value`` is a weight's computation by a product of constants, or a reshape of one."""
+    node = _node(snap, value)
+    while node is not None and node.target in VIEW.targets and node.args:
+        node = _node(snap, node.args[0])
+    return node is not None and is_weight_product(snap, node)
 
 
 Scale: TypeAlias = tuple[Literal["mul", "div"], WeightExpr] | None

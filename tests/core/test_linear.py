@@ -836,3 +836,25 @@ def test_a_product_of_constants_computes_a_weight_and_is_no_linear() -> None:
     for r, anchor in ((linear_to_conv2d(), "lin"), (fold_binary(), "scaled")):
         report = plan(snap, [r])
         assert [p.anchor for p in report.plans] == [anchor] and report.rejections == ()
+    # its operands given by name, as a hand-made graph may (a review)
+    g = GraphBuilder()
+    a, b = g.parameter("a", (2, 8)), g.parameter("b", (5, 2))
+    g.output(g.node("aten.mm.default", (), {"self": b, "mat2": a}, name="lora", out=(5, 8)))
+    snap = g.build()
+    assert not is_linear(snap, snap.node("lora"))
+
+
+def test_a_linear_of_a_constant_input_is_a_linear() -> None:
+    # a review: a learned query through a linear, q @ W.T, decomposed to mm(q, t(W)), was taken for a
+    # weight's computation (two constants), and its scale no longer folded
+    from fxpure.rules.fold_binary import fold_binary
+
+    g = GraphBuilder(decomposed=True)
+    x, q, w = g.input("x", (3, 5)), g.parameter("q", (3, 8)), g.parameter("w", (5, 8))
+    wt = g.call("aten.permute.default", name="wt", self=w, dims=(1, 0), out=(8, 5))
+    y = g.call("aten.mm.default", name="proj", self=q, mat2=wt, out=(3, 5))
+    scaled = g.call("aten.mul.Tensor", name="scaled", self=y, other=2.0, out=(3, 5))
+    g.output(g.call("aten.add.Tensor", name="out", self=x, other=scaled, out=(3, 5)))
+    snap = g.build()
+    assert is_linear(snap, snap.node("proj"))
+    assert [p.anchor for p in plan(snap, [fold_binary()]).plans] == ["scaled"]

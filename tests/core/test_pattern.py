@@ -1953,6 +1953,8 @@ def test_matrix_products_of_constants_are_constants() -> None:
         g.call("aten.matmul.default", name="batched", self=batch, other=a, out=(3, 6, 8)),
         g.call("aten.mm.default", name="vec_mm", self=v, mat2=a, out=(8,)),
         g.call("aten.matmul.default", name="vec_wrong", self=v, other=a, out=(1, 8)),
+        # a vector by a vector (torch computes a dot product, which no expression is: a review)
+        g.call("aten.matmul.default", name="dot", self=v, other=v, out=()),
         g.call("aten.mm.default", name="wrong", self=b, mat2=a, out=(6, 9)),
     ]
     g.output(merged, *products)
@@ -1967,7 +1969,7 @@ def test_matrix_products_of_constants_are_constants() -> None:
     assert constant_expr(snap, "ints") == ints
     row = Reshape(x=Source(key="v", spec=spec(2)), shape=(1, 2))
     assert constant_expr(snap, "vec_mat") == Reshape(x=MatMul(a=row, b=A), shape=(8,))
-    others = ("of_input", "mixed", "batched", "vec_mm", "vec_wrong", "wrong")
+    others = ("of_input", "mixed", "batched", "vec_mm", "vec_wrong", "dot", "wrong")
     assert [constant_expr(snap, n) for n in others] == [None] * len(others)
 
 
