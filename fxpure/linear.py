@@ -246,8 +246,8 @@ def linear_root(
 
 def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) -> bool:
     """Whether the product ``node`` may be a linear's: every ``linear``, ``addmm`` and ``mm`` (a
-    rule says why one is not) but one of constants (a weight computed so: a merged LoRA's ``B @ A``,
-    :func:`~fxpure.plan.constant_expr`), and a ``matmul`` only where it reads a transpose (two dims
+    rule says why one is not) but a weight's computation (a merged LoRA's ``B @ A``:
+    :func:`is_weight_product`), and a ``matmul`` only where it reads a transpose (two dims
     swapped) of a 2-D weight, ``x @ W.T``: a weight being a value computed from constants alone
     (a parameter, a dequantized one, a slice of one; a rule says if it cannot take it). A
     ``matmul`` of two activations (attention's ``q @ k.T``) or of a batch of matrices is no
@@ -294,8 +294,8 @@ def is_weight_product(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
     return (
         first is not None
         and second is not None
-        and not _is_weight_t(snap, second, False, MAX_DEPTH + 1)  # (an activation's k.T: 4-D, asked first)
-        and _of_constants(snap, first.name)  # (an activation reaches an input, or more nodes, soon)
+        and _of_constants(snap, first.name, most=3)  # (asked first: an activation reaches an input, or 3 nodes, soon)
+        and not _is_weight_t(snap, second, False, MAX_DEPTH + 1)
         and constant_expr(snap, node.name) is not None
     )
 
