@@ -87,15 +87,8 @@ Q8CSW = family(
 
 # the input: an int8 value dequantized per tensor (by numbers: parameters computed at run time are
 # a dynamically quantized input, declined not-scalar)
-DQX = Op(
-    DEQUANTIZE_PER_TENSOR,
-    name="dqx",
-    users=ANY,
-    code=NOT_Q,
-    transparent=True,
-    input=Var("xq"),
-    scale=Scalar("x_scale"),
-    zero_point=Scalar("x_zp"),
+DQX = dequantized(
+    Var("xq"), name="dqx", family=DEQUANTIZE_PER_TENSOR, code=NOT_Q, scale=Scalar("x_scale"), zero_point=Scalar("x_zp")
 )
 # the weight: an int8 constant dequantized (per channel, checked below: a per-tensor one is declined)
 DQW = dequantized(Const("wq"), name="dqw", code=NOT_Q, scale=OneOf(Const("scales"), Scalar("scale")))

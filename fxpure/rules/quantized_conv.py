@@ -86,13 +86,11 @@ PATTERN = Op(
     CONV,
     name="conv",
     shared="conv-output-shared",
-    input=Op(
-        DEQUANTIZE_PER_TENSOR,
+    input=dequantized(
+        Var("xq"),
         name="dqx",
-        users=ANY,
+        family=DEQUANTIZE_PER_TENSOR,
         code=NOT_Q,
-        transparent=True,
-        input=Var("xq"),
         scale=Scalar("x_scale"),
         zero_point=Scalar("x_zp"),
     ),
