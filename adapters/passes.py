@@ -29,15 +29,22 @@ from fxpure.serial import JSON, to_data
 
 
 class FxpureError(RuntimeError):
-    """A pass could not apply its plans; the program was left unchanged."""
+    """A pass could not apply its plans; the program was left unchanged. ``error`` says why, typed
+    (its ``code`` is ``TransformError``'s: ``unknown-op``, ``apply-failed``, ...). A pass manager
+    (``EdgeProgramManager.transform``, ``to_edge_transform_and_lower``) raises its own ``Exception``
+    instead, with this error as its ``__cause__``."""
+
+    def __init__(self, error: TransformError) -> None:
+        super().__init__(error)  # (its str, and what a pickle makes it again from)
+        self.error = error
 
 
 class RulesPass(ExportedProgramPassBase):
     """``rules`` applied as one pass, all or nothing; ``last`` holds the latest outcome (report
-    included), ``outcomes`` every call's in order (a pass manager's second step, or a second
-    method, finds nothing left: its empty report is then ``last``; each holds its snapshots: clear
-    the list to reuse the object on many programs). ``exported_program`` is only needed to call it
-    on that program's graph module."""
+    included; None after a call that raised :class:`FxpureError`), ``outcomes`` every call's in
+    order (a pass manager's second step, or a second method, finds nothing left: its empty report is
+    then ``last``; each holds its snapshots: clear the list to reuse the object on many programs).
+    ``exported_program`` is only needed to call it on that program's graph module."""
 
     def __init__(self, rules: Iterable[Rule], exported_program: ExportedProgram | None = None) -> None:
         self.rules = check_rules(rules)
@@ -94,7 +101,8 @@ class RulesPass(ExportedProgramPassBase):
 
     def _keep(self, result: Result[TransformOutcome, TransformError]) -> bool:
         if isinstance(result, Failure):
-            raise FxpureError(str(result.failure()))
+            self.last = None  # (not the outcome of an earlier call: this one has none)
+            raise FxpureError(result.failure())
         self.last = result.unwrap()
         self.outcomes.append(self.last)
         return self.last.changed

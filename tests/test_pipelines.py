@@ -18,8 +18,17 @@ from executorch.runtime import Runtime
 from torch.export import ExportedProgram
 
 import adapters
-from adapters.passes import FuseConvBatchNormPass, QuantizedConvolutionPass, RulesPass, SplitGroupConvolutionPass
+from adapters.passes import (
+    FuseConvBatchNormPass,
+    FxpureError,
+    QuantizedConvolutionPass,
+    RulesPass,
+    SplitGroupConvolutionPass,
+)
 from adapters.torchnames import target_name
+from fxpure.families import RELU
+from fxpure.pattern import Bound, Op, PatternRule, Planner, Var, rule
+from fxpure.plan import RewritePlan
 from fxpure.rules import RULES, fold_binary, fuse_conv_bn, split_group_conv
 from fxpure.rules.quantized_conv import DEQUANTIZE_WEIGHT
 from tests.models import QGrouped, QMobile, QOddDepthwise, QResNet, QTransposed, QTwin, ResNeXtish, randomize_bn
@@ -129,6 +138,47 @@ def test_pass_in_edge_manager_and_pass_manager_without_a_program() -> None:
     old_style = to_edge(torch.export.export(model, x))
     old_style = old_style.transform([FuseConvBatchNormPass(old_style.exported_program())])  # still works
     assert_close(run(old_style.exported_program(), x), want)
+
+
+def _unknown_op_rule() -> PatternRule:
+    """A rule whose plan writes an op torch does not have (a rule's mistake: the transform fails)."""
+
+    def plan(p: Planner, relu: Bound) -> RewritePlan:
+        new = p.node("aten.no_such_op.default", (relu.ref("self"),), name="bad", spec=relu.spec, provenance=relu.name)
+        return p.replace(relu, new)
+
+    return rule("writes-no-op", Op(RELU, name="relu", self=Var("x")), plan=plan)
+
+
+class _Relu(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + 1
+
+
+def test_a_pass_that_cannot_apply_raises_a_typed_error_under_every_pass_manager() -> None:
+    # the error says why as TransformError's code; ExecuTorch's pass managers re-raise a bare
+    # Exception of their own, with the pass's FxpureError as its cause (noticed by a fault hunt)
+    x = (torch.randn(2, 3),)
+    ep = torch.export.export(_Relu(), x)
+    edge = to_edge(ep)
+    before = [(n.name, n.target) for n in edge.exported_program().graph.nodes]
+    fine = RulesPass([fold_binary()])
+    fine(ep)
+    bad = RulesPass([_unknown_op_rule()])
+    bad.last = fine.last
+    with pytest.raises(FxpureError) as direct:
+        bad(ep)
+    assert direct.value.error.code == "unknown-op" and "aten.no_such_op.default" in direct.value.error.message
+    assert bad.last is None  # (not the outcome of another call)
+    for manager in ("edge", "lower"):
+        with pytest.raises(Exception) as managed:
+            if manager == "edge":
+                edge.transform([RulesPass([_unknown_op_rule()])])
+            else:
+                to_edge_transform_and_lower(ep, transform_passes=[RulesPass([_unknown_op_rule()])])
+        cause = managed.value.__cause__
+        assert isinstance(cause, FxpureError) and cause.error.code == "unknown-op"
+    assert [(n.name, n.target) for n in edge.exported_program().graph.nodes] == before
 
 
 def test_an_edge_managers_transform_leaves_the_managers_own_program_as_it_was() -> None:
