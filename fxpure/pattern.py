@@ -2057,8 +2057,15 @@ def _is_candidate(
 
 
 def _matches(pattern: Root) -> Callable[[Bound, GraphSnapshot], bool]:
-    """``candidate`` given as a pattern: the root is a candidate where the pattern matches at it."""
-    return lambda root, snap: _matched(pattern, snap, root.node, loose=True)[0] is not None
+    """``candidate`` given as a pattern: the root is a candidate where the pattern matches at it, or
+    where it fails at a node whose arguments do not bind (``malformed-node``, as at the root: the
+    rule reports it rather than skip it unreported, an op declared with a default it misreads say)."""
+
+    def candidate(root: Bound, snap: GraphSnapshot) -> bool:
+        m, err, _ = _matched(pattern, snap, root.node, loose=True)
+        return m is not None or (err is not None and err.code == "malformed-node")
+
+    return candidate
 
 
 def _is_plan(out: object) -> bool:

@@ -160,6 +160,19 @@ def _literal(text: str) -> Arg:
         return Opaque(text)
 
 
+# torch prints a ScalarType default as its number in c10's enum (``ScalarType output_dtype=6``, as
+# torchao's ``dequantize_affine`` says float32): the dtypes by that number, as torch names them
+SCALAR_TYPES: tuple[str, ...] = (
+    *("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"),
+    *("complex32", "complex64", "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16"),
+    *("quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"),
+    *("float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "uint16", "uint32", "uint64"),
+    *(f"uint{i}" for i in range(1, 8)),
+    *(f"int{i}" for i in range(1, 8)),
+    *("float8_e8m0fnu", "float4_e2m1fn_x2"),
+)
+
+
 def _param(text: str, keyword_only: bool) -> Param:
     declared, _, default = text.partition("=")
     type_text, name = _ALIAS.sub("", declared).split()
@@ -170,6 +183,8 @@ def _param(text: str, keyword_only: bool) -> Param:
     size = re.search(r"\[(\d+)\]", type_text)
     if kind == "ints" and size is not None and isinstance(value, int) and not isinstance(value, bool):
         value = (value,) * int(size[1])  # torch's 'SymInt[2] stride=1' means [1, 1]: a list is what it takes
+    if kind == "dtype" and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(SCALAR_TYPES):
+        value = DTypeArg(SCALAR_TYPES[value])  # (a number past the table stays one: refused where it is bound)
     return Param(name, kind, optional, keyword_only, bool(default), value)
 
 

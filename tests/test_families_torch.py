@@ -6,6 +6,9 @@ wrong argument)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import executorch.exir  # noqa: F401  (registers the edge dialect's dim_order_ops)
 import pytest
 import torch
@@ -14,7 +17,8 @@ from returns.result import Success
 from adapters.snap import capture
 from fxpure.families import STANDARD
 from fxpure.linear import MATRIX_T, MOVEDIM
-from fxpure.schema import Schema
+from fxpure.schema import SCALAR_TYPES, Schema, parse_schema
+from fxpure.snapshot import DTypeArg
 from tests.programs import build
 
 # the standard families' spellings and the transposes fxpure.linear reads a weight through (getitem
@@ -78,3 +82,30 @@ def test_the_families_bind_the_nodes_a_real_program_holds(form: str, bound: set[
     calls = [n for n in snap.nodes if n.op == "call_function"]
     got = {f.name for f in STANDARD for n in calls if isinstance(f.bind(snap, n), Success)}
     assert got == bound
+
+
+def test_scalar_type_numbers_are_c10s() -> None:
+    # the table a ScalarType default's number is read by, against the enum torch was built with
+    # (its installed header): each name torch's (c10 calls a few otherwise: Char is int8)
+    header = Path(torch.__file__).parent / "include" / "torch" / "headeronly" / "core" / "ScalarType.h"
+    entries = re.findall(r"_\([^,]+,\s*(\w+)\)\s*/\* (\d+) \*/", header.read_text())
+    assert [int(i) for _, i in entries] == list(range(len(SCALAR_TYPES)))
+    assert [_C10_NAMES.get(c10, c10.lower()) for c10, _ in entries] == list(SCALAR_TYPES)
+    assert all(isinstance(getattr(torch, name), torch.dtype) for name in SCALAR_TYPES)
+
+
+_C10_NAMES = {
+    **{"Byte": "uint8", "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64"},
+    **{"Half": "float16", "Float": "float32", "Double": "float64"},
+    **{"ComplexHalf": "complex32", "ComplexFloat": "complex64", "ComplexDouble": "complex128"},
+}
+
+
+def test_torchaos_dequantize_affine_defaults_to_float32() -> None:
+    import torchao  # noqa: F401  (registers torchao's ops)
+
+    text = str(torch.ops.torchao.dequantize_affine.default._schema).replace("::", ".", 1)
+    head, _, rest = text.partition("(")
+    schema = parse_schema(f"{head}.default({rest}")
+    out = schema.param("output_dtype")
+    assert out is not None and out.default == DTypeArg("float32")

@@ -862,6 +862,22 @@ def test_a_candidate_pattern_keeps_the_roots_it_matches_and_must_be_rooted_at_an
         rule("fold", pattern, plan=respell, candidate=OneOf(Op(ADD), Var("v")))
 
 
+def test_a_candidate_pattern_failing_at_a_node_whose_arguments_do_not_bind_reports_it() -> None:
+    # found by an outside author: a candidate pattern read through a dequantize whose schema default
+    # the parser misread, so that no such node bound; every anchor was then no candidate: no plan,
+    # no rejection, a silent skip. A node that does not bind is malformed wherever it is, as at the root
+    dq = family("dq", "a dequantize", ["my.dq.default(Tensor input, ScalarType output_dtype=9999) -> Tensor"])
+    g = GraphBuilder(schemas=[dq])
+    w = g.parameter("w", (4, 4), "int8")
+    g.output(g.call("aten.relu.default", name="relu", self=g.call("my.dq.default", name="d", input=w), out=(4, 4)))
+    snap = g.build()
+    pattern = Op(RELU, name="relu", self=Op(dq, name="dq", input=Const("w")))
+    drop = rule("drop", pattern, plan=lambda p, relu: p.replace(relu, NodeRef("d")), candidate=Op(RELU, self=Op(dq)))
+    (r,) = plan(snap, [drop]).rejections
+    assert (r.node, r.reason.code, r.reason.path) == ("relu", "malformed-node", "relu.self/dq")
+    assert "output_dtype=9999 is not a dtype" in r.reason.message
+
+
 @pytest.mark.parametrize(
     ("target", "parts"),
     [("aten.split_with_sizes.default", (4, 3)), ("aten.split.Tensor", 4), ("aten.chunk.default", 2)],

@@ -14,7 +14,7 @@ from returns.result import Failure, Result, Success
 from fxpure.families import CONV, family
 from fxpure.reasons import Malformed
 from fxpure.schema import Param, arguments, bind, parse_schema, respell
-from fxpure.snapshot import Arg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, snapshot
+from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, snapshot
 from fxpure.testing import spec
 
 X, Y, Z = NodeRef("x"), NodeRef("y"), NodeRef("z")
@@ -68,6 +68,11 @@ def one(param: str) -> Param:
         ("float? momentum=0.1", Param("momentum", "float", True, False, True, 0.1)),
         ("Scalar alpha=1", Param("alpha", "scalar", False, False, True, 1)),
         ("ScalarType? dtype=None", Param("dtype", "dtype", True, False, True, None)),
+        # torch prints a ScalarType default as its number in c10's enum (torchao's dequantize_affine)
+        ("ScalarType output_dtype=6", Param("output_dtype", "dtype", False, False, True, DTypeArg("float32"))),
+        ("ScalarType dtype=15", Param("dtype", "dtype", False, False, True, DTypeArg("bfloat16"))),
+        ("ScalarType dtype=0", Param("dtype", "dtype", False, False, True, DTypeArg("uint8"))),
+        ("ScalarType dtype=1000", Param("dtype", "dtype", False, False, True, 1000)),  # (refused when bound)
         ('str padding="valid"', Param("padding", "str", False, False, True, "valid")),
         (
             "MemoryFormat memory_format=contiguous_format",
@@ -414,3 +419,11 @@ def test_a_bound_node_is_bound_again_under_another_schema_and_copies_as_it_was()
     assert dict(bind(n, mm).unwrap()) == {"self": NodeRef("a"), "mat2": NodeRef("b")}
     for made in (copy.copy(n), copy.deepcopy(n), pickle.loads(pickle.dumps(n))):
         assert made == n and made.args == n.args and dict(bind(made, mm).unwrap()) == dict(first.unwrap())
+
+
+def test_a_node_leaving_out_a_scalar_type_torch_defaults_by_number_binds_that_dtype() -> None:
+    # found by an outside author (torchao's dequantize_affine, ``ScalarType output_dtype=6``): the
+    # default was read as the int 6, and every such node was malformed ("6 is not a dtype")
+    schema = parse_schema("my.dq.default(Tensor input, ScalarType input_dtype, ScalarType output_dtype=6) -> Tensor")
+    node = call("my.dq.default", X, DTypeArg("int8"))
+    assert ok(bind(node, schema)) == {"input": X, "input_dtype": DTypeArg("int8"), "output_dtype": DTypeArg("float32")}
