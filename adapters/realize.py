@@ -70,6 +70,7 @@ from fxpure.weights import (
     Source,
     Unary,
     WeightExpr,
+    Within,
     children,
     infer_spec,
     moves_data,
@@ -1921,14 +1922,44 @@ def _unsound(
         raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
 
 
+def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tensor]) -> dict[tuple[str, str], Reason]:
+    """The plans one of whose constants holds a :class:`~fxpure.weights.Within` some value of which
+    (NaN too) lies outside its range, with why (``value-range``, at ``plan.<constant>``); _ApplyError
+    where torch fails comparing the values it computed (nothing was touched). ``memo``: the one the
+    constants were computed with."""
+    out: dict[tuple[str, str], Reason] = {}
+    try:
+        for p in report.plans:
+            for c in p.constants:
+                for e in subexpressions(c.expr):
+                    if not isinstance(e, Within):
+                        continue
+                    value = materialize(e.x, cap.tensors, memo)
+                    inside = (value >= e.low) & (value <= e.high)
+                    if bool(inside.all()):
+                        continue
+                    bad = value[~inside]
+                    span = f"{bad.min().item():g} to {bad.max().item():g}" if not bad.isnan().any() else "NaN"
+                    detail = f"{c.name} needs values in [{e.low:g}, {e.high:g}]; {bad.numel()} of them are {span}"
+                    out[(p.rule, p.anchor)] = Declined(
+                        code="value-range", node=p.anchor, path=f"plan.{c.name}", detail=detail
+                    )
+                    break
+                if (p.rule, p.anchor) in out:
+                    break
+    except Exception as e:
+        raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
+    return out
+
+
 def _finite_plan(
     cap: Captured, rules: Sequence[Rule], *, dry_run: bool
 ) -> tuple[RewriteReport, dict[str, torch.Tensor]]:
     """Plan, compute the new constants, and decline (then plan again without) every plan a check of
     ``_CHECKS`` finds wrong on the program (a constant it cannot read, a write to the program's
     state, a node a preserved module call signature names, an op the verifier refuses, a write
-    between reads, a node torch computes otherwise), or whose constants are not finite; raises
-    _ApplyError if a constant cannot be computed."""
+    between reads, a node torch computes otherwise), whose constants hold a value a ``Within``
+    excludes, or whose constants are not finite; raises _ApplyError if a constant cannot be computed."""
     declined: dict[tuple[str, str], Reason] = {}
     while True:
         report = fxpure.plan(cap.snap, rules, declined=declined)
@@ -1950,6 +1981,10 @@ def _finite_plan(
             if dry_run and e.code == "meta-tensor":  # a dry run reports the plans, without numbers
                 return report, {}
             raise
+        outside = {k: v for k, v in _outside(cap, report, memo).items() if k not in declined}
+        if outside:
+            declined.update(_earliest(report, outside))
+            continue
         bad, flushed = _unsound(cap, report, new, memo)
         more = {k: v for k, v in _culprits(report, bad, flushed).items() if k not in declined}
         if not bad and not flushed:

@@ -27,6 +27,7 @@ from fxpure.weights import (
     Unary,
     Unsqueeze,
     WeightExpr,
+    Within,
     sources,
 )
 
@@ -105,6 +106,7 @@ _RULES: Mapping[type, Callable[[Any, Eval], torch.Tensor]] = {
     Reshape: lambda e, ev: ev(e.x).reshape(e.shape),
     Unsqueeze: lambda e, ev: ev(e.x).unsqueeze(e.dim),
     Slice: lambda e, ev: ev(e.x).narrow(e.dim, e.start, e.stop - e.start),
+    Within: lambda e, ev: ev(e.x),  # (its condition is checked apart: adapters.realize._outside)
     PadTo: _pad_to,
     SumOver: _sum_over,
     MaxOver: lambda e, ev: ev(e.x).amax(dim=e.dims),

@@ -4,7 +4,8 @@ A rule author composes derived weights from this vocabulary and writes no adapte
 code: layout (``Permute``, ``Reshape``, ``Unsqueeze``, ``Slice``, ``PadTo``, ``Concat``),
 reductions (``SumOver``, ``MaxOver``), ``Cast``, constants (``Fill``), elementwise arithmetic
 (``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal/abs/sign), the
-matrix product (``MatMul``) and ``Quantize``/``Dequantize`` with per-tensor or per-channel parameters. Folds are
+matrix product (``MatMul``) and ``Quantize``/``Dequantize`` with per-tensor or per-channel parameters,
+and ``Within``, a precondition on the values of its operand (which the adapter checks on the data). Folds are
 built from these (:func:`fold_batch_norm`).
 
 Expressions are structural values: equal expressions denote one tensor, so a rewrite
@@ -255,6 +256,26 @@ class Dequantize(_Expr):
     dtype: str = "float32"
 
 
+@final
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Within(_Expr):
+    """``x`` itself, on the condition that every value of it lies in ``[low, high]``: a precondition
+    on the DATA of a constant, which planning cannot see (the int4 values a packing puts in a nibble,
+    say). The adapter computes every new constant before it applies anything, and declines a plan
+    one of whose ``Within`` fails (``value-range``, at ``plan.<constant>``; NaN is in no range), so
+    nothing is wrapped or clamped silently. A planner that writes one declares ``value-range`` among
+    its codes (``rule(..., codes=("value-range",))``).
+
+    >>> w = Source(key="w", spec=TensorSpec(shape=(4, 8), dtype="int8"))
+    >>> infer_spec(Within(x=w, low=-8, high=7)).unwrap()
+    TensorSpec(shape=(4, 8), dtype='int8')
+    """
+
+    x: WeightExpr
+    low: float
+    high: float
+
+
 WeightExpr: TypeAlias = (
     Source
     | Permute
@@ -272,6 +293,7 @@ WeightExpr: TypeAlias = (
     | MatMul
     | Quantize
     | Dequantize
+    | Within
 )
 
 
@@ -549,6 +571,10 @@ def _infer(expr: WeightExpr) -> Inferred:
             return _quantize(expr, s)
         case Dequantize():
             return _dequantize(expr, s)
+        case Within():
+            if not expr.low <= expr.high:  # (NaN bounds too: no value lies between them)
+                return _bad(f"a range [{expr.low}, {expr.high}] no value lies in")
+            return s if s.dtype != "bool" else _bad("a range of bool values")
 
 
 def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
@@ -626,7 +652,7 @@ def subexpressions(expr: WeightExpr) -> frozenset[WeightExpr]:
 
 
 # expressions whose every element is one of their operands' (or a fill, or a pad's zero)
-_MOVES = (Source, Permute, Reshape, Unsqueeze, Slice, PadTo, Cast, Concat, Fill)
+_MOVES = (Source, Permute, Reshape, Unsqueeze, Slice, PadTo, Cast, Concat, Fill, Within)
 
 
 def moves_data(expr: WeightExpr) -> bool:

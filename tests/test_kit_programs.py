@@ -25,7 +25,7 @@ from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Op, Planner, Scalar,
 from fxpure.plan import RewritePlan, Rule, plan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
-from fxpure.weights import Cast, Fill, WeightExpr
+from fxpure.weights import Cast, Fill, WeightExpr, Within
 from tests.models import ScaledConv
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 from tests.quantized import pt2e_module
@@ -553,3 +553,50 @@ def test_a_rule_reads_the_number_an_edge_program_lifts_as_a_tensor(form: str, dt
     assert [r.reason.code for r in outcome.report.rejections] == ["not-one"]
     assert count(program, "mul") == 1
     assert_close(run(program, x), want)
+
+
+class _AddWeight(torch.nn.Module):
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(w, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.w)
+
+
+def _within_rule() -> Rule:
+    """``x + w`` read through a new constant ``Within(w, -1, 1)``: applied where every value of ``w``
+    lies in [-1, 1], declined ``value-range`` elsewhere."""
+
+    def checked(p: Planner, add: Bound, w: WeightExpr) -> RewritePlan:
+        return p.replace(add, p.respell(add, other=p.const(Within(x=w, low=-1, high=1), "w_checked")))
+
+    pattern = Op(ADD, name="add", self=Var("x"), other=Const("w"))
+    return rule("checked-add", pattern, plan=checked, codes=("value-range",))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(("poke", "span"), [(None, None), (2.5, "2.5 to 2.5"), (float("nan"), "NaN")])
+def test_a_within_holds_or_its_plan_is_declined_value_range(form: str, poke: float | None, span: str | None) -> None:
+    w = torch.linspace(-1, 1, 6)
+    if poke is not None:
+        w[4] = poke
+    x = (torch.randn(2, 6),)
+    model = _AddWeight(w)
+    program = build(model, x, form)
+    before = run(program, x)
+    code = program.graph_module.code if isinstance(program, ExportedProgram) else program.code
+    for dry_run in (True, False):
+        outcome = adapters.transform(program, [_within_rule()], dry_run=dry_run).unwrap()
+        if span is None:
+            assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+            continue
+        (r,) = outcome.report.rejections
+        assert (r.reason.code, r.reason.path) == ("value-range", "plan.w_checked") and not outcome.report.plans
+        assert r.reason.message.endswith(f"w_checked needs values in [-1, 1]; 1 of them are {span}")
+        assert not outcome.changed
+    if span is None:
+        assert_close(run(program, x), before)
+    else:
+        assert (program.graph_module.code if isinstance(program, ExportedProgram) else program.code) == code
+        assert torch.equal(run(program, x)[0].isnan(), before[0].isnan())
