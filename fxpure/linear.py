@@ -418,6 +418,15 @@ class Linear:
         return self.t.ref("self") if self.t is not None else self.op.ref("weight")
 
     @property
+    def operand(self) -> NodeRef | None:
+        """The value the product itself multiplies by the weight: ``linear``'s ``input``, ``addmm``'s
+        ``mat1``, the ``self`` of ``mm``, ``matmul`` and ``bmm``; on edge, for a rank > 2 input, the
+        flattening reshape (:attr:`view_in`). None where it is no node. :func:`linear_input` says
+        what the linear reads before such a reshape."""
+        arg = self.op.args.get(_INPUT.get(self.op.node.target, "self"))
+        return arg if isinstance(arg, NodeRef) else None
+
+    @property
     def bias(self) -> NodeRef | None:
         """The node the linear adds as its bias: ``linear``'s ``bias``, ``addmm``'s ``self``, the
         constant added after a ``bmm`` (:attr:`bias_add`); None where it adds none (``mm``, a
@@ -483,8 +492,8 @@ def linear_input(m: Match, lin: Linear) -> tuple[NodeRef | None, bool]:
     >>> g.output(g.call("aten.view_copy.default", self=mm, size=(12, 2, 5), out=(12, 2, 5)))
     >>> snap = g.build()
     >>> m = match(linear_root(), snap, snap.node("mm")).unwrap()
-    >>> m.bindings["x"], linear_input(m, linear_of(m))
-    (NodeRef(name='x'), (NodeRef(name='view_copy'), False))
+    >>> m.bindings["x"], linear_input(m, linear_of(m)), linear_of(m).operand
+    (NodeRef(name='x'), (NodeRef(name='view_copy'), False), NodeRef(name='view_copy'))
     """
     flat, out, product = lin.view_in, lin.view_out, lin.op
     # the product's input: linear's input, addmm's mat1 (its self is the bias), mm's self

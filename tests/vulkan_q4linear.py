@@ -46,7 +46,7 @@ from fxpure.pattern import Bound, Const, Match, PatternRule, Planner, Var, dequa
 from fxpure.pattern import rule as make_rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Reason, SymbolicShape, UnsupportedDtype
-from fxpure.snapshot import DTypeArg, NodeRef, TensorSpec
+from fxpure.snapshot import DTypeArg, TensorSpec
 from fxpure.weights import Binary, Cast, Fill, PadTo, Permute, Reshape, Slice, WeightExpr, Within
 
 NOT_Q, RANGE, PER_GROUP, GROUP = "not-quantized", "weight-range", "not-per-group", "group-size"
@@ -179,13 +179,6 @@ def _bias(match: Match, bias: WeightExpr | None = None) -> Reason | None:
     return Declined(code=NO_KERNEL, node=lin, detail=f"{lin}: a bias {got}, not {n} float32 values")
 
 
-def _flat_input(match: Match) -> NodeRef:
-    """What the product multiplies: ``addmm``'s ``mat1``, ``mm``'s ``self``, ``linear``'s ``input``."""
-    op = linear_of(match).op
-    arg = {"addmm": "mat1", "mm": "self"}.get(op.family.name, "input")
-    return op.ref(arg)
-
-
 def _input(match: Match) -> Reason | None:
     """A ``linear``, ``addmm`` or ``mm`` whose operand is ``(..., M, K)`` with every dim before M 1
     (the shaders compute batch 0)."""
@@ -193,7 +186,8 @@ def _input(match: Match) -> Reason | None:
     name = lin.op.name
     if lin.op.family.name not in ("linear", "addmm", "mm"):
         return Declined(code=NO_KERNEL, node=name, detail=f"{name}: a {lin.op.node.target}, not a linear")
-    spec = match.snap.node(_flat_input(match).name).tensor_spec
+    flat = lin.operand
+    spec = match.snap.node(flat.name).tensor_spec if flat is not None else None
     if spec is None or len(spec.shape) < 2:
         detail = f"{name}: an input of shape {spec.shape if spec else None}, not (..., rows, K)"
         return Declined(code=NO_KERNEL, node=name, detail=detail)
@@ -241,9 +235,10 @@ def emit(
     lin = linear_of(p.match)
     n = p.match.shape("wq")[0]
     base = dqw.ref("input").name
-    flat = _flat_input(p.match)
+    flat = lin.operand
+    assert flat is not None  # (_input checked it)
     flat_spec = p.match.snap.node(flat.name).tensor_spec
-    assert flat_spec is not None  # (_input checked it)
+    assert flat_spec is not None
     spec = TensorSpec(shape=(*flat_spec.shape[:-1], n), dtype="float32")
     new = p.call(
         Q4GSW.schemas[TARGET],

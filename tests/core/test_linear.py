@@ -75,6 +75,7 @@ def test_linear_root_binds_each_spelling_where_it_is(spelling: str, rank: int, b
     assert lin.weight == NodeRef("w")  # the (out, in) weight, not its transpose
     assert ("b" in m.bindings) == (spelling == "linear" or bias == "param")  # mm has no bias to bind
     assert lin.bias == (NodeRef("b") if bias == "param" else None)  # (the outside author read it by spelling)
+    assert lin.operand == NodeRef("lin_in" if "lin_in" in sites else "x")  # what the product multiplies
 
 
 def test_a_transposed_weight_by_t_is_a_linear_too() -> None:
