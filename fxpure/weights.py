@@ -574,7 +574,8 @@ def _infer(expr: WeightExpr) -> Inferred:
         case Within():
             if not expr.low <= expr.high:  # (NaN bounds too: no value lies between them)
                 return _bad(f"a range [{expr.low}, {expr.high}] no value lies in")
-            return s if s.dtype != "bool" else _bad("a range of bool values")
+            real = s.dtype != "bool" and not s.dtype.startswith("complex")  # (values a range orders)
+            return s if real else _bad(f"a range of {s.dtype} values")
 
 
 def children(expr: WeightExpr) -> tuple[WeightExpr, ...]:
