@@ -295,7 +295,47 @@ def _prepare(cap: Captured, after: GraphSnapshot, tensors: Mapping[str, torch.Te
     edit.changed.reverse()
     edit.erased = [n.name for n in before.nodes if n.name not in after.index]
     _lay_out(edit, fakes, after.dialect)
+    _within_module_runs(edit, after, before)
     return edit
+
+
+_STACK = "nn_module_stack"
+
+
+def _within_module_runs(edit: _Edit, after: GraphSnapshot, before: GraphSnapshot) -> None:
+    """A new node placed inside the run of nodes one module call computes (the existing nodes before
+    and after it share the module stack ``C``, or its start) that stands for a node of another
+    module is taken for part of that call: its module stack becomes ``C``. Otherwise the call would
+    be cut in two, and ``torch.export.unflatten`` would call the module twice, with the wrong inputs
+    (a merge of two linears of one input, after decompositions, placed between the first linear's
+    nodes: it returned a tensor of the wrong shape). One of ``C``'s own submodules keeps its stack."""
+    if not any(new.op == "call_function" and _STACK in new.meta for new in edit.new):
+        return
+    stacks: dict[str, list[tuple[object, object]] | None] = {}
+    for rec in after.nodes:  # each existing node's stack, in the final order
+        node = edit.env.get(rec.name) if rec.name in before.index else None
+        stack = node.meta.get(_STACK) if node is not None and node.op == "call_function" else None
+        stacks[rec.name] = list(stack.items()) if isinstance(stack, dict) else None
+    order = [rec.name for rec in after.nodes]
+    prev: list[list[tuple[object, object]] | None] = []
+    last: list[tuple[object, object]] | None = None
+    for name in order:  # the stack of the existing node before each place
+        prev.append(last)
+        last = stacks[name] if stacks[name] is not None else last
+    nxt: list[tuple[object, object]] | None = None
+    around: dict[str, list[tuple[object, object]]] = {}
+    for i in range(len(order) - 1, -1, -1):  # ...and after it: their common start
+        name, p = order[i], prev[i]
+        if name not in before.index and p is not None and nxt is not None:
+            n = next((k for k, (a, b) in enumerate(zip(p, nxt, strict=False)) if a != b), None)
+            around[name] = p[: min(len(p), len(nxt)) if n is None else n]
+        nxt = stacks[name] if stacks[name] is not None else nxt
+    for new in edit.new:
+        own, common = new.meta.get(_STACK), around.get(new.rec.name)
+        if new.op != "call_function" or not isinstance(own, dict) or not common:
+            continue
+        if list(own.items())[: len(common)] != common:
+            new.meta[_STACK] = dict(common)
 
 
 def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:

@@ -566,3 +566,37 @@ def test_views_of_a_value_written_between_them_are_other_values(form: str, how: 
     assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
     assert products(p) == 2
     assert_sound(p, x, eager(model, x))
+
+
+class _TwoOfATranspose(nn.Module):
+    """Two linear modules of one non-contiguous input: after ``run_decompositions()`` each is
+    ``expand`` + ``bmm``, its bias added after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        o = x.transpose(1, 2)
+        return self.fc(o) + self.fc2(o)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("decompose", [False, True])
+def test_a_merge_leaves_each_module_call_in_one_piece_for_unflatten(decompose: bool) -> None:
+    # found by a hunt: after decompositions the merged product and its parts went between fc's own
+    # nodes (the reshape and bias add each linear keeps), the part for fc2 tagged fc2: unflatten then
+    # called fc and fc2 twice each, and returned a tensor of the wrong shape, or raised
+    model, x = _TwoOfATranspose().eval(), (torch.randn(2, 4, 5),)
+    ep = torch.export.export(model, x)
+    ep = ep.run_decompositions() if decompose else ep
+    outcome = adapters.transform(ep, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1
+    want = eager(model, x)
+    assert_close(run(ep, x), want)
+    with torch.no_grad():
+        assert_close([torch.export.unflatten(ep)(*x)], want)
+    # each module's nodes in one run (the nodes of the call graph, which are all inside the root)
+    stacks = [tuple(n.meta["nn_module_stack"]) for n in ep.graph.nodes if n.meta.get("nn_module_stack")]
+    for module in {k for s in stacks for k in s[1:]}:
+        inside = [i for i, s in enumerate(stacks) if module in s]
+        assert inside == list(range(inside[0], inside[-1] + 1)), module
