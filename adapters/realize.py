@@ -1974,8 +1974,10 @@ def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tens
                 for e in subexpressions(c.expr):
                     if not isinstance(e, Within):
                         continue
-                    value = materialize(e.x, cap.tensors, memo)
-                    inside = (value >= e.low) & (value <= e.high)
+                    # (compared in float64: torch would cast a bound to an integer value's dtype, -1 to 255
+                    # for uint8, and has no comparison of some dtypes, uint16 and float8 among them)
+                    value = materialize(e.x, cap.tensors, memo).to(torch.float64)
+                    inside = (value >= float(e.low)) & (value <= float(e.high))
                     if bool(inside.all()):
                         continue
                     bad = value[~inside]
@@ -2159,6 +2161,10 @@ def apply(program: Program, plans: Sequence[RewritePlan] | RewriteReport) -> Res
                     raise _ApplyError(reason.code, reason.message)
             memo: dict[object, torch.Tensor] = {}
             new = _materialize_new(cap, report.after, memo)
+            outside = _outside(cap, report, memo)
+            if outside:
+                reason = next(iter(outside.values()))
+                raise _ApplyError(reason.code, reason.message)
             bad, flushed = _unsound(cap, report, new, memo)
         except _ApplyError as e:
             return Failure(TransformError(code=e.code, message=str(e)))

@@ -572,6 +572,9 @@ def _infer(expr: WeightExpr) -> Inferred:
         case Dequantize():
             return _dequantize(expr, s)
         case Within():
+            bounds = (expr.low, expr.high)
+            if not all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds):
+                return _bad(f"a range of {type(expr.low).__name__} and {type(expr.high).__name__}, no numbers")
             if not expr.low <= expr.high:  # (NaN bounds too: no value lies between them)
                 return _bad(f"a range [{expr.low}, {expr.high}] no value lies in")
             real = s.dtype != "bool" and not s.dtype.startswith("complex")  # (values a range orders)

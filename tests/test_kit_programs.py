@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 from executorch.exir import EdgeCompileConfig, to_edge
-from returns.result import Success
+from returns.result import Failure, Success
 from torch.export import ExportedProgram
 
 import adapters
@@ -595,8 +595,29 @@ def test_a_within_holds_or_its_plan_is_declined_value_range(form: str, poke: flo
         assert (r.reason.code, r.reason.path) == ("value-range", "plan.w_checked") and not outcome.report.plans
         assert r.reason.message.endswith(f"w_checked needs values in [-1, 1]; 1 of them are {span}")
         assert not outcome.changed
+    if span is not None:  # plans made apart and applied: apply checks them as transform does
+        failed = adapters.apply(program, plan(adapters.capture(program), [_within_rule()]))
+        assert isinstance(failed, Failure) and failed.failure().code == "value-range"
     if span is None:
         assert_close(run(program, x), before)
     else:
         assert (program.graph_module.code if isinstance(program, ExportedProgram) else program.code) == code
         assert torch.equal(run(program, x)[0].isnan(), before[0].isnan())
+
+
+def test_a_within_compares_values_as_numbers_whatever_their_dtype() -> None:
+    # found by a review: torch cast an int bound to the value's dtype (-1 to 255 for uint8) and
+    # declined a range every value lay in; a bound past int64 failed the whole transform
+    w = torch.arange(6, dtype=torch.float32)
+
+    def cast(p: Planner, add: Bound, w: WeightExpr) -> RewritePlan:
+        inside = Within(x=Cast(x=w, dtype="uint8"), low=-1, high=2**70)
+        return p.replace(add, p.respell(add, other=p.const(Cast(x=inside, dtype="float32"), "w_checked")))
+
+    r = rule("cast-add", Op(ADD, name="add", self=Var("x"), other=Const("w")), plan=cast, codes=("value-range",))
+    x = (torch.randn(2, 6),)
+    program = build(_AddWeight(w), x, "aten")
+    before = run(program, x)
+    outcome = adapters.transform(program, [r]).unwrap()
+    assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+    assert_close(run(program, x), before)  # (0..5 survive the cast to uint8)

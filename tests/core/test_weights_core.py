@@ -402,6 +402,7 @@ FAILURES: list[tuple[WeightExpr, str]] = [
     (Within(x=src(3, dtype="bool"), low=0, high=1), "a range of bool values"),
     (Within(x=src(3, dtype="complex64"), low=0, high=1), "a range of complex64 values"),
     (Within(x=BAD, low=0, high=1), BAD_MSG),
+    (Within(x=W43, low="0", high=True), "a range of str and bool, no numbers"),  # type: ignore[arg-type]
     (MatMul(a=src(3), b=src(3, 2)), "matmul of ranks 1 and 2 (a matrix by a matrix or a vector)"),
     (MatMul(a=src(2, 4, 3), b=src(3, 2)), "matmul of ranks 3 and 2 (a matrix by a matrix or a vector)"),
     (MatMul(a=src(), b=src()), "matmul of ranks 0 and 0 (a matrix by a matrix or a vector)"),
