@@ -1962,6 +1962,9 @@ def _unsound(
         raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
 
 
+_NONE = torch.empty(0, dtype=torch.float64)
+
+
 def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tensor]) -> dict[tuple[str, str], Reason]:
     """The plans one of whose constants holds a :class:`~fxpure.weights.Within` some value of which
     (NaN too) lies outside its range, with why (``value-range``, at ``plan.<constant>``); _ApplyError
@@ -1974,13 +1977,13 @@ def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tens
                 for e in subexpressions(c.expr):
                     if not isinstance(e, Within):
                         continue
-                    # (compared in float64: torch would cast a bound to an integer value's dtype, -1 to 255
-                    # for uint8, and has no comparison of some dtypes, uint16 and float8 among them)
-                    value = materialize(e.x, cap.tensors, memo).to(torch.float64)
-                    inside = (value >= float(e.low)) & (value <= float(e.high))
-                    if bool(inside.all()):
+                    # compared in float64, a million values at a time: torch would cast a bound to an
+                    # integer value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
+                    flat, step = materialize(e.x, cap.tensors, memo).reshape(-1), 1 << 20
+                    wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
+                    bad = torch.cat([v[~((v >= float(e.low)) & (v <= float(e.high)))] for v in wide] or [_NONE])
+                    if not bad.numel():
                         continue
-                    bad = value[~inside]
                     span = f"{bad.min().item():g} to {bad.max().item():g}" if not bad.isnan().any() else "NaN"
                     detail = f"{c.name} needs values in [{e.low:g}, {e.high:g}]; {bad.numel()} of them are {span}"
                     out[(p.rule, p.anchor)] = Declined(
