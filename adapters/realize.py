@@ -1969,8 +1969,11 @@ def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tens
     """The plans one of whose constants holds a :class:`~fxpure.weights.Within` some value of which
     (NaN too) lies outside its range, with why (``value-range``, at ``plan.<constant>``); _ApplyError
     where torch fails comparing the values it computed (nothing was touched). ``memo``: the one the
-    constants were computed with."""
+    constants were computed with (every ``Within`` a live constant holds is in it: where none is,
+    the plans' expressions are not walked, 15-20 ms of a transform at 4,002 nodes)."""
     out: dict[tuple[str, str], Reason] = {}
+    if not any(isinstance(e, Within) for e in memo):
+        return out
     try:
         for p in report.plans:
             for c in p.constants:
