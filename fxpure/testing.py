@@ -22,6 +22,9 @@ there; a small integer vector (zero points), or such a 0-d number, has known val
 Nor does it check a node's target against what the program form allows: an edge program takes Core
 ATen ops (``aten.convolution``, not ``aten.conv2d`` or ``aten.linear``), and a plan writing another
 is declined ``op-not-allowed`` by the adapter, on the real program only.
+
+``evaluate(expr, values)`` computes a plan's new constant from values given as nested lists, as the
+adapter's torch would (:mod:`fxpure.evaluate`): a planner test checks the numbers a plan derives.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import TypeAlias
 from pyrsistent import pmap
 from returns.result import Failure
 
+from fxpure.evaluate import Nested, evaluate
 from fxpure.families import SCHEMAS, Family
 from fxpure.schema import Schema, arguments
 from fxpure.snapshot import (
@@ -47,6 +51,8 @@ from fxpure.snapshot import (
     snapshot,
     verify,
 )
+
+__all__ = ["GraphBuilder", "Nested", "evaluate", "spec"]
 
 Shape: TypeAlias = tuple[int | str, ...]
 Out: TypeAlias = Shape | TensorSpec | tuple[TensorSpec | None, ...] | None

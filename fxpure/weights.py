@@ -38,6 +38,8 @@ INT_RANGES: Mapping[str, tuple[int, int]] = {
     "int32": (-(2**31), 2**31 - 1),
     "int64": (-(2**63), 2**63 - 1),
 }
+BinaryOp: TypeAlias = Literal["add", "sub", "mul", "div", "maximum", "minimum"]
+UnaryOp: TypeAlias = Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]
 # the node of a BadExpr about an expression alone; a rule's planner relocates it at its anchor
 EXPR_NODE = "<expr>"
 
@@ -199,7 +201,7 @@ class Binary(_Expr):
     a floating one to ``div``. ``maximum`` and ``minimum`` are torch's (a NaN in either operand is
     the result): ``maximum`` with a ``Fill`` floors a value, ``minimum`` caps it, and the two clamp it."""
 
-    op: Literal["add", "sub", "mul", "div", "maximum", "minimum"]
+    op: BinaryOp
     a: WeightExpr
     b: WeightExpr
 
@@ -210,7 +212,7 @@ class Unary(_Expr):
     """Elementwise ``op(x)``; sqrt, rsqrt and reciprocal need a floating ``x``, neg, abs and sign a
     numeric one (not bool)."""
 
-    op: Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]
+    op: UnaryOp
     x: WeightExpr
 
 

@@ -109,3 +109,10 @@ def test_the_guides_rule_declines_a_scale_that_broadcasts_x(x: torch.Tensor, sca
     assert outcome.report.plans == () and not outcome.changed
     assert [r.reason.code for r in outcome.report.rejections] == ["not-per-input-channel"]
     assert torch.equal(program.module()(x), model(x))
+
+
+def test_the_numbers_a_plan_derives_are_checked_without_torch() -> None:
+    rule, test, _, _, numbers = blocks()[:5]
+    scope: dict[str, object] = {}
+    exec(compile(rule + test + numbers, "writing-rules.md#numbers", "exec"), scope)
+    assert "torch" not in (rule + test + numbers).replace("torch-free", "")
