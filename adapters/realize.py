@@ -64,6 +64,8 @@ from fxpure.plan import (
 from fxpure.reasons import Declined, NonFinite, PlanConflict, Reason
 from fxpure.snapshot import Arg, DTypeArg, GraphSnapshot, NodeRef, NodeSnapshot, Opaque, TensorSpec, ref_list, refs
 from fxpure.weights import (
+    FLOAT_DTYPES,
+    INT_RANGES,
     Binary,
     Cast,
     MatMul,
@@ -1965,30 +1967,54 @@ def _unsound(
 _NONE = torch.empty(0, dtype=torch.float64)
 
 
+def _needs(e: object) -> tuple[WeightExpr, float, float, bool, str] | None:
+    """What values an expression needs of its operand, as bounds and how a message says it: a
+    ``Within``'s range, or for a float cast to an integer dtype the values that dtype holds once
+    truncated (torch leaves any other value undefined: 300.0 as int8 is whatever the CPU makes of it)."""
+    if isinstance(e, Within):
+        return e.x, e.low, e.high, False, f"values in [{e.low:g}, {e.high:g}]"
+    if isinstance(e, Cast) and e.dtype in INT_RANGES and _spec_dtype(e.x) in FLOAT_DTYPES:
+        lo, hi = INT_RANGES[e.dtype]
+        return e.x, lo - 1, hi + 1, True, f"values a cast to {e.dtype} holds, in ({lo - 1}, {hi + 1})"
+    return None
+
+
+def _beyond(v: torch.Tensor, low: float, high: float, open_: bool) -> torch.Tensor:
+    """Where ``v`` lies outside ``[low, high]`` (``open_``: outside ``(low, high)``), NaN included."""
+    return ~((v > low) & (v < high)) if open_ else ~((v >= low) & (v <= high))
+
+
+def _spec_dtype(e: WeightExpr) -> str:
+    return infer_spec(e).map(lambda s: s.dtype).value_or("")
+
+
 def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tensor]) -> dict[tuple[str, str], Reason]:
     """The plans one of whose constants holds a :class:`~fxpure.weights.Within` some value of which
-    (NaN too) lies outside its range, with why (``value-range``, at ``plan.<constant>``); _ApplyError
-    where torch fails comparing the values it computed (nothing was touched). ``memo``: the one the
-    constants were computed with (every ``Within`` a live constant holds is in it: where none is,
-    the plans' expressions are not walked, 15-20 ms of a transform at 4,002 nodes)."""
+    (NaN too) lies outside its range, or casts a float outside the integer dtype it casts to, with why
+    (``value-range``, at ``plan.<constant>``); _ApplyError where torch fails comparing the values it
+    computed (nothing was touched). ``memo``: the one the constants were computed with (every such
+    expression a live constant holds is in it: where none is, the plans' expressions are not walked,
+    15-20 ms of a transform at 4,002 nodes)."""
     out: dict[tuple[str, str], Reason] = {}
-    if not any(isinstance(e, Within) for e in memo):
+    if not any(_needs(e) for e in memo):
         return out
     try:
         for p in report.plans:
             for c in p.constants:
                 for e in subexpressions(c.expr):
-                    if not isinstance(e, Within):
+                    need = _needs(e)
+                    if need is None:
                         continue
+                    x, low, high, open_, what = need
                     # compared in float64, a million values at a time: torch would cast a bound to an
                     # integer value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
-                    flat, step = materialize(e.x, cap.tensors, memo).reshape(-1), 1 << 20
+                    flat, step = materialize(x, cap.tensors, memo).reshape(-1), 1 << 20
                     wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
-                    bad = torch.cat([v[~((v >= float(e.low)) & (v <= float(e.high)))] for v in wide] or [_NONE])
+                    bad = torch.cat([v[_beyond(v, float(low), float(high), open_)] for v in wide] or [_NONE])
                     if not bad.numel():
                         continue
                     span = f"{bad.min().item():g} to {bad.max().item():g}" if not bad.isnan().any() else "NaN"
-                    detail = f"{c.name} needs values in [{e.low:g}, {e.high:g}]; {bad.numel()} of them are {span}"
+                    detail = f"{c.name} needs {what}; {bad.numel()} of them are {span}"
                     out[(p.rule, p.anchor)] = Declined(
                         code="value-range", node=p.anchor, path=f"plan.{c.name}", detail=detail
                     )

@@ -18,9 +18,10 @@ It computes as the adapter's torch does on a CPU, value by value: each result ro
 (float16 and bfloat16 through float32, as torch computes them), integers wrapping, quantization
 rounding half to even, NaN through ``maximum``. Sums and matrix products add exactly and round once,
 where torch adds in its own order: compare those within a float rounding. A failure is a value:
-``bad-weight-expr`` for an ill-typed expression, a value missing or not of its ``Source``'s spec, or
-a value torch leaves undefined (NaN or 300.0 cast to int8); ``value-range`` where a ``Within``'s
-operand holds a value outside its range, as the adapter declines it.
+``bad-weight-expr`` for an ill-typed expression, or a value missing or not of its ``Source``'s spec;
+``value-range`` where a ``Within``'s operand holds a value outside its range, or a float is cast to
+an integer dtype that does not hold it (torch leaves 300.0 or NaN as int8 undefined), as the adapter
+declines the plan.
 """
 
 from __future__ import annotations
@@ -438,13 +439,16 @@ def _dequantize(e: Dequantize, x: _T, scale: _T, zero: _T) -> _T:
     return _T(x.shape, out, e.dtype)
 
 
-def _within(e: Within, x: _T) -> _T:
-    bad = [float(v) for v in x.data if not float(e.low) <= float(v) <= float(e.high)]
+def _in_range(x: _T, low: float, high: float, open_: bool, what: str) -> None:
+    """Every value of ``x`` in ``[low, high]`` (``open_``: in ``(low, high)``), NaN never; else the
+    adapter's ``value-range``, told as it tells it."""
+    lo, hi = float(low), float(high)
+    bad = [float(v) for v in x.data if not (lo < float(v) < hi if open_ else lo <= float(v) <= hi)]
     if bad:
         span = "NaN" if any(v != v for v in bad) else f"{min(bad):g} to {max(bad):g}"
-        detail = f"needs values in [{e.low:g}, {e.high:g}]; {len(bad)} of them are {span}"
-        raise _Fails(Declined(code="value-range", node=EXPR_NODE, detail=detail))
-    return x
+        raise _Fails(
+            Declined(code="value-range", node=EXPR_NODE, detail=f"needs {what}; {len(bad)} of them are {span}")
+        )
 
 
 def _computed(e: WeightExpr, ev: Callable[[WeightExpr], _T]) -> _T:
@@ -468,6 +472,9 @@ def _computed(e: WeightExpr, ev: Callable[[WeightExpr], _T]) -> _T:
             return _joined([ev(p) for p in e.xs], e.dim)
         case Cast():
             x = ev(e.x)
+            if e.dtype in INT_RANGES and x.dtype in FLOAT_DTYPES:  # torch leaves the others undefined
+                lo, hi = INT_RANGES[e.dtype]
+                _in_range(x, lo - 1, hi + 1, True, f"values a cast to {e.dtype} holds, in ({lo - 1}, {hi + 1})")
             return _T(x.shape, [_to(v, e.dtype) for v in x.data], e.dtype)
         case Binary():
             return _binary(e.op, ev(e.a), ev(e.b))
@@ -486,5 +493,7 @@ def _computed(e: WeightExpr, ev: Callable[[WeightExpr], _T]) -> _T:
         case Dequantize():
             return _dequantize(e, ev(e.x), ev(e.scale), ev(e.zero_point))
         case Within():
-            return _within(e, ev(e.x))
+            x = ev(e.x)
+            _in_range(x, e.low, e.high, False, f"values in [{e.low:g}, {e.high:g}]")
+            return x
     raise _bad(f"evaluate does not compute {type(e).__name__}")

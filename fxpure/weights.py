@@ -163,7 +163,9 @@ class MaxOver(_Expr):
 @final
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Cast(_Expr):
-    """``x.to(dtype)``."""
+    """``x.to(dtype)``. A float cast to an integer dtype must hold values that dtype holds once
+    truncated: torch leaves the others undefined (300.0 or NaN as int8), and the adapter declines
+    such a plan ``value-range``."""
 
     x: WeightExpr
     dtype: str

@@ -25,7 +25,7 @@ from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Op, Planner, Scalar,
 from fxpure.plan import RewritePlan, Rule, plan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
-from fxpure.weights import Cast, Fill, WeightExpr, Within
+from fxpure.weights import Binary, Cast, Fill, WeightExpr, Within
 from tests.models import ScaledConv
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 from tests.quantized import pt2e_module
@@ -621,3 +621,33 @@ def test_a_within_compares_values_as_numbers_whatever_their_dtype() -> None:
     outcome = adapters.transform(program, [r]).unwrap()
     assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
     assert_close(run(program, x), before)  # (0..5 survive the cast to uint8)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(("poke", "span"), [(None, None), (2.5, "250 to 250"), (float("nan"), "NaN")])
+def test_a_float_cast_to_an_integer_it_does_not_fit_is_declined_value_range(
+    form: str, poke: float | None, span: str | None
+) -> None:
+    """torch leaves a float cast to an integer dtype that cannot hold it undefined (300.0 as int8 is
+    what the CPU makes of it, NaN too): a plan computing one is declined, as ``evaluate`` refuses it."""
+
+    def rounded(p: Planner, add: Bound, w: WeightExpr) -> RewritePlan:
+        scaled = Binary(op="mul", a=w, b=Fill(shape=(), value=100.0, dtype="float32"))
+        back = Cast(x=Cast(x=scaled, dtype="int8"), dtype="float32")
+        return p.replace(add, p.respell(add, other=p.const(back, "w_int8")))
+
+    r = rule("int8-add", Op(ADD, name="add", self=Var("x"), other=Const("w")), plan=rounded, codes=("value-range",))
+    w = torch.linspace(-1, 1, 6)
+    if poke is not None:
+        w[4] = poke
+    x = (torch.randn(2, 6),)
+    program = build(_AddWeight(w), x, form)
+    outcome = adapters.transform(program, [r]).unwrap()
+    if span is None:
+        assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
+        return
+    (no,) = outcome.report.rejections
+    assert (no.reason.code, no.reason.path) == ("value-range", "plan.w_int8") and not outcome.changed
+    assert no.reason.message.endswith(f"w_int8 needs values a cast to int8 holds, in (-129, 128); 1 of them are {span}")
+    failed = adapters.apply(program, plan(adapters.capture(program), [r]))
+    assert isinstance(failed, Failure) and failed.failure().code == "value-range"
