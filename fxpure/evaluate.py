@@ -57,6 +57,7 @@ from fxpure.weights import (
     Unsqueeze,
     WeightExpr,
     Within,
+    _stored,  # (a float rounded to a struct format, inf beyond it: as known_values rounds)
     broadcast,
     infer_spec,
 )
@@ -109,14 +110,6 @@ def evaluate(expr: WeightExpr, values: Mapping[str, object]) -> Result[Nested, R
 
 
 # --- numbers of a dtype ------------------------------------------------------------------------------
-
-
-def _stored(value: float, fmt: str) -> float:
-    try:
-        (out,) = struct.unpack(fmt, struct.pack(fmt, value))
-    except OverflowError:
-        return math.copysign(math.inf, value)
-    return float(out)
 
 
 def _bfloat16(value: float) -> float:
