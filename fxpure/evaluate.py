@@ -17,7 +17,8 @@ number) and get the constant's value back the same way.
 It computes as the adapter's torch does on a CPU, value by value: each result rounded to its dtype
 (float16 and bfloat16 through float32, as torch computes them), integers wrapping, quantization
 rounding half to even, NaN through ``maximum``. Sums and matrix products add exactly and round once,
-where torch adds in its own order: compare those within a float rounding. A failure is a value:
+and roots are rounded correctly, where torch adds in its own order and its float32 ``sqrt`` may be a
+unit off (``sqrt(67.0)``): compare those within a rounding. A failure is a value:
 ``bad-weight-expr`` for an ill-typed expression, or a value missing or not of its ``Source``'s spec;
 ``value-range`` where a ``Within``'s operand holds a value outside its range, or a float is cast to
 an integer dtype that does not hold it (torch leaves 300.0 or NaN as int8 undefined), as the adapter
