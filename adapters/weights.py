@@ -91,6 +91,11 @@ _BINARY: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "div": torch.div,
     "maximum": torch.maximum,
     "minimum": torch.minimum,
+    "bitwise_and": torch.bitwise_and,
+    "bitwise_or": torch.bitwise_or,
+    "bitwise_xor": torch.bitwise_xor,
+    "shift_left": torch.bitwise_left_shift,
+    "shift_right": torch.bitwise_right_shift,
 }
 _UNARY: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sqrt": torch.sqrt,

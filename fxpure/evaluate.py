@@ -285,12 +285,29 @@ _FLOAT_OPS: Mapping[str, Callable[[float, float], float]] = {
     "mul": float.__mul__,
     "div": _div,
 }
-_INT_OPS: Mapping[str, Callable[[int, int], int]] = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__}
+
+
+def _width(dtype: str) -> int:
+    lo, hi = INT_RANGES[dtype]
+    return (hi - lo + 1).bit_length() - 1
+
+
+_INT_OPS: Mapping[str, Callable[[int, int], int]] = {
+    "add": int.__add__,
+    "sub": int.__sub__,
+    "mul": int.__mul__,
+    "bitwise_and": int.__and__,  # (Python's ints are two's complement to these ops, as torch's are)
+    "bitwise_or": int.__or__,
+    "bitwise_xor": int.__xor__,
+}
 _BOOL_OPS: Mapping[str, Callable[[Number, Number], Number]] = {  # (torch's: add is or, mul is and)
     "add": lambda a, b: bool(a or b),
     "mul": lambda a, b: bool(a and b),
     "maximum": lambda a, b: bool(a or b),
     "minimum": lambda a, b: bool(a and b),
+    "bitwise_and": lambda a, b: bool(a and b),
+    "bitwise_or": lambda a, b: bool(a or b),
+    "bitwise_xor": lambda a, b: bool(a) != bool(b),
 }
 
 
@@ -303,6 +320,11 @@ def _op(op: str, dtype: str) -> Callable[[Number, Number], Number]:
     if dtype in FLOAT_DTYPES:
         f = _FLOAT_OPS[op]
         return lambda a, b: _rounded(f(float(a), float(b)), dtype)
+    bits = _width(dtype)
+    if op == "shift_left":  # by a negative amount or the width or more: 0, as torch computes it
+        return lambda a, b: _wrapped(int(a) << int(b), dtype) if 0 <= int(b) < bits else 0
+    if op == "shift_right":  # (so: the sign filled)
+        return lambda a, b: int(a) >> (int(b) if 0 <= int(b) < bits else bits)
     g = _INT_OPS[op]
     return lambda a, b: _wrapped(g(int(a), int(b)), dtype)
 

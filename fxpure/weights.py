@@ -3,9 +3,10 @@
 A rule author composes derived weights from this vocabulary and writes no adapter
 code: layout (``Permute``, ``Reshape``, ``Unsqueeze``, ``Slice``, ``PadTo``, ``Concat``),
 reductions (``SumOver``, ``MaxOver``), ``Cast``, constants (``Fill``), elementwise arithmetic
-(``Binary`` add/sub/mul/div with broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal/abs/sign), the
-matrix product (``MatMul``) and ``Quantize``/``Dequantize`` with per-tensor or per-channel parameters,
-and ``Within``, a precondition on the values of its operand (which the adapter checks on the data). Folds are
+(``Binary`` add/sub/mul/div/maximum/minimum and the bitwise and/or/xor and shifts, with
+broadcasting, ``Unary`` sqrt/rsqrt/neg/reciprocal/abs/sign), the matrix product (``MatMul``) and
+``Quantize``/``Dequantize`` with per-tensor or per-channel parameters, and ``Within``, a
+precondition on the values of its operand (which the adapter checks on the data). Folds are
 built from these (:func:`fold_batch_norm`).
 
 Expressions are structural values: equal expressions denote one tensor, so a rewrite
@@ -38,7 +39,21 @@ INT_RANGES: Mapping[str, tuple[int, int]] = {
     "int32": (-(2**31), 2**31 - 1),
     "int64": (-(2**63), 2**63 - 1),
 }
-BinaryOp: TypeAlias = Literal["add", "sub", "mul", "div", "maximum", "minimum"]
+BinaryOp: TypeAlias = Literal[
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "shift_left",
+    "shift_right",
+]
+BITWISE = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right"})
+"""The ``Binary`` ops of integers (and, but for the shifts, of bools), as torch's ``bitwise_*`` computes them."""
 UnaryOp: TypeAlias = Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]
 # the node of a BadExpr about an expression alone; a rule's planner relocates it at its anchor
 EXPR_NODE = "<expr>"
@@ -201,7 +216,11 @@ class Fill(_Expr):
 class Binary(_Expr):
     """Elementwise ``a (op) b`` with numpy broadcasting; both operands of one dtype (``Cast`` first),
     a floating one to ``div``. ``maximum`` and ``minimum`` are torch's (a NaN in either operand is
-    the result): ``maximum`` with a ``Fill`` floors a value, ``minimum`` caps it, and the two clamp it."""
+    the result): ``maximum`` with a ``Fill`` floors a value, ``minimum`` caps it, and the two clamp it.
+    The :data:`BITWISE` ops take integers (``bitwise_and``, ``_or`` and ``_xor`` bools too) and are
+    torch's ``bitwise_*``: two's complement, so ``w & 15`` is an int4 value's nibble, and ``a << 4 |
+    b`` packs two; ``shift_left`` by a negative amount or the dtype's width or more is 0,
+    ``shift_right`` so fills with the sign (arithmetic for signed dtypes)."""
 
     op: BinaryOp
     a: WeightExpr
@@ -443,6 +462,8 @@ def _binary(e: Binary) -> Inferred:
         return _bad(f"div of {sa.dtype} (cast to a float first)")
     if e.op == "sub" and sa.dtype == "bool":  # torch refuses it
         return _bad("sub of bool")
+    if e.op in BITWISE and (sa.dtype in FLOAT_DTYPES or (e.op.startswith("shift") and sa.dtype == "bool")):
+        return _bad(f"{e.op} of {sa.dtype} (needs an integer dtype{'' if e.op.startswith('shift') else ' or bool'})")
     if shape is None:
         return _bad(f"{e.op} of shapes {sa.shape} and {sb.shape} that do not broadcast")
     return TensorSpec(shape=shape, dtype=sa.dtype)

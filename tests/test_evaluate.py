@@ -5,11 +5,11 @@ included (NaN, infinities, -0.0, the ends of integer ranges), must give the same
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from returns.result import Success
 
@@ -142,7 +142,7 @@ def programs(draw: st.DrawFn) -> tuple[WeightExpr, dict[str, Any]]:
     return pool[-1], values
 
 
-BINARY_OPS: tuple[BinaryOp, ...] = ("add", "sub", "mul", "div", "maximum", "minimum")
+BINARY_OPS: tuple[BinaryOp, ...] = get_args(BinaryOp)
 EXACT_UNARY: tuple[UnaryOp, ...] = ("neg", "reciprocal", "abs", "sign")
 KINDS = (
     "permute", "reshape", "unsqueeze", "slice", "pad", "concat", "cast", "binary", "unary", "sum", "max",
@@ -327,3 +327,29 @@ def test_a_cast_torch_leaves_undefined_is_declined_as_the_adapter_declines_it() 
     too_big = evaluate(cast, {"f": [0.5, -1.9, 127.9, 128.0, 300.0, 0, 0, 0]}).failure().message
     assert too_big == "needs values a cast to int8 holds, in (-129, 128); 2 of them are 128 to 300"
     assert evaluate(cast, {"f": [0.5, -1.9, 127.9, -128.9, 0, 0, 0, 0]}).unwrap() == [0, -1, 127, -128, 0, 0, 0, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from((*INTS, "bool")), st.sampled_from(BINARY_OPS))
+def test_each_op_of_integers_and_bools_is_torchs(data: st.DataObject, dtype: str, op: BinaryOp) -> None:
+    """Every ``Binary`` op on integers and bools, shifts by negative amounts and past the width included."""
+    amounts = st.integers(-2, 70).filter(lambda v: dtype == "bool" or INT_RANGES[dtype][0] <= v <= INT_RANGES[dtype][1])
+    a, b = (Source(key=k, spec=spec(6, dtype=dtype)) for k in "ab")
+    values = {"a": data.draw(st.lists(_number(dtype), min_size=6, max_size=6))}
+    shifts = op.startswith("shift") and dtype != "bool"
+    values["b"] = data.draw(st.lists(amounts if shifts else _number(dtype), min_size=6, max_size=6))
+    expr = Binary(op=op, a=a, b=b)
+    assume(isinstance(infer_spec(expr), Success))  # (no div of integers, no sub or shift of bools)
+    _check(expr, values)
+
+
+def test_two_int4_values_a_byte_in_twos_complement() -> None:
+    """The nibble packing XNNPACK-style int4 needs (``lo & 15 | hi << 4``), as torch computes it."""
+    w = Source(key="w", spec=spec(2, 4, dtype="int8"))
+    pairs = Reshape(x=w, shape=(2, 2, 2))
+    lo, hi = (Reshape(x=Slice(x=pairs, dim=2, start=i, stop=i + 1), shape=(2, 2)) for i in (0, 1))
+    nibble = Binary(op="bitwise_and", a=lo, b=Fill(shape=(), value=15, dtype="int8"))
+    packed = Binary(op="bitwise_or", a=nibble, b=Binary(op="shift_left", a=hi, b=Fill(shape=(), value=4, dtype="int8")))
+    values = {"w": [[-8, 7, -1, 0], [3, -4, 5, -6]]}
+    assert evaluate(packed, values).unwrap() == [[0x78, 0x0F], [-0x3D, -0x5B]]  # 0x78; 0x0F; 0xC3; 0xA5 as int8
+    _check(packed, values)
