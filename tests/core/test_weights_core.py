@@ -258,6 +258,8 @@ SPECS: list[tuple[WeightExpr, TensorSpec]] = [
     (Concat(xs=(src("n", 3), src("n", 2)), dim=1), spec("n", 5)),
     (Binary(op="mul", a=src(4, 1), b=src(3)), spec(4, 3)),
     (Binary(op="add", a=src(2, 3, dtype="int8"), b=src(dtype="int8")), spec(2, 3, dtype="int8")),
+    (Binary(op="shift_left", a=src(2, 3, dtype="uint8"), b=src(dtype="uint8")), spec(2, 3, dtype="uint8")),
+    (Binary(op="bitwise_xor", a=src(2, dtype="bool"), b=src(2, dtype="bool")), spec(2, dtype="bool")),
     (Binary(op="div", a=src(1), b=src("n", 1)), spec("n", 1)),
     (Binary(op="maximum", a=src(2, 3, dtype="int8"), b=src(dtype="int8")), spec(2, 3, dtype="int8")),
     (Binary(op="minimum", a=src(3, 1), b=src(4)), spec(3, 4)),
@@ -348,6 +350,11 @@ FAILURES: list[tuple[WeightExpr, str]] = [
     # torch refuses -x and x - y on bool tensors
     (Unary(op="neg", x=src(2, dtype="bool")), "neg of bool (needs a numeric dtype)"),
     (Binary(op="sub", a=src(2, dtype="bool"), b=src(2, dtype="bool")), "sub of bool"),
+    (Binary(op="bitwise_and", a=src(2), b=src(2)), "bitwise_and of float32 (needs an integer dtype or bool)"),
+    (
+        Binary(op="shift_left", a=src(2, dtype="bool"), b=src(2, dtype="bool")),
+        "shift_left of bool (needs an integer dtype)",
+    ),
     (Fill(shape=(2,), value=300, dtype="int8"), "fill of shape (2,) with 300 as int8"),
     (Fill(shape=(2,), value=-2, dtype="uint8"), "fill of shape (2,) with -2 as uint8"),
     (Fill(shape=(2,), value=0.5, dtype="int32"), "fill of shape (2,) with 0.5 as int32"),
