@@ -69,7 +69,9 @@ from fxpure.weights import (
     Binary,
     Cast,
     MatMul,
+    Quantize,
     Source,
+    SumOver,
     Unary,
     WeightExpr,
     Within,
@@ -1968,20 +1970,45 @@ _NONE = torch.empty(0, dtype=torch.float64)
 
 
 def _needs(e: object) -> tuple[WeightExpr, float, float, bool, str] | None:
-    """What values an expression needs of its operand, as bounds and how a message says it: a
-    ``Within``'s range, or for a float cast to an integer dtype the values that dtype holds once
-    truncated (torch leaves any other value undefined: 300.0 as int8 is whatever the CPU makes of it)."""
+    """What values an expression needs of its operand: bounds, whether they bound the values'
+    integer parts (``[low, high)``), and how a message says it. A ``Within``'s range; for a float
+    cast to an integer dtype (or summed as one, which casts first) the values that dtype holds once
+    truncated (torch leaves any other value undefined: 300.0 as int8 is whatever the CPU makes of
+    it); for a quantization no NaN (which it would so cast). Each bound is exact in float64."""
     if isinstance(e, Within):
         return e.x, e.low, e.high, False, f"values in [{e.low:g}, {e.high:g}]"
-    if isinstance(e, Cast) and e.dtype in INT_RANGES and _spec_dtype(e.x) in FLOAT_DTYPES:
+    if isinstance(e, Cast | SumOver) and e.dtype in INT_RANGES and _spec_dtype(e.x) in FLOAT_DTYPES:
         lo, hi = INT_RANGES[e.dtype]
-        return e.x, lo - 1, hi + 1, True, f"values a cast to {e.dtype} holds, in ({lo - 1}, {hi + 1})"
+        return e.x, lo, hi + 1, True, f"values a cast to {e.dtype} holds, [{lo}, {hi}] once truncated"
+    if isinstance(e, Quantize):  # NaN clamps to NaN, then to whatever the integer cast makes of it
+        return e.x, -math.inf, math.inf, False, "numbers to quantize, no NaN"
     return None
 
 
-def _beyond(v: torch.Tensor, low: float, high: float, open_: bool) -> torch.Tensor:
-    """Where ``v`` lies outside ``[low, high]`` (``open_``: outside ``(low, high)``), NaN included."""
-    return ~((v > low) & (v < high)) if open_ else ~((v >= low) & (v <= high))
+def _beyond(v: torch.Tensor, low: float, high: float, truncated: bool) -> torch.Tensor:
+    """Where ``v`` lies outside ``[low, high]`` (``truncated``: where its integer part lies outside
+    ``[low, high)``), NaN included."""
+    if truncated:
+        t = torch.trunc(v)
+        return ~((t >= low) & (t < high))
+    return ~((v >= low) & (v <= high))
+
+
+def _inner_first(expr: WeightExpr) -> list[WeightExpr]:
+    """``expr``'s subexpressions, each after those it is computed from, in field order: the order
+    a failure is met computing it, whatever the hash seed."""
+    out: list[WeightExpr] = []
+    seen: set[WeightExpr] = set()
+
+    def walk(e: WeightExpr) -> None:
+        if e not in seen:
+            seen.add(e)
+            for c in children(e):
+                walk(c)
+            out.append(e)
+
+    walk(expr)
+    return out
 
 
 def _spec_dtype(e: WeightExpr) -> str:
@@ -2001,19 +2028,20 @@ def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tens
     try:
         for p in report.plans:
             for c in p.constants:
-                for e in subexpressions(c.expr):
+                for e in _inner_first(c.expr):  # (the first failure met computing it)
                     need = _needs(e)
                     if need is None:
                         continue
-                    x, low, high, open_, what = need
+                    x, low, high, truncated, what = need
                     # compared in float64, a million values at a time: torch would cast a bound to an
                     # integer value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
                     flat, step = materialize(x, cap.tensors, memo).reshape(-1), 1 << 20
                     wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
-                    bad = torch.cat([v[_beyond(v, float(low), float(high), open_)] for v in wide] or [_NONE])
+                    bad = torch.cat([v[_beyond(v, float(low), float(high), truncated)] for v in wide] or [_NONE])
                     if not bad.numel():
                         continue
-                    span = f"{bad.min().item():g} to {bad.max().item():g}" if not bad.isnan().any() else "NaN"
+                    ends = (bad.min().item() + 0.0, bad.max().item() + 0.0)  # (-0.0 is 0 in a message)
+                    span = f"{ends[0]:g} to {ends[1]:g}" if not bad.isnan().any() else "NaN"
                     detail = f"{c.name} needs {what}; {bad.numel()} of them are {span}"
                     out[(p.rule, p.anchor)] = Declined(
                         code="value-range", node=p.anchor, path=f"plan.{c.name}", detail=detail

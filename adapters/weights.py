@@ -64,7 +64,16 @@ def _quantize(e: Quantize, ev: Eval) -> torch.Tensor:
     scale = _along(ev(e.scale).to(torch.float32), e.axis, x.dim())
     zero = _along(ev(e.zero_point).to(torch.float32), e.axis, x.dim())
     # x * (1 / scale), as torch's quantize_per_tensor / _per_channel round it (x / scale can round a tie the other way)
-    return torch.clamp(torch.round(x * (1.0 / scale)) + zero, e.quant_min, e.quant_max).to(dtype_of(e.dtype))
+    return _clamped(torch.round(x * (1.0 / scale)) + zero, e.quant_min, e.quant_max).to(dtype_of(e.dtype))
+
+
+def _clamped(q: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """``q`` clamped to ``[low, high]`` exactly, as int64: clamped in float32, int32's top (2**31 - 1)
+    is 2**31, and that value cast to int32 is undefined (3e9 came out -2**31); in float64 only
+    int64's top rounds up, and a value at or past it is the top itself."""
+    wide = q.to(torch.float64).clamp(float(low), float(high))
+    whole = wide.to(torch.int64)  # (where wide is 2**63, replaced below)
+    return torch.where(wide >= float(high), high, torch.where(wide <= float(low), low, whole))
 
 
 def _dequantize(e: Dequantize, ev: Eval) -> torch.Tensor:

@@ -16,13 +16,21 @@ number) and get the constant's value back the same way.
 
 It computes as the adapter's torch does on a CPU, value by value: each result rounded to its dtype
 (float16 and bfloat16 through float32, as torch computes them), integers wrapping, quantization
-rounding half to even, NaN through ``maximum``. Sums and matrix products add exactly and round once,
-and roots are rounded correctly, where torch adds in its own order and its float32 ``sqrt`` may be a
-unit off (``sqrt(67.0)``): compare those within a rounding. A failure is a value:
-``bad-weight-expr`` for an ill-typed expression, or a value missing or not of its ``Source``'s spec;
-``value-range`` where a ``Within``'s operand holds a value outside its range, or a float is cast to
-an integer dtype that does not hold it (torch leaves 300.0 or NaN as int8 undefined), as the adapter
-declines the plan.
+rounding half to even, NaN through ``maximum`` (the sign of a zero through ``maximum`` or ``minimum``
+is the one torch's kernel keeps, which depends on its path). Sums and matrix products add exactly
+(each product as torch makes it) and round once, where torch adds in the dtype (float32 for
+float32) in its own order: a long or cancelling float32 sum can differ by more than a rounding, and
+one whose partial sums pass float32's range is inf or NaN in torch and finite here. Roots are
+rounded correctly; torch's float32 ``sqrt`` may be a unit off (``sqrt(67.0)``). Values are given by
+the name of the node holding each (``Source.key``), not by a state dict's keys.
+
+A failure is a value: ``bad-weight-expr`` for an ill-typed expression, or a value missing or not
+of its ``Source``'s spec; ``value-range`` where a ``Within``'s operand holds a value outside its
+range, a float is cast to an integer dtype that does not hold it once truncated (torch leaves 300.0
+or NaN as int8 undefined), or NaN is quantized, as the adapter declines the plan. What else the
+adapter checks of the values it computes is not checked here: a new constant that is not finite,
+or flushed below float32's smallest normal, is a success here and declined there
+(``non-finite-weight``, ``weight-underflow``).
 """
 
 from __future__ import annotations
@@ -132,6 +140,20 @@ def _rounded(value: float, dtype: str) -> float:
     return _stored(f32, "e") if dtype == "float16" else _bfloat16(f32)
 
 
+def _int_float(value: int, dtype: str) -> float:
+    """An integer as the float ``dtype`` holds it, rounded once (to float32 first, as torch makes
+    float16 and bfloat16 of it): past 2**53, ``float()`` would round it a first time to float64."""
+    if dtype == "float64" or abs(value) < 2**53:
+        return _rounded(float(value), dtype)
+    n = abs(value).bit_length() - 24  # float32 keeps 24 significant bits: to nearest, ties to even
+    q, r = divmod(abs(value), 1 << n)
+    q += r > 1 << (n - 1) or (r == 1 << (n - 1) and q & 1)
+    try:
+        return _rounded(math.copysign(float(q << n), value), dtype)
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def _wrapped(value: int, dtype: str) -> int:
     lo, hi = INT_RANGES[dtype]
     return (value - lo) % (hi - lo + 1) + lo
@@ -142,7 +164,7 @@ def _to(value: Number, dtype: str) -> Number:
     if dtype == "bool":
         return bool(value)
     if dtype in FLOAT_DTYPES:
-        return _rounded(float(value), dtype)
+        return _int_float(value, dtype) if type(value) is int else _rounded(float(value), dtype)
     if isinstance(value, float):
         lo, hi = INT_RANGES[dtype]
         if not (math.isfinite(value) and lo <= math.trunc(value) <= hi):
@@ -172,11 +194,16 @@ def _flat(value: object) -> tuple[tuple[int, ...], list[object]]:
 
 
 def _source(e: Source, values: Mapping[str, object], sizes: dict[str, int]) -> _T:
-    if e.key not in values:
-        raise _bad(f"no value for the source {e.key}")
+    if e.key not in values:  # (the usual slip: a state dict's key for the node's name)
+        raise _bad(f"no value for the source {e.key} (values are given by the name of the node holding each)")
     if e.spec.dtype not in (*FLOAT_DTYPES, *INT_RANGES, "bool"):
         raise _bad(f"the source {e.key} is {e.spec.dtype}, which evaluate does not compute")
-    shape, flat = _flat(values[e.key])
+    try:
+        shape, flat = _flat(values[e.key])
+    except _Fails:
+        raise
+    except Exception as ex:  # (a meta tensor's tolist, say)
+        raise _bad(f"the value of {e.key} cannot be read: {type(ex).__name__}: {ex}") from ex
     if not flat and len(shape) < len(e.spec.shape):  # an empty list for a (0, 3) value, say
         shape = (*shape, *(d if isinstance(d, int) else 0 for d in e.spec.shape[len(shape) :]))
     fits = len(shape) == len(e.spec.shape) and all(
@@ -191,7 +218,9 @@ def _given(x: object, dtype: str, key: str) -> Number:
     if not isinstance(x, bool | int | float):
         raise _bad(f"the value of {key} holds {x!r}, no number")
     if dtype in FLOAT_DTYPES:
-        return _rounded(float(x), dtype)
+        if type(x) is int and abs(x) >= 2**1024:
+            raise _bad(f"the value of {key} holds {x!r}, which {dtype} does not hold")
+        return _to(x, dtype)
     whole = isinstance(x, bool | int) or x.is_integer()
     if dtype == "bool" and x in (0, 1) and whole:
         return bool(x)
@@ -411,9 +440,12 @@ def _matmul(a: _T, b: _T) -> _T:
     n = b.shape[1] if len(b.shape) == 2 else 1
     rows = [a.data[i * k : (i + 1) * k] for i in range(m)]
     cols = [b.data[j::n] for j in range(n)]
-    if a.dtype in FLOAT_DTYPES:
+    if a.dtype in FLOAT_DTYPES:  # each product as torch makes it (in float32, but for float64: 1e30 * 1e30 is inf)
+        acc = "float64" if a.dtype == "float64" else "float32"
         data = [
-            _exact_sum([float(x) * float(y) for x, y in zip(r, c, strict=True)], a.dtype) for r in rows for c in cols
+            _exact_sum([_rounded(float(x) * float(y), acc) for x, y in zip(r, c, strict=True)], a.dtype)
+            for r in rows
+            for c in cols
         ]
     else:
         data = [_wrapped(sum(int(x) * int(y) for x, y in zip(r, c, strict=True)), a.dtype) for r in rows for c in cols]
@@ -434,6 +466,7 @@ def _floats(t: _T, dtype: str) -> list[float]:
 
 
 def _quantize(e: Quantize, x: _T, scale: _T, zero: _T) -> _T:
+    _in_range(x, -math.inf, math.inf, False, "numbers to quantize, no NaN")  # (torch casts a NaN as it likes)
     # x * (1 / scale) in float32, rounded half to even, plus the zero point, clamped: as the adapter's torch
     inv = [_rounded(_div(1.0, s), "float32") for s in _floats(scale, "float32")]
     z = _floats(zero, "float32")
@@ -455,16 +488,25 @@ def _dequantize(e: Dequantize, x: _T, scale: _T, zero: _T) -> _T:
     return _T(x.shape, out, e.dtype)
 
 
-def _in_range(x: _T, low: float, high: float, open_: bool, what: str) -> None:
-    """Every value of ``x`` in ``[low, high]`` (``open_``: in ``(low, high)``), NaN never; else the
-    adapter's ``value-range``, told as it tells it."""
-    lo, hi = float(low), float(high)
-    bad = [float(v) for v in x.data if not (lo < float(v) < hi if open_ else lo <= float(v) <= hi)]
+def _in_range(x: _T, low: float, high: float, truncated: bool, what: str) -> None:
+    """Every value of ``x`` in ``[low, high]`` (``truncated``: its integer part in ``[low, high)``),
+    NaN never; else the adapter's ``value-range``, told as it tells it."""
+    if truncated:
+        bad = [float(v) for v in x.data if not (math.isfinite(v) and low <= math.trunc(v) < high)]
+    else:
+        bad = [float(v) for v in x.data if not float(low) <= float(v) <= float(high)]
     if bad:
-        span = "NaN" if any(v != v for v in bad) else f"{min(bad):g} to {max(bad):g}"
+        span = "NaN" if any(v != v for v in bad) else f"{min(bad) + 0.0:g} to {max(bad) + 0.0:g}"
         raise _Fails(
             Declined(code="value-range", node=EXPR_NODE, detail=f"needs {what}; {len(bad)} of them are {span}")
         )
+
+
+def _cast(x: _T, dtype: str) -> _T:
+    if dtype in INT_RANGES and x.dtype in FLOAT_DTYPES:  # torch leaves the others undefined
+        lo, hi = INT_RANGES[dtype]
+        _in_range(x, lo, hi + 1, True, f"values a cast to {dtype} holds, [{lo}, {hi}] once truncated")
+    return _T(x.shape, [_to(v, dtype) for v in x.data], dtype)
 
 
 def _computed(e: WeightExpr, ev: Callable[[WeightExpr], _T]) -> _T:
@@ -487,19 +529,13 @@ def _computed(e: WeightExpr, ev: Callable[[WeightExpr], _T]) -> _T:
         case Concat():
             return _joined([ev(p) for p in e.xs], e.dim)
         case Cast():
-            x = ev(e.x)
-            if e.dtype in INT_RANGES and x.dtype in FLOAT_DTYPES:  # torch leaves the others undefined
-                lo, hi = INT_RANGES[e.dtype]
-                _in_range(x, lo - 1, hi + 1, True, f"values a cast to {e.dtype} holds, in ({lo - 1}, {hi + 1})")
-            return _T(x.shape, [_to(v, e.dtype) for v in x.data], e.dtype)
+            return _cast(ev(e.x), e.dtype)
         case Binary():
             return _binary(e.op, ev(e.a), ev(e.b))
         case Unary():
             return _unary(e.op, ev(e.x))
-        case SumOver():
-            x = ev(e.x)
-            cast = _T(x.shape, [_to(v, e.dtype) for v in x.data], e.dtype)  # summed in its dtype, as torch sums
-            return _reduce(cast, e.dims, lambda xs: _exact_sum(xs, e.dtype), e.dtype)
+        case SumOver():  # summed in its dtype, as torch sums
+            return _reduce(_cast(ev(e.x), e.dtype), e.dims, lambda xs: _exact_sum(xs, e.dtype), e.dtype)
         case MaxOver():
             return _greatest(ev(e.x), e.dims)
         case MatMul():

@@ -221,18 +221,50 @@ def _int(value: Arg) -> bool:
     return isinstance(value, NodeRef) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def _tensor(v: Arg) -> bool:  # a Python number is wrapped into a tensor by torch (``x * 2.0`` -> mul.Tensor)
+    return isinstance(v, NodeRef) or _number(v)
+
+
+def _tensors(v: Arg) -> bool:
+    return isinstance(v, tuple) and all(x is None or isinstance(x, NodeRef) for x in v)
+
+
+def _ints(v: Arg) -> bool:
+    return all(_int(x) for x in v) if isinstance(v, tuple) else _int(v)
+
+
+def _bool(v: Arg) -> bool:
+    return isinstance(v, bool)
+
+
+def _scalar(v: Arg) -> bool:
+    return isinstance(v, (int, float, NodeRef))
+
+
+def _dtype(v: Arg) -> bool:
+    return isinstance(v, DTypeArg)
+
+
+def _str(v: Arg) -> bool:
+    return isinstance(v, str)
+
+
+def _any(v: Arg) -> bool:
+    return True
+
+
+# named functions, not lambdas: a schema holds them, and a family, pattern or rule pickles only so
 _FITS: Mapping[Kind, Callable[[Arg], bool]] = {
-    # a Python number is wrapped into a tensor by torch (``x * 2.0`` -> mul.Tensor)
-    "tensor": lambda v: isinstance(v, NodeRef) or _number(v),
-    "tensors": lambda v: isinstance(v, tuple) and all(x is None or isinstance(x, NodeRef) for x in v),
+    "tensor": _tensor,
+    "tensors": _tensors,
     "int": _int,
-    "ints": lambda v: all(_int(x) for x in v) if isinstance(v, tuple) else _int(v),
-    "float": lambda v: isinstance(v, NodeRef) or _number(v),
-    "bool": lambda v: isinstance(v, bool),
-    "scalar": lambda v: isinstance(v, (int, float, NodeRef)),
-    "dtype": lambda v: isinstance(v, DTypeArg),
-    "str": lambda v: isinstance(v, str),
-    "any": lambda v: True,
+    "ints": _ints,
+    "float": _tensor,
+    "bool": _bool,
+    "scalar": _scalar,
+    "dtype": _dtype,
+    "str": _str,
+    "any": _any,
 }
 
 

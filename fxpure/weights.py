@@ -255,7 +255,8 @@ class MatMul(_Expr):
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Quantize(_Expr):
     """``clamp(round(x * (1 / scale)) + zero_point, quant_min, quant_max)`` as ``dtype`` (torch's
-    ``quantize_per_channel`` and ``quantize_per_tensor.tensor``), in a range ``dtype`` holds; ``axis=None``:
+    ``quantize_per_channel`` and ``quantize_per_tensor.tensor``; the clamp exact, also at the ends
+    of int32's range; a NaN of ``x``: the adapter declines ``value-range``), in a range ``dtype`` holds; ``axis=None``:
     one scale and zero point (shape ``()`` or ``(1,)``), else one per index of dim ``axis``."""
 
     x: WeightExpr
@@ -506,6 +507,15 @@ def _qparams(x: TensorSpec, e: Quantize | Dequantize) -> BadExpr | None:
     return None
 
 
+def _a_float(value: float) -> bool:
+    """A number a float64 holds (or rounds to): not an int past float64's range, 2**1100 say."""
+    try:
+        float(value)
+    except (OverflowError, TypeError, ValueError):
+        return False
+    return True
+
+
 def _fits(low: float, high: float, dtype: str) -> bool:
     """Both values are whole numbers the integer ``dtype`` holds, in order."""
     lo, hi = INT_RANGES[dtype]
@@ -561,6 +571,7 @@ def _infer(expr: WeightExpr) -> Inferred:
             not _sizes(expr.shape)
             or expr.dtype not in DTYPES
             or (expr.dtype in INT_DTYPES and not _fits(v, v, expr.dtype))
+            or not _a_float(v)
         ):
             return _bad(f"fill of shape {expr.shape} with {v!r} as {expr.dtype}")
         return TensorSpec(shape=expr.shape, dtype=expr.dtype)
@@ -598,8 +609,10 @@ def _infer(expr: WeightExpr) -> Inferred:
             return _dequantize(expr, s)
         case Within():
             bounds = (expr.low, expr.high)
-            if not all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds):
-                return _bad(f"a range of {type(expr.low).__name__} and {type(expr.high).__name__}, no numbers")
+            if not all(isinstance(b, int | float) and not isinstance(b, bool) and _a_float(b) for b in bounds):
+                return _bad(
+                    f"a range of {type(expr.low).__name__} and {type(expr.high).__name__}, no numbers a float holds"
+                )
             if not expr.low <= expr.high:  # (NaN bounds too: no value lies between them)
                 return _bad(f"a range [{expr.low}, {expr.high}] no value lies in")
             real = s.dtype != "bool" and not s.dtype.startswith("complex")  # (values a range orders)

@@ -25,7 +25,7 @@ from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Op, Planner, Scalar,
 from fxpure.plan import RewritePlan, Rule, plan
 from fxpure.reasons import Declined, Reason
 from fxpure.snapshot import NodeRef
-from fxpure.weights import Binary, Cast, Fill, WeightExpr, Within
+from fxpure.weights import Binary, Cast, Dequantize, Fill, Quantize, SumOver, Unsqueeze, WeightExpr, Within
 from tests.models import ScaledConv
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 from tests.quantized import pt2e_module
@@ -623,18 +623,57 @@ def test_a_within_compares_values_as_numbers_whatever_their_dtype() -> None:
     assert_close(run(program, x), before)  # (0..5 survive the cast to uint8)
 
 
+def _to_int8(how: str, w: WeightExpr) -> WeightExpr:
+    """``w`` made int8 and back to float32, three ways: a cast of ``w * 100``, a sum (which casts
+    first) of it over a dim of one, and a quantization of ``w`` by 0.01 (which clamps)."""
+    scaled = Binary(op="mul", a=w, b=Fill(shape=(), value=100.0, dtype="float32"))
+    if how == "cast":
+        return Cast(x=Cast(x=scaled, dtype="int8"), dtype="float32")
+    if how == "plain":
+        return Cast(x=Cast(x=w, dtype="int8"), dtype="float32")
+    if how == "wrapped":  # an int32 made int8 wraps, as defined: no float is cast out of range
+        return Cast(x=Cast(x=Cast(x=w, dtype="int32"), dtype="int8"), dtype="float32")
+    if how == "packed":  # int4 values: the cast is computed first, and fails first
+        five = Binary(op="mul", a=w, b=Fill(shape=(), value=5.0, dtype="float32"))
+        return Cast(x=Within(x=Cast(x=five, dtype="int8"), low=-8, high=7), dtype="float32")
+    if how == "sum":
+        return Cast(x=SumOver(x=Unsqueeze(x=scaled, dim=0), dims=(0,), dtype="int8"), dtype="float32")
+    scale, zero = Fill(shape=(), value=0.01, dtype="float32"), Fill(shape=(), value=0, dtype="int32")
+    q = Quantize(x=w, scale=scale, zero_point=zero, axis=None, quant_min=-128, quant_max=127, dtype="int8")
+    return Dequantize(x=q, scale=scale, zero_point=zero, axis=None)
+
+
+CAST = "values a cast to int8 holds, [-128, 127] once truncated"
+
+
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize(("poke", "span"), [(None, None), (2.5, "250 to 250"), (float("nan"), "NaN")])
-def test_a_float_cast_to_an_integer_it_does_not_fit_is_declined_value_range(
-    form: str, poke: float | None, span: str | None
+@pytest.mark.parametrize(
+    ("how", "poke", "needs"),
+    [
+        ("cast", None, None),
+        ("cast", 2.5, f"{CAST}; 1 of them are 250 to 250"),
+        ("cast", float("nan"), f"{CAST}; 1 of them are NaN"),
+        ("sum", 2.5, f"{CAST}; 1 of them are 250 to 250"),
+        ("quantize", 2.5, None),  # (clamped to 127)
+        ("plain", 127.5, None),  # (127 once truncated)
+        ("plain", -128.9, None),
+        ("plain", 128.0, f"{CAST}; 1 of them are 128 to 128"),
+        ("plain", -129.0, f"{CAST}; 1 of them are -129 to -129"),
+        ("wrapped", 200.0, None),
+        ("packed", 3.0, "values in [-8, 7]; 1 of them are 15 to 15"),
+        ("packed", 30.0, f"{CAST}; 1 of them are 150 to 150"),
+        ("quantize", float("nan"), "numbers to quantize, no NaN; 1 of them are NaN"),
+    ],
+)
+def test_a_float_made_an_integer_it_does_not_fit_is_declined_value_range(
+    form: str, how: str, poke: float | None, needs: str | None
 ) -> None:
     """torch leaves a float cast to an integer dtype that cannot hold it undefined (300.0 as int8 is
-    what the CPU makes of it, NaN too): a plan computing one is declined, as ``evaluate`` refuses it."""
+    what the CPU makes of it, NaN too; a quantization clamps, but casts a NaN so): a plan computing
+    one is declined, as ``evaluate`` refuses it."""
 
     def rounded(p: Planner, add: Bound, w: WeightExpr) -> RewritePlan:
-        scaled = Binary(op="mul", a=w, b=Fill(shape=(), value=100.0, dtype="float32"))
-        back = Cast(x=Cast(x=scaled, dtype="int8"), dtype="float32")
-        return p.replace(add, p.respell(add, other=p.const(back, "w_int8")))
+        return p.replace(add, p.respell(add, other=p.const(_to_int8(how, w), "w_int8")))
 
     r = rule("int8-add", Op(ADD, name="add", self=Var("x"), other=Const("w")), plan=rounded, codes=("value-range",))
     w = torch.linspace(-1, 1, 6)
@@ -643,11 +682,11 @@ def test_a_float_cast_to_an_integer_it_does_not_fit_is_declined_value_range(
     x = (torch.randn(2, 6),)
     program = build(_AddWeight(w), x, form)
     outcome = adapters.transform(program, [r]).unwrap()
-    if span is None:
+    if needs is None:
         assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
         return
     (no,) = outcome.report.rejections
     assert (no.reason.code, no.reason.path) == ("value-range", "plan.w_int8") and not outcome.changed
-    assert no.reason.message.endswith(f"w_int8 needs values a cast to int8 holds, in (-129, 128); 1 of them are {span}")
+    assert no.reason.message.endswith(f"w_int8 needs {needs}")
     failed = adapters.apply(program, plan(adapters.capture(program), [r]))
     assert isinstance(failed, Failure) and failed.failure().code == "value-range"

@@ -15,6 +15,7 @@ from returns.result import Failure, Result, Success
 
 from fxpure import plan
 from fxpure.families import CONV
+from fxpure.pattern import Bound, Const, Op, Planner, rule
 from fxpure.plan import (
     NewConstant,
     NewNode,
@@ -30,7 +31,7 @@ from fxpure.plan import (
 from fxpure.reasons import Declined, PlanConflict, Reason
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, snapshot, verify
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Fill, Reshape, Source
+from fxpure.weights import Fill, Reshape, Source, WeightExpr
 
 ONES = Fill(shape=(2,), value=1.0, dtype="float32")
 TWOS = Fill(shape=(2,), value=2.0, dtype="float32")
@@ -925,3 +926,16 @@ def test_what_a_plan_adds_goes_whole_when_another_plan_of_the_stage_leaves_it_un
     # a new node nothing reads from the start (an assert, say) stays
     check = RewritePlan(rule="r", anchor="c", nodes=(new("m1", NodeRef("x")),), replace=(), erase=())
     assert "m1" in names(after(chain(), [check, second]))
+
+
+def _renamed_weight(p: Planner, conv: Bound, w: WeightExpr) -> RewritePlan:
+    return p.replace(conv, p.respell(conv, weight=p.const(w, "w_again")))
+
+
+def test_a_rule_of_module_level_functions_pickles() -> None:
+    # found by an outside author: no family, pattern or rule pickled (the schemas held lambdas), as
+    # the README says one does when what it holds does; the shipped rules' checks are closures
+    made = rule("r", Op(CONV, name="conv", weight=Const("w")), plan=_renamed_weight)
+    again = pickle.loads(pickle.dumps(made))
+    snap = every_rules_work()
+    assert plan(snap, [again]).plans == plan(snap, [made]).plans != ()
