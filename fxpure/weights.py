@@ -609,10 +609,10 @@ def _infer(expr: WeightExpr) -> Inferred:
             return _dequantize(expr, s)
         case Within():
             bounds = (expr.low, expr.high)
-            if not all(isinstance(b, int | float) and not isinstance(b, bool) and _a_float(b) for b in bounds):
-                return _bad(
-                    f"a range of {type(expr.low).__name__} and {type(expr.high).__name__}, no numbers a float holds"
-                )
+            if not all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds):
+                return _bad(f"a range of {type(expr.low).__name__} and {type(expr.high).__name__}, no numbers")
+            if not all(_a_float(b) for b in bounds):
+                return _bad(f"a range [{expr.low}, {expr.high}] past any float's")
             if not expr.low <= expr.high:  # (NaN bounds too: no value lies between them)
                 return _bad(f"a range [{expr.low}, {expr.high}] no value lies in")
             real = s.dtype != "bool" and not s.dtype.startswith("complex")  # (values a range orders)
@@ -741,8 +741,14 @@ def source_exprs(expr: WeightExpr) -> frozenset[Source]:
         return found
 
 
-def _as(x: WeightExpr, dtype: str) -> WeightExpr:
-    """``x`` cast to ``dtype``; ``x`` itself when it already has it (a cast to its own dtype is a copy)."""
+def as_dtype(x: WeightExpr, dtype: str) -> WeightExpr:
+    """``x`` cast to ``dtype``; ``x`` itself when it already has it (a cast to its own dtype is a copy):
+    what a fold computing in ``work_dtype`` writes for each operand and for its result.
+
+    >>> w = Source(key="w", spec=TensorSpec(shape=(2,), dtype="float16"))
+    >>> as_dtype(w, "float32") == Cast(x=w, dtype="float32"), as_dtype(w, "float16") is w
+    (True, True)
+    """
     spec = _spec_of(x)
     return x if isinstance(spec, TensorSpec) and spec.dtype == dtype else Cast(x=x, dtype=dtype)
 
@@ -759,8 +765,10 @@ def work_dtype(dtype: str) -> str:
 
 def _bn_scale(var: WeightExpr, gamma: WeightExpr | None, eps: float, work: str) -> WeightExpr:
     """``gamma / sqrt(var + eps)`` in ``work`` (no ``gamma``: 1)."""
-    scale: WeightExpr = Unary(op="rsqrt", x=Binary(op="add", a=_as(var, work), b=Fill(shape=(), value=eps, dtype=work)))
-    return scale if gamma is None else Binary(op="mul", a=_as(gamma, work), b=scale)
+    scale: WeightExpr = Unary(
+        op="rsqrt", x=Binary(op="add", a=as_dtype(var, work), b=Fill(shape=(), value=eps, dtype=work))
+    )
+    return scale if gamma is None else Binary(op="mul", a=as_dtype(gamma, work), b=scale)
 
 
 def batch_norm_affine(
@@ -781,9 +789,9 @@ def batch_norm_affine(
     """
     work = work_dtype(dtype)
     scale = _bn_scale(var, gamma, eps, work)
-    moved = Binary(op="mul", a=_as(mean, work), b=scale)
-    shift = Unary(op="neg", x=moved) if beta is None else Binary(op="sub", a=_as(beta, work), b=moved)
-    return _as(scale, dtype), _as(shift, dtype)
+    moved = Binary(op="mul", a=as_dtype(mean, work), b=scale)
+    shift = Unary(op="neg", x=moved) if beta is None else Binary(op="sub", a=as_dtype(beta, work), b=moved)
+    return as_dtype(scale, dtype), as_dtype(shift, dtype)
 
 
 def fold_batch_norm(
@@ -823,18 +831,20 @@ def fold_batch_norm(
     scale = _bn_scale(var, gamma, eps, work)
     ones = (1,) * (len(dims) - 2)
     if transposed:  # (IC, OC/g, ...): output channel g*(OC/g)+j sits at [g*(IC/g)+i, j]
-        grouped = Reshape(x=_as(weight, work), shape=(groups, dims[0] // groups, *dims[1:]))
+        grouped = Reshape(x=as_dtype(weight, work), shape=(groups, dims[0] // groups, *dims[1:]))
         per_out = Reshape(x=scale, shape=(groups, 1, dims[1], *ones))
         folded: WeightExpr = Reshape(x=Binary(op="mul", a=grouped, b=per_out), shape=dims)
     else:
-        folded = Binary(op="mul", a=_as(weight, work), b=Reshape(x=scale, shape=(oc, *(1,) * (len(dims) - 1))))
+        folded = Binary(op="mul", a=as_dtype(weight, work), b=Reshape(x=scale, shape=(oc, *(1,) * (len(dims) - 1))))
     shifted: WeightExpr = (
-        Unary(op="neg", x=_as(mean, work)) if bias is None else Binary(op="sub", a=_as(bias, work), b=_as(mean, work))
+        Unary(op="neg", x=as_dtype(mean, work))
+        if bias is None
+        else Binary(op="sub", a=as_dtype(bias, work), b=as_dtype(mean, work))
     )
     new_bias: WeightExpr = Binary(op="mul", a=shifted, b=scale)
     if beta is not None:
-        new_bias = Binary(op="add", a=new_bias, b=_as(beta, work))
-    return Success((_as(folded, w.dtype), _as(new_bias, w.dtype)))
+        new_bias = Binary(op="add", a=new_bias, b=as_dtype(beta, work))
+    return Success((as_dtype(folded, w.dtype), as_dtype(new_bias, w.dtype)))
 
 
 def inverse(expr: WeightExpr, y: WeightExpr) -> Result[WeightExpr, BadExpr]:

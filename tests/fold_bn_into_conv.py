@@ -35,12 +35,11 @@ from fxpure.snapshot import NodeRef
 from fxpure.weights import (
     FLOAT_DTYPES,
     Binary,
-    Cast,
     Reshape,
     SumOver,
     WeightExpr,
+    as_dtype,
     batch_norm_affine,
-    infer_spec,
     work_dtype,
 )
 
@@ -96,12 +95,6 @@ def _per_input_channel(conv: Bound, match: Match) -> Reason | None:
     return Declined(code=CHANNELS, node=conv.name, detail=detail, path="conv.input/bn.running_mean")
 
 
-def _in(x: WeightExpr, dtype: str) -> WeightExpr:
-    """``x`` as ``dtype`` (itself where it has it already)."""
-    spec = infer_spec(x).value_or(None)
-    return x if spec is not None and spec.dtype == dtype else Cast(x=x, dtype=dtype)
-
-
 def _fold(
     p: Planner,
     conv: Bound,
@@ -120,21 +113,21 @@ def _fold(
     ones = (1,) * (len(dims) - 2)
     if conv.bool("transposed"):  # W (C, OC/G, k...) as (G, C/G, OC/G, k...); s, t as (G, C/G, 1, 1...)
         icg, ocg = dims[0] // groups, dims[1]
-        grouped = Reshape(x=_in(w, work), shape=(groups, icg, *dims[1:]))
+        grouped = Reshape(x=as_dtype(w, work), shape=(groups, icg, *dims[1:]))
         scale, shift = (Reshape(x=v, shape=(groups, icg, 1, *ones)) for v in (s, t))
         taps = (1, *range(3, len(dims) + 1))  # (C/G, k...) of each (g, j)
     else:  # W (OC, C/G, k...) as (G, OC/G, C/G, k...): group g's outputs meet its own channels
         ocg, icg = dims[0] // groups, dims[1]
-        grouped = Reshape(x=_in(w, work), shape=(groups, ocg, *dims[1:]))
+        grouped = Reshape(x=as_dtype(w, work), shape=(groups, ocg, *dims[1:]))
         scale, shift = (Reshape(x=v, shape=(groups, 1, icg, *ones)) for v in (s, t))
         taps = tuple(range(2, len(dims) + 1))  # (C/G, k...) of each (g, o)
     weight: WeightExpr = Reshape(x=Binary(op="mul", a=grouped, b=scale), shape=dims)
     summed = SumOver(x=Binary(op="mul", a=grouped, b=shift), dims=taps, dtype=work)
     bias: WeightExpr = Reshape(x=summed, shape=(groups * ocg,))
     if b is not None:
-        bias = Binary(op="add", a=_in(b, work), b=bias)
-    new_w = p.const(_in(weight, dtype), f"{conv.name}_bnin_weight")
-    new_b = p.const(_in(bias, dtype), f"{conv.name}_bnin_bias")
+        bias = Binary(op="add", a=as_dtype(b, work), b=bias)
+    new_w = p.const(as_dtype(weight, dtype), f"{conv.name}_bnin_weight")
+    new_b = p.const(as_dtype(bias, dtype), f"{conv.name}_bnin_bias")
     return p.replace(conv, p.respell(conv, name=f"{conv.name}_bnin", input=x, weight=new_w, bias=new_b))
 
 

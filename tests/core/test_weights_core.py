@@ -351,6 +351,8 @@ FAILURES: list[tuple[WeightExpr, str]] = [
     (Unary(op="neg", x=src(2, dtype="bool")), "neg of bool (needs a numeric dtype)"),
     (Binary(op="sub", a=src(2, dtype="bool"), b=src(2, dtype="bool")), "sub of bool"),
     (Binary(op="bitwise_and", a=src(2), b=src(2)), "bitwise_and of float32 (needs an integer dtype or bool)"),
+    (Within(x=src(2), low=-(2**1100), high=0), f"a range [{-(2**1100)}, 0] past any float's"),
+    (Fill(shape=(), value=2**1100, dtype="float32"), f"fill of shape () with {2**1100!r} as float32"),
     (
         Binary(op="shift_left", a=src(2, dtype="bool"), b=src(2, dtype="bool")),
         "shift_left of bool (needs an integer dtype)",
