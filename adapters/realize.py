@@ -2017,7 +2017,8 @@ def _spec_dtype(e: WeightExpr) -> str:
 
 def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tensor]) -> dict[tuple[str, str], Reason]:
     """The plans one of whose constants holds a :class:`~fxpure.weights.Within` some value of which
-    (NaN too) lies outside its range, or casts a float outside the integer dtype it casts to, with why
+    (NaN too) lies outside its range, that casts (or sums) a float outside the integer dtype it casts
+    to, or quantizes a NaN, with why
     (``value-range``, at ``plan.<constant>``); _ApplyError where torch fails comparing the values it
     computed (nothing was touched). ``memo``: the one the constants were computed with (every such
     expression a live constant holds is in it: where none is, the plans' expressions are not walked,

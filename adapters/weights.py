@@ -70,7 +70,10 @@ def _quantize(e: Quantize, ev: Eval) -> torch.Tensor:
 def _clamped(q: torch.Tensor, low: int, high: int) -> torch.Tensor:
     """``q`` clamped to ``[low, high]`` exactly, as int64: clamped in float32, int32's top (2**31 - 1)
     is 2**31, and that value cast to int32 is undefined (3e9 came out -2**31); in float64 only
-    int64's top rounds up, and a value at or past it is the top itself."""
+    int64's top rounds up, and a value at or past it is the top itself. (Bounds float32 holds, as
+    int8's and int16's, are clamped in float32: no copy of a large weight in float64.)"""
+    if max(abs(low), abs(high)) <= 2**24:
+        return torch.clamp(q, low, high)
     wide = q.to(torch.float64).clamp(float(low), float(high))
     whole = wide.to(torch.int64)  # (where wide is 2**63, replaced below)
     return torch.where(wide >= float(high), high, torch.where(wide <= float(low), low, whole))
