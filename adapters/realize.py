@@ -44,7 +44,7 @@ from adapters.snap import (
     unreachable,
 )
 from adapters.torchnames import OP_LIBRARIES, SOURCE_FNS, dtype_name, dtype_of, resolve_target, target_name
-from adapters.weights import in_float64, materialize, plain_torch
+from adapters.weights import in_float64, materialize, plain_torch, quantized_values
 from fxpure.layout import CODE as LAYOUT_READER
 from fxpure.layout import passes_strides
 from fxpure.plan import (
@@ -1969,20 +1969,42 @@ def _unsound(
 _NONE = torch.empty(0, dtype=torch.float64)
 
 
-def _needs(e: object) -> tuple[WeightExpr, float, float, bool, str] | None:
+def _bounds(e: object) -> tuple[WeightExpr, float, float, bool, str] | None:
     """What values an expression needs of its operand: bounds, whether they bound the values'
     integer parts (``[low, high)``), and how a message says it. A ``Within``'s range; for a float
     cast to an integer dtype (or summed as one, which casts first) the values that dtype holds once
     truncated (torch leaves any other value undefined: 300.0 as int8 is whatever the CPU makes of
-    it); for a quantization no NaN (which it would so cast). Each bound is exact in float64."""
+    it). Each bound is exact in float64. (A quantization is checked apart: :func:`_violation`.)"""
     if isinstance(e, Within):
         return e.x, e.low, e.high, False, f"values in [{e.low:g}, {e.high:g}]"
     if isinstance(e, Cast | SumOver) and e.dtype in INT_RANGES and _spec_dtype(e.x) in FLOAT_DTYPES:
         lo, hi = INT_RANGES[e.dtype]
         return e.x, lo, hi + 1, True, f"values a cast to {e.dtype} holds, [{lo}, {hi}] once truncated"
-    if isinstance(e, Quantize):  # NaN clamps to NaN, then to whatever the integer cast makes of it
-        return e.x, -math.inf, math.inf, False, "numbers to quantize, no NaN"
     return None
+
+
+def _violation(e: object, value: Callable[[WeightExpr], torch.Tensor]) -> str | None:
+    """What ``e`` needs of the values it is computed from and they do not give, as a message says
+    it, or None; ``value``: the values computed. A quantization needs numbers where it casts:
+    ``round(x * (1 / scale)) + zero_point`` NaN (a NaN of ``x``, or ``0 * (1 / 0)`` of a zero
+    scale) clamps to NaN, then to whatever torch's cast makes of it."""
+    if isinstance(e, Quantize):
+        nan = int(quantized_values(e, value).isnan().sum())
+        return f"numbers to quantize, no NaN; {nan} of them are NaN" if nan else None
+    need = _bounds(e)
+    if need is None:
+        return None
+    x, low, high, truncated, what = need
+    # compared in float64, a million values at a time: torch would cast a bound to an integer
+    # value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
+    flat, step = value(x).reshape(-1), 1 << 20
+    wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
+    bad = torch.cat([v[_beyond(v, float(low), float(high), truncated)] for v in wide] or [_NONE])
+    if not bad.numel():
+        return None
+    ends = (bad.min().item() + 0.0, bad.max().item() + 0.0)  # (-0.0 is 0 in a message)
+    span = f"{ends[0]:g} to {ends[1]:g}" if not bad.isnan().any() else "NaN"
+    return f"{what}; {bad.numel()} of them are {span}"
 
 
 def _beyond(v: torch.Tensor, low: float, high: float, truncated: bool) -> torch.Tensor:
@@ -2024,30 +2046,25 @@ def _outside(cap: Captured, report: RewriteReport, memo: dict[object, torch.Tens
     expression a live constant holds is in it: where none is, the plans' expressions are not walked,
     15-20 ms of a transform at 4,002 nodes)."""
     out: dict[tuple[str, str], Reason] = {}
-    if not any(_needs(e) for e in memo):
+    if not any(isinstance(e, Quantize) or _bounds(e) for e in memo):
         return out
+
+    def value(e: WeightExpr) -> torch.Tensor:  # (the memo's own tensor: no copy)
+        if isinstance(e, Source):
+            return cap.tensors[e.key]
+        return memo[e] if e in memo else materialize(e, cap.tensors, memo)
+
     try:
         for p in report.plans:
             for c in p.constants:
                 for e in _inner_first(c.expr):  # (the first failure met computing it)
-                    need = _needs(e)
-                    if need is None:
-                        continue
-                    x, low, high, truncated, what = need
-                    # compared in float64, a million values at a time: torch would cast a bound to an
-                    # integer value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
-                    flat, step = materialize(x, cap.tensors, memo).reshape(-1), 1 << 20
-                    wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
-                    bad = torch.cat([v[_beyond(v, float(low), float(high), truncated)] for v in wide] or [_NONE])
-                    if not bad.numel():
-                        continue
-                    ends = (bad.min().item() + 0.0, bad.max().item() + 0.0)  # (-0.0 is 0 in a message)
-                    span = f"{ends[0]:g} to {ends[1]:g}" if not bad.isnan().any() else "NaN"
-                    detail = f"{c.name} needs {what}; {bad.numel()} of them are {span}"
-                    out[(p.rule, p.anchor)] = Declined(
-                        code="value-range", node=p.anchor, path=f"plan.{c.name}", detail=detail
-                    )
-                    break
+                    found = _violation(e, value)
+                    if found is not None:
+                        detail = f"{c.name} needs {found}"
+                        out[(p.rule, p.anchor)] = Declined(
+                            code="value-range", node=p.anchor, path=f"plan.{c.name}", detail=detail
+                        )
+                        break
                 if (p.rule, p.anchor) in out:
                     break
     except Exception as e:

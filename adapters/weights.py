@@ -59,24 +59,31 @@ def _along(t: torch.Tensor, axis: int | None, rank: int) -> torch.Tensor:
     return t.reshape(shape)
 
 
-def _quantize(e: Quantize, ev: Eval) -> torch.Tensor:
+def quantized_values(e: Quantize, ev: Eval) -> torch.Tensor:
+    """``round(x * (1 / scale)) + zero_point`` in float32: what a quantization clamps and casts (a
+    NaN here, of ``x`` or of ``0 * (1 / 0)``, has no integer: the adapter declines it)."""
     x = ev(e.x).to(torch.float32)
     scale = _along(ev(e.scale).to(torch.float32), e.axis, x.dim())
     zero = _along(ev(e.zero_point).to(torch.float32), e.axis, x.dim())
     # x * (1 / scale), as torch's quantize_per_tensor / _per_channel round it (x / scale can round a tie the other way)
-    return _clamped(torch.round(x * (1.0 / scale)) + zero, e.quant_min, e.quant_max).to(dtype_of(e.dtype))
+    return torch.round(x * (1.0 / scale)) + zero
+
+
+def _quantize(e: Quantize, ev: Eval) -> torch.Tensor:
+    return _clamped(quantized_values(e, ev), e.quant_min, e.quant_max).to(dtype_of(e.dtype))
 
 
 def _clamped(q: torch.Tensor, low: int, high: int) -> torch.Tensor:
-    """``q`` clamped to ``[low, high]`` exactly, as int64: clamped in float32, int32's top (2**31 - 1)
-    is 2**31, and that value cast to int32 is undefined (3e9 came out -2**31); in float64 only
-    int64's top rounds up, and a value at or past it is the top itself. (Bounds float32 holds, as
-    int8's and int16's, are clamped in float32: no copy of a large weight in float64.)"""
+    """``q`` (whole numbers, or infinite) clamped to ``[low, high]`` exactly. In float32, int32's top
+    (2**31 - 1) is 2**31, and that value cast to int32 is undefined (3e9 came out -2**31): past
+    float32's whole numbers, ``q`` is clamped as int64, and what lies past int64 is the bound itself.
+    (Bounds float32 holds, as int8's and int16's, are clamped in float32: no copy of a large weight.)"""
     if max(abs(low), abs(high)) <= 2**24:
         return torch.clamp(q, low, high)
-    wide = q.to(torch.float64).clamp(float(low), float(high))
-    whole = wide.to(torch.int64)  # (where wide is 2**63, replaced below)
-    return torch.where(wide >= float(high), high, torch.where(wide <= float(low), low, whole))
+    wide = q.to(torch.float64)
+    big, small = wide >= 2.0**63, wide < -(2.0**63)
+    whole = torch.where(big | small, 0.0, wide).to(torch.int64).clamp(low, high)
+    return torch.where(big, high, torch.where(small, low, whole))
 
 
 def _dequantize(e: Dequantize, ev: Eval) -> torch.Tensor:
@@ -92,8 +99,8 @@ def _fill(e: Fill) -> torch.Tensor:
     if not dtype.is_floating_point:
         return torch.full(e.shape, e.value, dtype=dtype)
     # a number beyond the dtype's range is inf, as torch makes a Python number an operand of that
-    # dtype (``x * 1e300`` of float32); ``full`` refuses it
-    return torch.full(e.shape, e.value, dtype=torch.float64).to(dtype)
+    # dtype (``x * 1e300`` of float32); ``full`` refuses it, and an int past int64 (2**64)
+    return torch.full(e.shape, float(e.value), dtype=torch.float64).to(dtype)
 
 
 _BINARY: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

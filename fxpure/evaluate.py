@@ -466,16 +466,16 @@ def _floats(t: _T, dtype: str) -> list[float]:
 
 
 def _quantize(e: Quantize, x: _T, scale: _T, zero: _T) -> _T:
-    _in_range(x, -math.inf, math.inf, False, "numbers to quantize, no NaN")  # (torch casts a NaN as it likes)
     # x * (1 / scale) in float32, rounded half to even, plus the zero point, clamped: as the adapter's torch
     inv = [_rounded(_div(1.0, s), "float32") for s in _floats(scale, "float32")]
     z = _floats(zero, "float32")
-    out: list[Number] = []
+    pre: list[float] = []
     for v, c in zip(_floats(x, "float32"), _channel(x, e.axis), strict=True):
         t = _rounded(v * inv[c], "float32")
-        q = _rounded((float(round(t)) if math.isfinite(t) else t) + z[c], "float32")
-        out.append(_to(q if q != q else min(max(q, e.quant_min), e.quant_max), e.dtype))
-    return _T(x.shape, out, e.dtype)
+        pre.append(_rounded((float(round(t)) if math.isfinite(t) else t) + z[c], "float32"))
+    # NaN (of x, or of 0 * (1 / 0)) clamps to NaN, then to whatever torch's cast makes of it
+    _in_range(_T(x.shape, list(pre), "float32"), -math.inf, math.inf, False, "numbers to quantize, no NaN")
+    return _T(x.shape, [_to(min(max(q, e.quant_min), e.quant_max), e.dtype) for q in pre], e.dtype)
 
 
 def _dequantize(e: Dequantize, x: _T, scale: _T, zero: _T) -> _T:

@@ -203,8 +203,14 @@ def _violated(e: WeightExpr, values: dict[str, Any]) -> bool:
     if isinstance(e, Within):
         x = _torch(e.x, values).to(torch.float64)
         return not bool(((x >= e.low) & (x <= e.high)).all())
-    if isinstance(e, Quantize):
-        return bool(_torch(e.x, values).isnan().any())
+    if isinstance(e, Quantize):  # what it casts, by its definition: round(x * (1 / scale)) + zero_point
+        scale, zero = (_torch(v, values).to(torch.float32) for v in (e.scale, e.zero_point))
+        assert e.axis is None or scale.dim() == 1  # (per channel: along e.axis)
+        shape = [1] * len(infer_spec(e.x).unwrap().shape)
+        if e.axis is not None:
+            shape[e.axis] = -1
+        x = _torch(e.x, values).to(torch.float32)
+        return bool((torch.round(x * (1.0 / scale.reshape(shape))) + zero.reshape(shape)).isnan().any())
     if isinstance(e, Cast | SumOver) and e.dtype in INTS and infer_spec(e.x).unwrap().dtype in FLOATS:
         x, (lo, hi) = _torch(e.x, values).to(torch.float64), INT_RANGES[e.dtype]
         return not bool(((x > float(lo - 1)) & (x < float(hi + 1))).all())
@@ -306,6 +312,11 @@ def _q(x: WeightExpr, scale: WeightExpr) -> Quantize:
         Quantize(x=EDGE, scale=ONE, zero_point=ZERO, axis=None, quant_min=-(2**31), quant_max=2**31 - 1, dtype="int32"),
         Quantize(x=EDGE, scale=ONE, zero_point=ZERO, axis=None, quant_min=-(2**63), quant_max=2**63 - 1, dtype="int64"),
         MatMul(a=Fill(shape=(1, 2), value=1e30, dtype="float32"), b=Concat(xs=(ONE_E30, MINUS_E30), dim=0)),
+        # int64 bounds float64 does not hold: clamped exactly all the same
+        Quantize(x=EDGE, scale=ONE, zero_point=ZERO, axis=None, quant_min=0, quant_max=2**62 + 1, dtype="int64"),
+        Quantize(x=EDGE, scale=ONE, zero_point=ZERO, axis=None, quant_min=-(2**63), quant_max=1 - 2**63, dtype="int64"),
+        Fill(shape=(2,), value=2**64, dtype="float32"),  # (an int past int64: torch.full refused it)
+        _q(F32, Fill(shape=(), value=0.0, dtype="float32")),  # 0 * (1 / 0): NaN before the cast, declined
     ],
     ids=lambda e: type(e).__name__,
 )

@@ -638,7 +638,8 @@ def _to_int8(how: str, w: WeightExpr) -> WeightExpr:
         return Cast(x=Within(x=Cast(x=five, dtype="int8"), low=-8, high=7), dtype="float32")
     if how == "sum":
         return Cast(x=SumOver(x=Unsqueeze(x=scaled, dim=0), dims=(0,), dtype="int8"), dtype="float32")
-    scale, zero = Fill(shape=(), value=0.01, dtype="float32"), Fill(shape=(), value=0, dtype="int32")
+    scale = Fill(shape=(), value=0.0 if how == "zero-scale" else 0.01, dtype="float32")
+    zero = Fill(shape=(), value=0, dtype="int32")
     q = Quantize(x=w, scale=scale, zero_point=zero, axis=None, quant_min=-128, quant_max=127, dtype="int8")
     return Dequantize(x=q, scale=scale, zero_point=zero, axis=None)
 
@@ -663,6 +664,8 @@ CAST = "values a cast to int8 holds, [-128, 127] once truncated"
         ("packed", 3.0, "values in [-8, 7]; 1 of them are 15 to 15"),
         ("packed", 30.0, f"{CAST}; 1 of them are 150 to 150"),
         ("quantize", float("nan"), "numbers to quantize, no NaN; 1 of them are NaN"),
+        ("zero-scale", 0.5, None),  # (w / 0: infinities, clamped)
+        ("zero-scale", 0.0, "numbers to quantize, no NaN; 1 of them are NaN"),  # (0 / 0)
     ],
 )
 def test_a_float_made_an_integer_it_does_not_fit_is_declined_value_range(
