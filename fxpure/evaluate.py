@@ -27,10 +27,10 @@ the name of the node holding each (``Source.key``), not by a state dict's keys.
 A failure is a value: ``bad-weight-expr`` for an ill-typed expression, or a value missing or not
 of its ``Source``'s spec; ``value-range`` where a ``Within``'s operand holds a value outside its
 range, a float is cast to an integer dtype that does not hold it once truncated (torch leaves 300.0
-or NaN as int8 undefined), or NaN is quantized, as the adapter declines the plan. What else the
-adapter checks of the values it computes is not checked here: a new constant that is not finite,
-or flushed below float32's smallest normal, is a success here and declined there
-(``non-finite-weight``, ``weight-underflow``).
+or NaN as int8 undefined), or a quantization meets NaN where it casts (``0 / 0``), as the adapter
+declines the plan. What else the adapter checks of the values it computes is not checked here: a
+new constant that is not finite, or flushed below float32's smallest normal, is a success here and
+declined there (``non-finite-weight``, ``weight-underflow``).
 """
 
 from __future__ import annotations

@@ -256,8 +256,9 @@ class MatMul(_Expr):
 class Quantize(_Expr):
     """``clamp(round(x * (1 / scale)) + zero_point, quant_min, quant_max)`` as ``dtype`` (torch's
     ``quantize_per_channel`` and ``quantize_per_tensor.tensor``; the clamp exact, also at the ends
-    of int32's range; a NaN of ``x``: the adapter declines ``value-range``), in a range ``dtype`` holds; ``axis=None``:
-    one scale and zero point (shape ``()`` or ``(1,)``), else one per index of dim ``axis``."""
+    of int32's range; a NaN before the cast, of ``x`` or of ``0 / 0``: the adapter declines
+    ``value-range``), in a range ``dtype`` holds; ``axis=None``: one scale and zero point (shape
+    ``()`` or ``(1,)``), else one per index of dim ``axis``."""
 
     x: WeightExpr
     scale: WeightExpr
