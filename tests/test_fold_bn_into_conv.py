@@ -17,20 +17,8 @@ from torch.export import ExportedProgram
 import adapters
 from adapters.passes import RulesPass
 from tests.fold_bn_into_conv import fold_bn_into_conv
+from tests.models import randomize_bn
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte
-
-
-def _stats(bn: nn.modules.batchnorm._BatchNorm, seed: int) -> nn.modules.batchnorm._BatchNorm:
-    g = torch.Generator().manual_seed(seed)
-    c = bn.num_features
-    assert bn.running_mean is not None and bn.running_var is not None  # (tracked)
-    with torch.no_grad():
-        bn.running_mean.copy_(torch.rand(c, generator=g) * 2 - 1)
-        bn.running_var.copy_(torch.rand(c, generator=g) + 0.5)
-        if bn.affine:
-            bn.weight.copy_(torch.rand(c, generator=g) + 0.5)
-            bn.bias.copy_(torch.rand(c, generator=g) * 2 - 1)
-    return bn
 
 
 class BnConv(nn.Module):
@@ -46,7 +34,7 @@ class BnConv(nn.Module):
         )
         conv_cls = convs[rank - 1]
         affine = bool(conv.pop("affine", True))
-        self.bn = _stats(bn_cls(cin, affine=affine), seed=rank)
+        self.bn = randomize_bn(bn_cls(cin, affine=affine), seed=rank)
         kernel = conv.pop("kernel_size", 3)
         self.conv = conv_cls(cin, oc, kernel, **conv)  # type: ignore[arg-type]
 
@@ -118,11 +106,11 @@ class Declined(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bn_pad, self.pad = _stats(nn.BatchNorm2d(4), 1), nn.Conv2d(4, 4, 3, padding=1)
-        self.bn_t, self.t = _stats(nn.BatchNorm2d(4), 2), nn.ConvTranspose2d(4, 4, 3, padding=1)
-        self.bn_s, self.s = _stats(nn.BatchNorm2d(4), 6), nn.ConvTranspose2d(4, 4, 2, stride=2)
-        self.bn_two, self.two = _stats(nn.BatchNorm2d(4), 3), nn.Conv2d(4, 4, 1)
-        self.bn_same, self.same = _stats(nn.BatchNorm2d(4), 4), nn.Conv2d(4, 4, 3, padding="same")
+        self.bn_pad, self.pad = randomize_bn(nn.BatchNorm2d(4), 1), nn.Conv2d(4, 4, 3, padding=1)
+        self.bn_t, self.t = randomize_bn(nn.BatchNorm2d(4), 2), nn.ConvTranspose2d(4, 4, 3, padding=1)
+        self.bn_s, self.s = randomize_bn(nn.BatchNorm2d(4), 6), nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.bn_two, self.two = randomize_bn(nn.BatchNorm2d(4), 3), nn.Conv2d(4, 4, 1)
+        self.bn_same, self.same = randomize_bn(nn.BatchNorm2d(4), 4), nn.Conv2d(4, 4, 3, padding="same")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y = self.bn_two(x)
@@ -155,7 +143,7 @@ class SharedWeight(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bn = _stats(nn.BatchNorm2d(4), 5)
+        self.bn = randomize_bn(nn.BatchNorm2d(4), 5)
         self.a, self.b = nn.Conv2d(4, 6, 3), nn.Conv2d(4, 6, 3)
         self.b.weight = self.a.weight
 
