@@ -144,14 +144,17 @@ def _int_float(value: int, dtype: str) -> float:
     """An integer as the float ``dtype`` holds it, rounded once (to float32 first, as torch makes
     float16 and bfloat16 of it): past 2**53, ``float()`` would round it a first time to float64."""
     if dtype == "float64" or abs(value) < 2**53:
-        return _rounded(float(value), dtype)
+        try:
+            return _rounded(float(value), dtype)
+        except OverflowError:  # (past float64's range)
+            return math.inf if value > 0 else -math.inf
     n = abs(value).bit_length() - 24  # float32 keeps 24 significant bits: to nearest, ties to even
     q, r = divmod(abs(value), 1 << n)
     q += r > 1 << (n - 1) or (r == 1 << (n - 1) and q & 1)
     try:
-        return _rounded(math.copysign(float(q << n), value), dtype)
+        return _rounded(float(q << n) if value > 0 else -float(q << n), dtype)
     except OverflowError:
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
 
 
 def _wrapped(value: int, dtype: str) -> int:
@@ -218,9 +221,10 @@ def _given(x: object, dtype: str, key: str) -> Number:
     if not isinstance(x, bool | int | float):
         raise _bad(f"the value of {key} holds {x!r}, no number")
     if dtype in FLOAT_DTYPES:
-        if type(x) is int and abs(x) >= 2**1024:
+        v = _to(x, dtype)
+        if type(x) is int and math.isinf(v):  # (torch refuses such an int for a float tensor)
             raise _bad(f"the value of {key} holds {x!r}, which {dtype} does not hold")
-        return _to(x, dtype)
+        return v
     whole = isinstance(x, bool | int) or x.is_integer()
     if dtype == "bool" and x in (0, 1) and whole:
         return bool(x)

@@ -353,6 +353,8 @@ def test_values_that_do_not_fit_their_source_are_a_failure(values: dict[str, Any
     assert evaluate(Unary(op="neg", x=I8), values).failure().message.startswith(message)
     huge = evaluate(Unary(op="neg", x=F32), {"f": [2**1100] * 8}).failure().message
     assert huge == f"the value of f holds {2**1100!r}, which float32 does not hold"
+    edge = evaluate(Unary(op="neg", x=F64), {"d": [2**1024 - 1, 0, 0, 0]}).failure().message  # (float() raised)
+    assert edge == f"the value of d holds {2**1024 - 1!r}, which float64 does not hold"
 
 
 def test_a_cast_torch_leaves_undefined_is_declined_as_the_adapter_declines_it() -> None:
