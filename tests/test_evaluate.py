@@ -212,8 +212,9 @@ def _violated(e: WeightExpr, values: dict[str, Any]) -> bool:
         x = _torch(e.x, values).to(torch.float32)
         return bool((torch.round(x * (1.0 / scale.reshape(shape))) + zero.reshape(shape)).isnan().any())
     if isinstance(e, Cast | SumOver) and e.dtype in INTS and infer_spec(e.x).unwrap().dtype in FLOATS:
-        x, (lo, hi) = _torch(e.x, values).to(torch.float64), INT_RANGES[e.dtype]
-        return not bool(((x > float(lo - 1)) & (x < float(hi + 1))).all())
+        # its integer part in [lo, hi]: each of lo and hi + 1 a float64 exactly (lo - 1 is not for int64)
+        whole, (lo, hi) = torch.trunc(_torch(e.x, values).to(torch.float64)), INT_RANGES[e.dtype]
+        return not bool(((whole >= float(lo)) & (whole < float(hi + 1))).all())
     return False
 
 
