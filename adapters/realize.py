@@ -1995,11 +1995,14 @@ def _violation(e: object, value: Callable[[WeightExpr], torch.Tensor]) -> str | 
     if need is None:
         return None
     x, low, high, truncated, what = need
-    # compared in float64, a million values at a time: torch would cast a bound to an integer
-    # value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
     flat, step = value(x).reshape(-1), 1 << 20
-    wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
-    bad = torch.cat([v[_beyond(v, float(low), float(high), truncated)] for v in wide] or [_NONE])
+    if flat.dtype == torch.int64 and not truncated:  # (float64 rounds one past 2**53: 2**53 + 1 <= 2**53)
+        bad = flat[_beyond_int64(flat, low, high)].to(torch.float64)
+    else:
+        # compared in float64, a million values at a time: torch would cast a bound to an integer
+        # value's dtype (-1 to 255 for uint8), and compares no uint16 or float8
+        wide = (flat[i : i + step].to(torch.float64) for i in range(0, flat.numel(), step))
+        bad = torch.cat([v[_beyond(v, float(low), float(high), truncated)] for v in wide] or [_NONE])
     if not bad.numel():
         return None
     ends = (bad.min().item() + 0.0, bad.max().item() + 0.0)  # (-0.0 is 0 in a message)
@@ -2014,6 +2017,20 @@ def _beyond(v: torch.Tensor, low: float, high: float, truncated: bool) -> torch.
         t = torch.trunc(v)
         return ~((t >= low) & (t < high))
     return ~((v >= low) & (v <= high))
+
+
+def _beyond_int64(v: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Where the int64 ``v`` lies outside ``[low, high]``, compared exactly: an integer is at least
+    ``low`` where it is at least its ceiling (bounds past int64's range, or NaN, as such)."""
+    if math.isnan(low) or math.isnan(high):
+        return torch.ones_like(v, dtype=torch.bool)
+    lo, hi = math.ceil(max(low, -(2.0**64))), math.floor(min(high, 2.0**64))
+    if lo > _INT64_MAX or hi < -_INT64_MAX - 1:
+        return torch.ones_like(v, dtype=torch.bool)
+    return (v < max(lo, -_INT64_MAX - 1)) | (v > min(hi, _INT64_MAX))
+
+
+_INT64_MAX = 2**63 - 1
 
 
 def _inner_first(expr: WeightExpr) -> list[WeightExpr]:

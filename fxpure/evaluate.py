@@ -497,6 +497,8 @@ def _in_range(x: _T, low: float, high: float, truncated: bool, what: str) -> Non
     NaN never; else the adapter's ``value-range``, told as it tells it."""
     if truncated:
         bad = [float(v) for v in x.data if not (math.isfinite(v) and low <= math.trunc(v) < high)]
+    elif x.dtype == "int64":  # compared exactly (float64 rounds one past 2**53), as the adapter does
+        bad = [float(v) for v in x.data if not low <= v <= high]
     else:
         bad = [float(v) for v in x.data if not float(low) <= float(v) <= float(high)]
     if bad:

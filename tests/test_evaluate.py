@@ -201,7 +201,10 @@ def _violated(e: WeightExpr, values: dict[str, Any]) -> bool:
     """``e`` is a ``Within``, a cast (or sum) of floats to an integer dtype, or a quantization, some
     value of whose operand (computed by torch) lies outside what it allows (NaN, for the last)."""
     if isinstance(e, Within):
-        x = _torch(e.x, values).to(torch.float64)
+        x = _torch(e.x, values)
+        if x.dtype == torch.int64:  # Python compares an int and a bound exactly
+            return not all(e.low <= v <= e.high for v in x.reshape(-1).tolist())
+        x = x.to(torch.float64)
         return not bool(((x >= e.low) & (x <= e.high)).all())
     if isinstance(e, Quantize):  # what it casts, by its definition: round(x * (1 / scale)) + zero_point
         scale, zero = (_torch(v, values).to(torch.float32) for v in (e.scale, e.zero_point))

@@ -24,8 +24,9 @@ from fxpure.linear import linear_of, linear_root
 from fxpure.pattern import ANY, Bound, Const, Match, OneOf, Op, Planner, Scalar, Var, need, rule
 from fxpure.plan import RewritePlan, Rule, plan
 from fxpure.reasons import Declined, Reason
-from fxpure.snapshot import NodeRef
-from fxpure.weights import Binary, Cast, Dequantize, Fill, Quantize, SumOver, Unsqueeze, WeightExpr, Within
+from fxpure.snapshot import NodeRef, TensorSpec
+from fxpure.testing import evaluate
+from fxpure.weights import Binary, Cast, Dequantize, Fill, Quantize, Source, SumOver, Unsqueeze, WeightExpr, Within
 from tests.models import ScaledConv
 from tests.programs import FORMS, assert_close, assert_sound, build, count, run, run_pte, validate
 from tests.quantized import pt2e_module
@@ -621,6 +622,31 @@ def test_a_within_compares_values_as_numbers_whatever_their_dtype() -> None:
     outcome = adapters.transform(program, [r]).unwrap()
     assert len(outcome.report.plans) == 1 and outcome.report.rejections == ()
     assert_close(run(program, x), before)  # (0..5 survive the cast to uint8)
+
+
+@pytest.mark.parametrize(
+    ("values", "low", "high", "declined"),
+    [
+        ([0, 5, 2**62], -10, 2**62, False),
+        ([0, 5, 2**62 + 1], -10, 2**62, True),
+        ([-(2**63), 0, 5], -(2**63), 9, False),
+        ([-(2**63), 0, 5], -(2**63) + 1, 9, True),
+    ],
+)
+def test_a_within_compares_int64_values_exactly(values: list[int], low: int, high: int, declined: bool) -> None:
+    """Past 2**53, float64 rounds an int64: ``2**62 + 1`` compared as a float64 lay in ``[-10, 2**62]``,
+    and the plan was applied (a wrapped nibble, say, written silently). ``evaluate`` agrees."""
+
+    def checked(p: Planner, add: Bound, w: WeightExpr) -> RewritePlan:
+        return p.replace(add, p.respell(add, other=p.const(Within(x=w, low=low, high=high), "w_checked")))
+
+    r = rule("checked-add", Op(ADD, name="add", self=Var("x"), other=Const("w")), plan=checked, codes=("value-range",))
+    program = build(_AddWeight(torch.tensor(values, dtype=torch.int64)), (torch.randn(2, 3),), "aten")
+    outcome = adapters.transform(program, [r]).unwrap()
+    assert [rej.reason.code for rej in outcome.report.rejections] == (["value-range"] if declined else [])
+    assert len(outcome.report.plans) == (0 if declined else 1)
+    w = Source(key="w", spec=TensorSpec(shape=(3,), dtype="int64"))
+    assert isinstance(evaluate(Within(x=w, low=low, high=high), {"w": values}), Failure) is declined
 
 
 def _to_int8(how: str, w: WeightExpr) -> WeightExpr:
