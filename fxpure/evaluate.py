@@ -39,7 +39,7 @@ import itertools
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
+from typing import TypeAlias, get_args
 
 from returns.result import Failure, Result, Success
 
@@ -96,10 +96,18 @@ class _T:
         self.shape, self.data, self.dtype = shape, data, dtype
 
 
+_EXPRS = get_args(WeightExpr)
+
+
 def evaluate(expr: WeightExpr, values: Mapping[str, object]) -> Result[Nested, Reason]:
     """The value of ``expr``, each ``Source`` read from ``values`` by its key (nested lists or a
     number, or anything with ``tolist()``; a float source's numbers are rounded to its dtype, an
-    integer or bool one's must be whole numbers it holds)."""
+    integer or bool one's must be whole numbers it holds). TypeError for an ``expr`` that is no
+    expression or ``values`` that are no mapping (a bug in the caller, as for ``rewrite``)."""
+    if not isinstance(expr, _EXPRS):
+        raise TypeError(f"evaluate takes a WeightExpr, not {expr!r}")
+    if not isinstance(values, Mapping):
+        raise TypeError(f"evaluate takes the values by source key (a mapping), not {type(values).__name__}")
     spec = infer_spec(expr)
     if not isinstance(spec, Success):
         return Failure(spec.failure())

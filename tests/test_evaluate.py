@@ -394,3 +394,11 @@ def test_two_int4_values_a_byte_in_twos_complement() -> None:
     values = {"w": [[-8, 7, -1, 0], [3, -4, 5, -6]]}
     assert evaluate(packed, values).unwrap() == [[0x78, 0x0F], [-0x3D, -0x5B]]  # 0x78; 0x0F; 0xC3; 0xA5 as int8
     _check(packed, values)
+
+
+@pytest.mark.parametrize(("expr", "values"), [("w", {"w": [1.0]}), (None, {}), (F32, [0.5] * 8), (F32, None)])
+def test_an_argument_of_another_type_is_a_type_error(expr: Any, values: Any) -> None:
+    """A caller's bug (a name for an expression, a list for the values) raises TypeError naming it,
+    as ``rewrite`` does for a plan of another type, not an AttributeError from inside."""
+    with pytest.raises(TypeError, match="evaluate takes"):
+        evaluate(expr, values)
