@@ -930,6 +930,18 @@ def _own_parts(report: RewriteReport) -> list[tuple[frozenset[WeightExpr], froze
     return out
 
 
+def _computed_ahead(report: RewriteReport) -> frozenset[WeightExpr]:
+    """The new constants a plan made that are values the program computes itself, at a node the
+    plan removes (constant folding: a causal mask's ``-inf`` computed from a buffer in ``forward``,
+    or ``(var - var).rsqrt()``): the program read that value where it now reads the constant."""
+    out: set[WeightExpr] = set()
+    for snap, plans in planned_on(report):
+        for p in plans:
+            made = {c.expr for c in p.constants}
+            out.update(e for name in (*p.erase, *p.prune) if (e := constant_expr(snap, name)) in made)
+    return frozenset(out)
+
+
 # elements of float32 values :func:`_low` stacks at most (16 MB): a model repeats its blocks, and
 # one look at many is cheaper than one at each, but not at the cost of a copy of every weight at once
 _STACKED = 1 << 22
@@ -1961,6 +1973,9 @@ def _unsound(
     touched)."""
     try:
         bad = _non_finite(new, report.after, cap.tensors)
+        if bad:  # (what the program computes itself, computed ahead, is no inf a fold brings in)
+            ahead = _computed_ahead(report)
+            bad = [k for k in bad if report.after.constants[k].source not in ahead]
         return bad, ({} if bad else _underflows(new, report, cap.tensors, memo))
     except Exception as e:
         raise _ApplyError("apply-failed", f"checking the new constants failed: {type(e).__name__}: {e}") from e
