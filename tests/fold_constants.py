@@ -47,8 +47,9 @@ class FoldConstants:
 
     def anchors(self, snap: GraphSnapshot) -> Iterator[NodeSnapshot]:
         """The last node of each constant computation: one some node that is not itself folded reads."""
-        for node in snap.nodes:
-            if _folds(snap, node) and not all(_folds(snap, u) for u in snap.users_of(node.name)):
+        folds = {n.name for n in snap.nodes if _folds(snap, n)}
+        for node in snap.nodes:  # (in graph order: the report's order is the program's)
+            if node.name in folds and not all(u in folds for u in snap.users[node.name]):
                 yield node
 
     def plan_at(self, snap: GraphSnapshot, node: NodeSnapshot) -> Result[RewritePlan, Reason]:
