@@ -382,7 +382,10 @@ def derive(
     >>> users, index, targets, bad.message
     ({'y': (), 'x': ('y',)}, {'y': 0}, {'t': ('y',)}, "y: reads 'x' before it is defined")
     """
-    users: dict[str, list[str]] = {}
+    # readers are kept as tuples, made anew at each read (cheaper than a list per node turned into a
+    # tuple at the end: most nodes have one or two readers); past a few, in a list (``many``)
+    users: dict[str, tuple[str, ...]] = {}
+    many: dict[str, list[str]] = {}
     index: dict[str, int] = {}
     targets: dict[str, list[str]] = {}
     bad: InvalidSnapshot | None = None
@@ -397,21 +400,34 @@ def derive(
         if bad is None and name in index:
             bad = InvalidSnapshot(node=name, detail="duplicate node name")
         if name not in users:
-            users[name] = []
+            users[name] = ()
         reads = n._reads
         for r in dict.fromkeys(reads) if len(reads) > 1 else reads:
             # a node defined earlier has its entry, and so has one read earlier before it is defined,
             # which that read reported: only a name never seen, or the node itself, is read too soon
             readers = users.get(r)
             if readers is None:
-                readers = users[r] = []
+                readers = ()
                 if bad is None:
                     bad = InvalidSnapshot(node=name, detail=f"reads {r!r} before it is defined")
             elif bad is None and r == name:
                 bad = InvalidSnapshot(node=name, detail=f"reads {r!r} before it is defined")
-            readers.append(name)
+            if len(readers) < _FEW_READERS:
+                users[r] = (*readers, name)
+            else:
+                listed = many.get(r)
+                if listed is None:
+                    many[r] = [*readers, name]
+                else:
+                    listed.append(name)
         index[name] = i
-    return {k: tuple(v) for k, v in users.items()}, index, {k: tuple(v) for k, v in targets.items()}, bad
+    for r, listed in many.items():
+        users[r] = tuple(listed)
+    return users, index, {k: tuple(v) for k, v in targets.items()}, bad
+
+
+_FEW_READERS = 16
+"""How many readers ``derive`` holds in a tuple (copied at each new one) before it lists them."""
 
 
 def verify(snap: GraphSnapshot) -> Result[GraphSnapshot, InvalidSnapshot]:
