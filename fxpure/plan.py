@@ -1006,9 +1006,10 @@ def _module(snap: GraphSnapshot, expr: WeightExpr) -> str:
     ('block.', 'block.conv.')
     """
     common: list[str] | None = None
-    constants = snap.constants
+    constants, names = snap.constants, snap.constant_names
     for k in sources(expr):
-        info = constants.get(k)
+        # (a source an earlier stage dropped is no constant: not looked for in the slow persistent map)
+        info = constants.get(k) if k in names else None
         if info is not None:
             path = info.key.split(".")[:-1]
             shared = 0
@@ -1284,15 +1285,16 @@ def _finish(
     # a later stage names nothing as a node or constant this one removed: the adapter commits the
     # program's first snapshot against the last, matching by name
     kept = held - dead
-    old, dropped = snap.constants, snap.constant_names - kept
+    old = snap.constants
+    dropped = {k: old[k] for k in snap.constant_names - kept}  # (each looked up once: the persistent map is slow)
     new = {k: v for k, v in added.items() if k in kept}
-    gone = {old[k].key for k in dropped}
+    gone = {info.key for info in dropped.values()}
     constants, derived, shared = old, snap.derived, snap.shared_derived
     if dropped or new:  # (the persistent map changed where it changes, not walked)
         edit, derived, lost = old.evolver(), dict(derived), set()
-        for k in dropped:
+        for k, info in dropped.items():
             edit.remove(k)
-            source = old[k].source
+            source = info.source
             if source is not None and derived.get(source) == k:
                 del derived[source]
                 lost.add(source)
@@ -1489,9 +1491,9 @@ def _unfit(rule: Rule, node: NodeSnapshot, p: RewritePlan) -> PlanConflict | Non
     return None
 
 
-def _overlap(node: NodeSnapshot, p: RewritePlan, claimed: Mapping[str, str]) -> PlanConflict | None:
-    """A node ``p`` (made at ``node``) claims that an earlier plan of the stage took, or None."""
-    overlap = sorted(c for c in p.claims if c in claimed)
+def _overlap(node: NodeSnapshot, claims: frozenset[str], claimed: Mapping[str, str]) -> PlanConflict | None:
+    """A node of ``claims`` (a plan's made at ``node``) that an earlier plan of the stage took, or None."""
+    overlap = sorted(c for c in claims if c in claimed)
     if overlap:
         detail = f"{overlap[0]} is taken by the plan at {claimed[overlap[0]]}"
         return PlanConflict(node=node.name, detail=detail, path="plan")
@@ -1528,15 +1530,16 @@ def _stages(
                     why: Reason | None = result.failure()
                 else:
                     why = _unfit(rule, node, result.unwrap())
+                    claims = result.unwrap().claims if why is None else frozenset()  # (made anew at each call: once)
                     if why is None:
-                        why = _overlap(node, result.unwrap(), claimed)
+                        why = _overlap(node, claims, claimed)
                         if why is not None and node.name not in reported:
                             taken.add(node.name)
                 if why is not None:
                     _decline(rejections, reported, first, Rejection(rule=rule.name, node=node.name, reason=why))
                     continue
                 p = result.unwrap()
-                claimed.update((c, p.anchor) for c in p.claims)
+                claimed.update(dict.fromkeys(claims, p.anchor))
                 accepted.append(p)
             # (a plan reads through what another replaces only where it prunes a node the other claims)
             while any(claimed.get(c, p.anchor) != p.anchor for p in accepted for c in p.prune):
@@ -1573,9 +1576,9 @@ def _stages(
             # nor one declined for an overlap that a plan of the stage consumed (the middle conv of a
             # chain merged pairwise: its node is the next pair's). A candidate declined for a reason
             # of its own stays reported, whatever erased it (a linear of one group that another's join took)
-            done = {(rule.name, p.anchor) for p in accepted} | {
-                (rule.name, n) for p in accepted for n in p.claims if n in taken
-            }
+            done = {(rule.name, p.anchor) for p in accepted}
+            if taken:
+                done.update((rule.name, n) for p in accepted for n in p.claims if n in taken)
             rejections = [r for r in rejections if (r.rule, r.node) not in done]
             if not accepted:
                 break
