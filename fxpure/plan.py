@@ -791,8 +791,39 @@ def shown(spec: Spec) -> str:
 
 def ill_fitting(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
     """What torch would refuse or change in ``p``'s new values: :func:`mixed_dtypes`, then
-    :func:`changed_values`, then :func:`returns_written`."""
-    return mixed_dtypes(snap, p, specs) or changed_values(snap, p, specs) or returns_written(snap, p)
+    :func:`changed_values`, then :func:`returns_written`, then :func:`returns_constant`."""
+    return (
+        mixed_dtypes(snap, p, specs)
+        or changed_values(snap, p, specs)
+        or returns_written(snap, p)
+        or returns_constant(snap, p, specs)
+    )
+
+
+def returns_constant(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
+    """A program output whose value ``p`` moves to a constant, one the program holds or one of
+    ``p``'s new ones (``specs``: theirs, by their names in ``p``): the program would return the
+    constant itself, which a caller writing into its output would change for every later call (a
+    fold of ``W.t() * 2``, which the program returns).
+
+    >>> from fxpure.testing import GraphBuilder
+    >>> g = GraphBuilder()
+    >>> w = g.parameter("w", (2,))
+    >>> g.output(g.call("aten.mul.Tensor", name="y", self=w, other=2.0, out=(2,)))
+    >>> p = RewritePlan(rule="r", anchor="y", replace=(("y", "w"),), erase=("y",))
+    >>> returns_constant(g.build(), p, {}).message
+    'y: the output y would return the constant w itself, which a caller writing into it would change for later calls'
+    """
+    for old, new in p.replace:
+        if (new in specs or new in snap.constant_names) and any(
+            snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index
+        ):
+            detail = (
+                f"the output {old} would return the constant {new} itself, "
+                "which a caller writing into it would change for later calls"
+            )
+            return PlanConflict(node=p.anchor, detail=detail)
+    return None
 
 
 def returns_written(snap: GraphSnapshot, p: RewritePlan) -> PlanConflict | None:

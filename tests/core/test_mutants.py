@@ -541,9 +541,10 @@ def test_attempts_keep_a_reason_a_later_stage_of_the_rule_made_moot() -> None:
     # stage folds add2; the report drops the first reason, the attempts still show it
     g = GraphBuilder()
     c1, c2, c3 = (g.parameter(f"c{i}", (4,)) for i in (1, 2, 3))
-    g.output(
-        g.call("aten.add.Tensor", name="add2", self=g.call("aten.add.Tensor", name="add1", self=c1, other=c2), other=c3)
+    add2 = g.call(
+        "aten.add.Tensor", name="add2", self=g.call("aten.add.Tensor", name="add1", self=c1, other=c2), other=c3
     )
+    g.output(g.call("aten.relu.default", self=add2))  # (a constant the program returned would stay computed)
     report = plan(g.build(), [FOLD, FOLD])
     assert [p.anchor for p in report.plans] == ["add1", "add2"] and report.rejections == ()
     first, second = attempts(report, [FOLD, FOLD], "add2")

@@ -463,7 +463,8 @@ def test_an_op_or_a_constant_and_a_var_with_one_name_agree_on_one_node() -> None
     h = GraphBuilder()
     y, w = h.input("y", (1, 3, 3, 3)), h.parameter("w", (3, 3, 3, 3))
     c = h.call("aten.conv2d.default", name="conv", input=w, weight=w, out=(3, 3, 3, 3))  # (w's: the plan's value)
-    h.output(c, h.call("aten.conv2d.default", name="conv_y", input=y, weight=w, out=(1, 3, 1, 1)))
+    rc = h.call("aten.relu.default", name="rc", self=c, out=(3, 3, 3, 3))  # (a returned constant would stay)
+    h.output(rc, h.call("aten.conv2d.default", name="conv_y", input=y, weight=w, out=(1, 3, 1, 1)))
     both = rule(
         "w-w", Op(CONV, name="conv", input=Var("w"), weight=Const("w")), plan=lambda p, conv, w: p.replace(conv, w)
     )
