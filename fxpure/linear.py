@@ -273,14 +273,14 @@ def is_linear(snap: GraphSnapshot, node: NodeSnapshot, *, in_out: bool = False) 
 
 def _is_linear(snap: GraphSnapshot, node: NodeSnapshot, in_out: bool, most: int) -> bool:
     """``is_linear``, its weight computed from constants by at most ``most`` nodes (with the transpose)."""
-    if is_weight_product(snap, node):
-        return False
-    if node.target in _BMMS:
+    # (is_weight_product asked last: its walk up from the first operand costs more than the look at a
+    # matmul's second, which is no 2-D weight's transpose on most, attention's q @ k.T)
+    if node.target in _BMMS:  # (no weight product)
         return _broadcast_weight(snap, node, in_out, most) is not None
     if node.target not in _MATMULS:
-        return node.target in _PRODUCTS
+        return node.target in _PRODUCTS and not is_weight_product(snap, node)
     other = _node(snap, MATMUL.bind(snap, node).map(lambda a: a.get("other")).value_or(None))
-    return _is_weight_t(snap, other, in_out, most)
+    return _is_weight_t(snap, other, in_out, most) and not is_weight_product(snap, node)
 
 
 def is_weight_product(snap: GraphSnapshot, node: NodeSnapshot) -> bool:

@@ -1475,8 +1475,9 @@ class Planner:
         return NodeRef(name)
 
     def _kind(self, expr: WeightExpr) -> ConstantKind:
-        read = self.match.snap.constants
-        kinds = {read[k].kind if k in read else "parameter" for k in sources(expr)}
+        snap = self.match.snap
+        read, held = snap.constants, snap.constant_names  # (a set's membership test: the map's costs more)
+        kinds = {read[k].kind if k in held else "parameter" for k in sources(expr)}
         if "parameter" in kinds and _floating(expr):
             return "parameter"
         # (an integer one is a buffer: no parameter of an integer dtype can require grad)

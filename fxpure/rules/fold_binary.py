@@ -258,13 +258,12 @@ def _candidate(bin: Bound, snap: GraphSnapshot) -> bool:
     other activation of its shape (a residual ``x + y`` is not a scale or shift of ``y``); not the
     add of a ``bmm``'s bias, which is part of the linear (``fxpure.linear.is_bias_add``); nor one of
     a product that computes a weight (a merged LoRA's ``W + B @ A``: ``fxpure.linear.is_weight_product``)."""
-    if is_bias_add(snap, bin.node):
-        return False
     a, b, out = bin.args.get("self"), bin.args.get("other"), bin.spec
     whole = out.shape if out is not None else None
     pairs = ((a, b), (b, a))
     taken = any(_computed_by_product(snap, y) and not (whole and _activation(snap, c, whole)) for y, c in pairs)
-    return taken and not any(_weight_product(snap, v) for v in (a, b))
+    # (the bias add asked after: most binary ops, a residual add, read no product's output alone)
+    return taken and not is_bias_add(snap, bin.node) and not any(_weight_product(snap, v) for v in (a, b))
 
 
 def _weight_product(snap: GraphSnapshot, value: Arg) -> bool:

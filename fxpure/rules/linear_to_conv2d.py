@@ -24,7 +24,7 @@ from fxpure.linear import Linear, is_linear, linear_input, linear_of, linear_roo
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
 from fxpure.plan import RewritePlan, constant_expr
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
-from fxpure.snapshot import Arg, Dim, NodeRef, TensorSpec
+from fxpure.snapshot import Arg, Dim, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.weights import Permute, Reshape, WeightExpr
 
 NAME = "linear-to-conv2d"
@@ -70,13 +70,17 @@ def _moved(shape: tuple[Dim, ...], step: Step) -> tuple[Dim, ...]:
 @final
 @dataclass(frozen=True, slots=True)
 class _Site:
-    """The linear, the input the conv reads (``linear_input``), that input's spec and the output's."""
+    """The linear, the input the conv reads (``linear_input``), that input's spec and the output's,
+    and the per-tensor dequantize of the input and quantize of the output (``quantized_as``), if any
+    (found once: the check and the planner read them)."""
 
     lin: Linear
     x: NodeRef
     own: bool
     spec: TensorSpec
     out: TensorSpec
+    dq: NodeSnapshot | None
+    q: NodeSnapshot | None
 
 
 def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
@@ -118,7 +122,11 @@ def _site(match: Match, b: Arg = None) -> Result[_Site, Reason]:
     # contiguous whatever the conv's layout; a model's own flatten makes the product rank 2)
     at = sites["lin_out" if lin.view_out else "lin"].path
     reason = layout_reader(match.snap, lin.outer.name, path=at) if len(spec.shape) > 2 else None
-    return Success(_Site(lin, x, own, spec, out)) if reason is None else Failure(reason)
+    if reason is not None:
+        return Failure(reason)
+    return Success(
+        _Site(lin, x, own, spec, out, quantized_as(match.snap, x.name), quantized_as(match.snap, lin.outer.name))
+    )
 
 
 def _swapped(spec: TensorSpec | None) -> TensorSpec | None:
@@ -186,7 +194,7 @@ def _plan(
     rank, base = len(spec.shape), lin.op.name
     nchw, conv_in = _steps(p, site.x, spec.shape, spec.dtype, TO_NCHW[rank], f"{base}_nchw")
     # a quantized program keeps dequantize -> conv -> quantize around the views (a backend lowers that)
-    dq, q = quantized_as(p.match.snap, site.x.name), quantized_as(p.match.snap, lin.outer.name)
+    dq, q = site.dq, site.q
     if dq is not None:
         nchw = p.requantize(nchw, dq, name=f"{base}_nchw", spec=TensorSpec(shape=conv_in, dtype=spec.dtype))
     conv_spec = TensorSpec(shape=(conv_in[0], out.shape[-1], *conv_in[2:]), dtype=out.dtype)
@@ -206,7 +214,7 @@ def _static_input(site: _Site, match: Match) -> Reason | None:
     """The input is not quantized at run time (``choose_qparams``: dynamic quantization): the q/dq
     pair on its 4-d view would read parameters computed from the linear's input, a chain XNNPACK
     cannot partition (a dependency cycle), and the NPUs this rule is for quantize statically."""
-    dq = quantized_as(match.snap, site.x.name)
+    dq = site.dq
     # (parameters given as 0-d tensors, ``dequantize_per_tensor.tensor``, are static where constant)
     if dq is None or all(type(a) is not NodeRef or constant_expr(match.snap, a.name) is not None for a in dq.args[1:3]):
         return None
