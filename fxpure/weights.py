@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Literal, TypeAlias, final
+from typing import Literal, TypeAlias, final, get_args
 
 from returns.result import Failure, Result, Success
 
@@ -55,6 +55,7 @@ BinaryOp: TypeAlias = Literal[
 BITWISE = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right"})
 """The ``Binary`` ops of integers (and, but for the shifts, of bools), as torch's ``bitwise_*`` computes them."""
 UnaryOp: TypeAlias = Literal["sqrt", "rsqrt", "neg", "reciprocal", "abs", "sign"]
+_BINARY_OPS, _UNARY_OPS = frozenset(get_args(BinaryOp)), frozenset(get_args(UnaryOp))
 # the node of a BadExpr about an expression alone; a rule's planner relocates it at its anchor
 EXPR_NODE = "<expr>"
 
@@ -207,8 +208,9 @@ class Fill(_Expr):
 
     def _key(self) -> tuple[object, ...]:
         # -0.0 == 0.0 in Python, but not as a tensor (1 / x): the sign is part of the value
-        v = self.value
-        return (Fill, self.shape, v, math.copysign(1.0, v), self.dtype)
+        v = self.value  # (an int's sign without a float of it: one past float64's range has none)
+        sign = math.copysign(1.0, v) if isinstance(v, float) else -1.0 if v < 0 else 1.0
+        return (Fill, self.shape, v, sign, self.dtype)
 
 
 @final
@@ -453,6 +455,8 @@ def _operands(a: WeightExpr, b: WeightExpr) -> tuple[TensorSpec, TensorSpec] | B
 
 
 def _binary(e: Binary) -> Inferred:
+    if e.op not in _BINARY_OPS:  # (a hand-written plan's slip the type checker would catch)
+        return _bad(f"no binary op {e.op!r}")
     specs = _operands(e.a, e.b)
     if isinstance(specs, BadExpr):
         return specs
@@ -488,6 +492,8 @@ def _matmul(e: MatMul) -> Inferred:
 
 
 def _unary(e: Unary, s: TensorSpec) -> Inferred:
+    if e.op not in _UNARY_OPS:
+        return _bad(f"no unary op {e.op!r}")
     numeric = e.op in ("neg", "abs", "sign")
     if (not numeric or s.dtype == "bool") and s.dtype not in FLOAT_DTYPES:  # torch refuses -bool
         return _bad(f"{e.op} of {s.dtype} (needs a {'numeric' if numeric else 'floating'} dtype)")
@@ -549,7 +555,11 @@ def infer_spec(expr: WeightExpr) -> Result[TensorSpec, BadExpr]:
     >>> infer_spec(MatMul(a=w, b=wt)).unwrap().shape, infer_spec(MatMul(a=w, b=w)).failure().message
     ((4, 4), 'matmul of shapes (4, 3) and (4, 3): inner sizes differ')
     """
-    spec = _spec_of(expr)
+    try:
+        spec = _spec_of(expr)
+        hash(expr)  # (a field of another type: a list for a shape)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
+        return Failure(_bad(f"malformed expression ({e})"))
     return Success(spec) if isinstance(spec, TensorSpec) else Failure(spec)
 
 
@@ -565,7 +575,7 @@ def _spec_of(expr: WeightExpr) -> Inferred:
 
 def _infer(expr: WeightExpr) -> Inferred:
     if isinstance(expr, Source):
-        return expr.spec
+        return expr.spec if isinstance(expr.spec, TensorSpec) else _bad(f"source {expr.key} has no spec")
     if isinstance(expr, Fill):
         v = expr.value
         if (

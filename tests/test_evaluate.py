@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from returns.result import Success
+from returns.result import Failure, Success
 
 from adapters.torchnames import dtype_of
 from adapters.weights import materialize
@@ -402,3 +402,22 @@ def test_an_argument_of_another_type_is_a_type_error(expr: Any, values: Any) -> 
     as ``rewrite`` does for a plan of another type, not an AttributeError from inside."""
     with pytest.raises(TypeError, match="evaluate takes"):
         evaluate(expr, values)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        Binary(op="pow", a=F32, b=F32),  # type: ignore[arg-type]
+        Unary(op="log", x=F32),  # type: ignore[arg-type]
+        Source(key="f", spec=None),  # type: ignore[arg-type]
+        Reshape(x=F32, shape=[8]),  # type: ignore[arg-type]
+        Slice(x=F32, dim=0, start=0, stop=None),  # type: ignore[arg-type]
+        Binary(op="add", a=F32, b="f"),  # type: ignore[arg-type]
+    ],
+    ids=["pow", "log", "no-spec", "list-shape", "none-stop", "str-operand"],
+)
+def test_a_malformed_expression_is_a_failure(expr: WeightExpr) -> None:
+    """An expression whose fields are not of their types (a hand-written plan's slip the type checker
+    would catch) is ``bad-weight-expr``, as ``infer_spec`` says, where a KeyError or TypeError escaped."""
+    out = evaluate(expr, VALUES)
+    assert isinstance(out, Failure) and out.failure().code == "bad-weight-expr"

@@ -32,7 +32,7 @@ from fxpure.plan import (
 from fxpure.reasons import Declined, PlanConflict, Reason
 from fxpure.snapshot import Arg, ConstantKind, GraphSnapshot, NodeRef, NodeSnapshot, Spec, snapshot, verify
 from fxpure.testing import GraphBuilder, spec
-from fxpure.weights import Binary, Fill, Reshape, Source, WeightExpr
+from fxpure.weights import Binary, Fill, Reshape, Slice, Source, Unary, WeightExpr
 
 ONES = Fill(shape=(2,), value=1.0, dtype="float32")
 TWOS = Fill(shape=(2,), value=2.0, dtype="float32")
@@ -876,6 +876,21 @@ def _neg(**fields: object) -> RewritePlan:
         (
             _neg(constants=(NewConstant(name="k", expr=Fill(shape=[2], value=0.0, dtype="float32")),)),  # type: ignore[arg-type]
             "constant k: malformed expression (unhashable type: 'list')",
+        ),
+        # a Binary or Unary op torch has under another name, a source without spec: the first was
+        # planned, and failed the whole transform (materialize-failed: k: 'pow'), the second raised
+        (_neg(constants=(NewConstant(name="k", expr=Binary(op="pow", a=ONES, b=ONES)),)), "no binary op 'pow'"),  # type: ignore[arg-type]
+        (_neg(constants=(NewConstant(name="k", expr=Unary(op="log", x=ONES)),)), "no unary op 'log'"),  # type: ignore[arg-type]
+        (_neg(constants=(NewConstant(name="k", expr=Source(key="x", spec=None)),)), "source x has no spec"),  # type: ignore[arg-type]
+        # an int past float64's range: hashing the Fill raised OverflowError out of plan()
+        (_neg(constants=(NewConstant(name="k", expr=Fill(shape=(2,), value=10**400, dtype="float32")),)), "with 1000"),
+        (
+            _neg(constants=(NewConstant(name="k", expr=Slice(x=ONES, dim=0, start=0, stop=None)),)),  # type: ignore[arg-type]
+            "constant k: malformed expression",
+        ),
+        (
+            _neg(constants=(NewConstant(name="k", expr=Binary(op="add", a=ONES, b="w")),)),  # type: ignore[arg-type]
+            "constant k: malformed expression",
         ),
     ],
 )
