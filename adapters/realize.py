@@ -1211,8 +1211,9 @@ def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     its schema says: ``aten.view``, ``t``, ``alias``), new or of the program, of a tensor the program
     writes in place (the output would hold the written value when the program returns) or holds or
     is given (its caller would get a view of a parameter or of its own input, through which a write
-    changes them), or to such a tensor itself (``w * 1`` dropped). The core's ``returns_written``
-    sees the tensors the program writes themselves, not what views alias."""
+    changes them), or to such a tensor itself (``w * 1`` dropped); a constant the plan adds counts as
+    held (a fold of ``W.t() * 2``, or ``t(k)`` of one, which the program returns). The core's
+    ``returns_written`` sees the tensors the program writes themselves, not what views alias."""
     dialect = cap.snap.dialect
     moved = (_aliased(new, {n.name: n for n in p.nodes}, dialect) for p in report.plans for _, new in p.replace)
     if all(m is None for m in moved):  # every use moves to a value computed anew (no stage made again)
@@ -1222,18 +1223,22 @@ def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     for snap, stage in planned_on(report):
         al: _Aliasing | None = None
         for p in stage:
-            made = {n.name: n for n in p.nodes}
+            made, added = {n.name: n for n in p.nodes}, {c.name for c in p.constants}
             for old, new in p.replace:
                 if not any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index):
                     continue
                 viewed = _aliased(new, made, snap.dialect) if new in made else new
-                if viewed is None or viewed not in snap.index:
+                if viewed is None or (viewed not in snap.index and viewed not in added):
                     continue
-                al = al or _aliasing(cap, snap)
-                root = al.root.get(viewed, viewed)
-                if root not in snap.index:
+                root = viewed
+                if viewed in snap.index:
+                    al = al or _aliasing(cap, snap)
+                    root = al.root.get(viewed, viewed)
+                if root in added:
+                    how = "holds (a constant the plan adds)"
+                elif root not in snap.index:
                     continue
-                if root in written and new in made:
+                elif root in written and new in made:
                     how = "writes in place (its value after the write)"
                 elif root not in written and snap.node(root).op in ("placeholder", "get_attr"):
                     how = "holds or is given"

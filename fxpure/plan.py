@@ -791,40 +791,8 @@ def shown(spec: Spec) -> str:
 
 def ill_fitting(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
     """What torch would refuse or change in ``p``'s new values: :func:`mixed_dtypes`, then
-    :func:`changed_values`, then :func:`returns_written`, then :func:`returns_constant`."""
-    return (
-        mixed_dtypes(snap, p, specs)
-        or changed_values(snap, p, specs)
-        or returns_written(snap, p)
-        or returns_constant(snap, p, specs)
-    )
-
-
-def returns_constant(snap: GraphSnapshot, p: RewritePlan, specs: Mapping[str, Spec]) -> PlanConflict | None:
-    """A program output whose value ``p`` moves to one of its new constants (``specs``: theirs, by
-    their names in ``p``): the program would return the constant itself, which a caller writing
-    into its output would change for every later call (a fold of ``W.t() * 2``, which the program
-    returns). (The adapter declines an output moved to a tensor the program holds or is given, or
-    to a view of one.)
-
-    >>> from fxpure.testing import GraphBuilder
-    >>> from fxpure.weights import Source
-    >>> g = GraphBuilder()
-    >>> w = g.parameter("w", (2,))
-    >>> g.output(g.call("aten.mul.Tensor", name="y", self=w, other=2.0, out=(2,)))
-    >>> k = NewConstant(name="k", expr=Source(key="w", spec=TensorSpec(shape=(2,), dtype="float32")))
-    >>> p = RewritePlan(rule="r", anchor="y", constants=(k,), replace=(("y", "k"),), erase=("y",))
-    >>> returns_constant(g.build(), p, {"k": k.expr.spec}).message
-    'y: the output y would return the constant k itself, which a caller writing into it would change for later calls'
-    """
-    for old, new in p.replace:
-        if new in specs and any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index):
-            detail = (
-                f"the output {old} would return the constant {new} itself, "
-                "which a caller writing into it would change for later calls"
-            )
-            return PlanConflict(node=p.anchor, detail=detail)
-    return None
+    :func:`changed_values`, then :func:`returns_written`."""
+    return mixed_dtypes(snap, p, specs) or changed_values(snap, p, specs) or returns_written(snap, p)
 
 
 def returns_written(snap: GraphSnapshot, p: RewritePlan) -> PlanConflict | None:

@@ -302,6 +302,51 @@ def test_an_output_moved_to_a_tensor_the_program_holds_or_is_given_is_declined(f
             t.add_(100.0)  # the caller writes into what it got back
 
 
+class TimesTwo(torch.nn.Module):
+    """Returns ``w * two`` (or only reads it) beside ``x @ w``."""
+
+    def __init__(self, returned: bool) -> None:
+        super().__init__()
+        self.w, self.returned = torch.nn.Parameter(torch.ones(2, 2)), returned
+        self.register_buffer("two", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.w * self.two
+        return (x @ self.w, y) if self.returned else (x @ self.w + y,)
+
+
+def _folded(view: bool) -> Rule:
+    """``w * two`` folded to a new constant ``k``, its uses moved to ``k`` or to ``k.t().t()``."""
+
+    def fold(p: Planner, m: Bound, w: WeightExpr, two: WeightExpr) -> RewritePlan:
+        k, spec = p.const(Binary(op="mul", a=w, b=two), name="k"), m.node.spec
+        if view:
+            k = p.call("aten.t.default", name="kt", spec=spec, self=p.call("aten.t.default", name="k1", spec=spec, self=k))
+        return p.replace(m, k)
+
+    return rule("fold-times-two", Op(MUL, name="m", self=Const("w"), other=Const("two")), plan=fold)
+
+
+@pytest.mark.parametrize(("form", "view"), [*((f, False) for f in FORMS), ("gm", True), ("aten", True)])
+def test_an_output_moved_to_a_constant_the_plan_adds_or_a_view_of_it_is_declined(form: str, view: bool) -> None:
+    # a fold of ``w * two`` the program returns made it return the new constant itself (or a view of
+    # it): a caller writing into its output changed every later call's (102 after an ``add_(100)``)
+    x = torch.randn(2, 2)
+    for returned in (True, False):
+        program, reference = build(TimesTwo(returned), (x,), form), build(TimesTwo(returned), (x,), form)
+        outcome = adapters.transform(program, [_folded(view)]).unwrap()
+        if not returned:  # (where the program only reads it, the fold applies)
+            assert outcome.changed and count(program, "aten.mul") == 0
+            assert_close(run(program, (x,)), run(reference, (x,)))
+            continue
+        assert not outcome.changed and [j.reason.code for j in outcome.report.rejections] == ["plan-conflict"]
+        assert "which the program holds (a constant the plan adds)" in outcome.report.rejections[0].reason.message
+        for _ in range(2):
+            got, want = run(program, (x,)), run(reference, (x,))
+            assert_close(got, want)
+            got[1].add_(100.0)  # the caller writes into what it got back
+
+
 def test_apply_declines_an_op_the_edge_programs_verifier_refuses_as_transform_does() -> None:
     program = _edge(preserve=False)
     before = program.graph_module.code

@@ -5,7 +5,6 @@ moved uses reach every reader (keywords, chains of plans), fresh names, and ever
 from __future__ import annotations
 
 import copy
-import dataclasses
 import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -955,25 +954,3 @@ def test_a_rule_of_module_level_functions_pickles() -> None:
     again = pickle.loads(pickle.dumps(made))
     snap = every_rules_work()
     assert plan(snap, [again]).plans == plan(snap, [made]).plans != ()
-
-
-@pytest.mark.parametrize("returned", [True, False])
-def test_a_plan_moving_an_output_to_a_constant_conflicts(returned: bool) -> None:
-    """Returned as the constant itself, a caller writing into the output would change every later
-    call's (a fold of ``W * 2`` the program returns): the plan conflicts; where the program only
-    reads the value, it is applied."""
-    g = GraphBuilder()
-    x, w = g.input("x", (2,)), g.parameter("w", (2,))
-    y = g.call("aten.mul.Tensor", name="y", self=w, other=2.0, out=(2,))
-    z = g.call("aten.add.Tensor", name="z", self=x, other=y, out=(2,))
-    g.output(*((z, y) if returned else (z,)))
-    folded = Binary(op="mul", a=Source(key="w", spec=spec(2)), b=Fill(shape=(), value=2.0, dtype="float32"))
-    p = RewritePlan(rule="r", anchor="y", constants=(NewConstant(name="k", expr=folded),), replace=(("y", "k"),))
-    result = rewrite(g.build(), [dataclasses.replace(p, erase=("y",))])
-    if not returned:
-        assert isinstance(result, Success)
-        return
-    assert isinstance(result, Failure) and result.failure().message == (
-        "y: the output y would return the constant k itself, "
-        "which a caller writing into it would change for later calls"
-    )
