@@ -912,22 +912,28 @@ def _rounded(e: WeightExpr, low: Collection[WeightExpr]) -> bool:
     return (isinstance(e, Cast) and e.dtype in _HALF) or e in low
 
 
+def _computed_at(snap: GraphSnapshot, p: RewritePlan, dtypes: Collection[str] | None = None) -> set[WeightExpr]:
+    """The constant values the program computes at the nodes ``p`` removes (of ``dtypes`` only, if
+    given): what the program read there."""
+    out = set()
+    for name in {*p.prune, *p.erase}:
+        spec = snap.node(name).tensor_spec
+        if dtypes is None or (spec is not None and spec.dtype in dtypes):
+            e = constant_expr(snap, name)
+            if e is not None:
+                out.add(e)
+    return out
+
+
 def _own_parts(report: RewriteReport) -> list[tuple[frozenset[WeightExpr], frozenset[WeightExpr]]]:
     """Per plan, the expressions of its constants, and the floating values the program itself
     computes in them (``w.half()``, or ``w * 1e-31``, in ``forward``): what their rounding loses,
     eager lost too. Found at the nodes the plan removes, which compute the constants it reads."""
-    out = []
-    for snap, plans in planned_on(report):
-        for p in plans:
-            own = set()
-            for name in {*p.prune, *p.erase}:
-                spec = snap.node(name).tensor_spec if name in snap.index else None
-                if spec is not None and spec.dtype in (*_HALF, "float32"):
-                    e = constant_expr(snap, name)
-                    if e is not None:
-                        own.add(e)
-            out.append((frozenset(c.expr for c in p.constants), frozenset(own)))
-    return out
+    return [
+        (frozenset(c.expr for c in p.constants), frozenset(_computed_at(snap, p, (*_HALF, "float32"))))
+        for snap, plans in planned_on(report)
+        for p in plans
+    ]
 
 
 def _computed_ahead(report: RewriteReport) -> frozenset[WeightExpr]:
@@ -937,8 +943,7 @@ def _computed_ahead(report: RewriteReport) -> frozenset[WeightExpr]:
     out: set[WeightExpr] = set()
     for snap, plans in planned_on(report):
         for p in plans:
-            made = {c.expr for c in p.constants}
-            out.update(e for name in (*p.erase, *p.prune) if (e := constant_expr(snap, name)) in made)
+            out |= _computed_at(snap, p) & {c.expr for c in p.constants}
     return frozenset(out)
 
 

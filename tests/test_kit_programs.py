@@ -305,6 +305,8 @@ def test_an_output_moved_to_a_tensor_the_program_holds_or_is_given_is_declined(f
 class TimesTwo(torch.nn.Module):
     """Returns ``w * two`` (or only reads it) beside ``x @ w``."""
 
+    two: torch.Tensor
+
     def __init__(self, returned: bool) -> None:
         super().__init__()
         self.w, self.returned = torch.nn.Parameter(torch.ones(2, 2)), returned
@@ -321,7 +323,9 @@ def _folded(view: bool) -> Rule:
     def fold(p: Planner, m: Bound, w: WeightExpr, two: WeightExpr) -> RewritePlan:
         k, spec = p.const(Binary(op="mul", a=w, b=two), name="k"), m.node.spec
         if view:
-            k = p.call("aten.t.default", name="kt", spec=spec, self=p.call("aten.t.default", name="k1", spec=spec, self=k))
+            k = p.call(
+                "aten.t.default", name="kt", spec=spec, self=p.call("aten.t.default", name="k1", spec=spec, self=k)
+            )
         return p.replace(m, k)
 
     return rule("fold-times-two", Op(MUL, name="m", self=Const("w"), other=Const("two")), plan=fold)
