@@ -307,39 +307,43 @@ _STACK = "nn_module_stack"
 
 
 def _within_module_runs(edit: _Edit, after: GraphSnapshot, before: GraphSnapshot) -> None:
-    """A new node placed inside the run of nodes one module call computes (the existing nodes before
-    and after it share the module stack ``C``, or its start) that stands for a node of another
-    module is taken for part of that call: its module stack becomes ``C``. Otherwise the call would
-    be cut in two, and ``torch.export.unflatten`` would call the module twice, with the wrong inputs
-    (a merge of two linears of one input, after decompositions, placed between the first linear's
-    nodes: it returned a tensor of the wrong shape). One of ``C``'s own submodules keeps its stack."""
-    if not any(new.op == "call_function" and _STACK in new.meta for new in edit.new):
+    """A new node placed inside the run of nodes one module call computes (the node before it, new
+    or existing, and the existing node after it share the module stack ``C``, or its start) that
+    stands for a node of another module is taken for part of that call: its module stack becomes
+    ``C``. Otherwise the call would be cut in two, and ``torch.export.unflatten`` would call the
+    module twice, with the wrong inputs (a merge of two linears of one input, after decompositions,
+    placed between the first linear's nodes: it returned a tensor of the wrong shape; or the second
+    linear's part placed after the first's, before the first module's next node: it raised). One of
+    ``C``'s own submodules keeps its stack."""
+    new_by_name = {new.rec.name: new for new in edit.new if new.op == "call_function" and _STACK in new.meta}
+    if not new_by_name:
         return
-    stacks: dict[str, list[tuple[object, object]] | None] = {}
+    stacks: list[list[tuple[object, object]] | None] = []
     for rec in after.nodes:  # each existing node's stack, in the final order
-        node = edit.env.get(rec.name) if rec.name in before.index else None
+        node = edit.env.get(rec.name) if rec.name in before.index and rec.name not in new_by_name else None
         stack = node.meta.get(_STACK) if node is not None and node.op == "call_function" else None
-        stacks[rec.name] = list(stack.items()) if isinstance(stack, dict) else None
-    order = [rec.name for rec in after.nodes]
-    prev: list[list[tuple[object, object]] | None] = []
+        stacks.append(list(stack.items()) if isinstance(stack, dict) else None)
+    nxt: list[list[tuple[object, object]] | None] = []  # the stack of the existing node after each place
     last: list[tuple[object, object]] | None = None
-    for name in order:  # the stack of the existing node before each place
-        prev.append(last)
-        last = stacks[name] if stacks[name] is not None else last
-    nxt: list[tuple[object, object]] | None = None
-    around: dict[str, list[tuple[object, object]]] = {}
-    for i in range(len(order) - 1, -1, -1):  # ...and after it: their common start
-        name, p = order[i], prev[i]
-        if name not in before.index and p is not None and nxt is not None:
-            n = next((k for k, (a, b) in enumerate(zip(p, nxt, strict=False)) if a != b), None)
-            around[name] = p[: min(len(p), len(nxt)) if n is None else n]
-        nxt = stacks[name] if stacks[name] is not None else nxt
-    for new in edit.new:
-        own, common = new.meta.get(_STACK), around.get(new.rec.name)
-        if new.op != "call_function" or not isinstance(own, dict) or not common:
+    for stack in reversed(stacks):
+        nxt.append(last)
+        last = stack if stack is not None else last
+    nxt.reverse()
+    last = None  # ...and of the node before it, new or existing
+    for i, rec in enumerate(after.nodes):
+        new = new_by_name.get(rec.name)
+        if new is None:
+            last = stacks[i] if stacks[i] is not None else last
             continue
-        if list(own.items())[: len(common)] != common:
-            new.meta[_STACK] = dict(common)
+        own, later = new.meta[_STACK], nxt[i]
+        if not isinstance(own, dict):
+            continue
+        if last is not None and later is not None:
+            n = next((k for k, (a, b) in enumerate(zip(last, later, strict=False)) if a != b), None)
+            common = last[: min(len(last), len(later)) if n is None else n]
+            if common and list(own.items())[: len(common)] != common:
+                own = new.meta[_STACK] = dict(common)
+        last = list(own.items())
 
 
 def _lay_out(edit: _Edit, fakes: _Fakes, dialect: str) -> None:

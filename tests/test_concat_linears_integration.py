@@ -581,6 +581,54 @@ class _TwoOfATranspose(nn.Module):
         return self.fc(o) + self.fc2(o)  # type: ignore[no-any-return]
 
 
+class _TwoSequentials(nn.Module):
+    """Two blocks, each a linear then a relu, of one input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.Sequential(nn.Linear(4, 5), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(x)[..., :3]  # type: ignore[no-any-return]
+
+
+class _Projections(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), dim=-1)
+
+
+class _BesideAttention(nn.Module):
+    """A linear beside an attention module's projections, all of one input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.side = _Projections(), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x).sum(-1, keepdim=True) * self.side(x)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("model", [_TwoSequentials, _BesideAttention])
+@pytest.mark.parametrize("decompose", [False, True])
+def test_a_merge_of_linears_of_different_modules_unflattens(model: type[nn.Module], decompose: bool) -> None:
+    # found by a review: the second linear's part went after the first's, inside the first module's
+    # call, still tagged with its own module: unflatten raised (the first module cut in two)
+    torch.manual_seed(0)
+    m, x = model().eval(), (torch.randn(2, 6, 4),)
+    ep = torch.export.export(m, x)
+    ep = ep.run_decompositions() if decompose else ep
+    outcome = adapters.transform(ep, [concat_parallel_linears()]).unwrap()
+    assert len(outcome.report.plans) == 1 and products(ep) == 1
+    want = eager(m, x)
+    assert_close(run(ep, x), want)
+    with torch.no_grad():
+        assert_close([torch.export.unflatten(ep)(*x)], want)
+
+
 @pytest.mark.parametrize("decompose", [False, True])
 def test_a_merge_leaves_each_module_call_in_one_piece_for_unflatten(decompose: bool) -> None:
     # found by a hunt: after decompositions the merged product and its parts went between fc's own
