@@ -1014,6 +1014,35 @@ def _filled(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t if t.shape == shape else t.expand(shape)
 
 
+def _low64(
+    memo: Mapping[object, torch.Tensor], value: Callable[[WeightExpr], torch.Tensor]
+) -> dict[WeightExpr, torch.Tensor]:
+    """The float64 products (matrix products too), quotients and reciprocals among the parts of the
+    constants computed (each in ``memo``) that hold a value below float64's smallest normal, each
+    with where: a subnormal, or a zero of operands that are not (weights of 1e-160 times 1e-165). Nothing wider
+    computes them exactly: :func:`_underflows` asks whether the constant feels what they lost."""
+    tiny, out = torch.finfo(torch.float64).tiny, dict[WeightExpr, torch.Tensor]()
+    for e, t in memo.items():
+        if not (
+            (isinstance(e, MatMul) or (isinstance(e, Binary | Unary) and e.op in _SHRINKS))
+            and t.dtype is torch.float64
+            and t.numel()
+        ):
+            continue
+        size = t.abs()
+        if float(size.amin()) >= tiny:  # (one pass, the usual case)
+            continue
+        where = (size < tiny) & (t != 0)
+        if isinstance(e, Binary):
+            a, b = _filled(value(e.a), t.shape), _filled(value(e.b), t.shape)
+            where |= (t == 0) & (a != 0) & ((b != 0) if e.op == "mul" else torch.isfinite(b))
+        elif isinstance(e, MatMul):  # (of terms scaled by 2**1000, exactly: a zero there is no flush)
+            where |= (t == 0) & (torch.matmul(value(e.a).abs() * 2.0**500, value(e.b).abs() * 2.0**500) != 0)
+        if bool(where.any()):
+            out[e] = where
+    return out
+
+
 def _underflows(
     new: Mapping[str, torch.Tensor],
     report: RewriteReport,
@@ -1034,7 +1063,11 @@ def _underflows(
     - float32 arithmetic holding a value below float32's smallest normal (:func:`_low`: a weight
       times 1e-31), judged by the constant it computes against the same constant computed in
       float64 from that part's low values exact (:func:`_drifts`): what the constant does not
-      feel (a subnormal running mean next to a batch norm's bias of 0.5) is no loss.
+      feel (a subnormal running mean next to a batch norm's bias of 0.5) is no loss;
+    - float64 arithmetic holding a value below float64's smallest normal (:func:`_low64`: weights
+      of 1e-160 times 1e-165, flushed to 0), where nothing wider computes it exactly: lossy if the
+      constant computed with each of those values one subnormal step further from 0 differs (by
+      :func:`_drifts`): if it feels what their rounding may have lost.
 
     ``memo``: the one the constants were computed with (their parts are in it)."""
 
@@ -1055,9 +1088,10 @@ def _underflows(
 
     # a float32 program's fold may round through float16 too: the parts are looked for in every
     # value computed (each in ``memo``), and the expressions walked only if there is one
-    low, tiny = _low(memo, value), torch.finfo(torch.float32).tiny
-    if not low and not any(isinstance(e, Cast) and e.dtype in _HALF for e in memo):
+    low, low64, tiny = _low(memo, value), _low64(memo, value), torch.finfo(torch.float32).tiny
+    if not low and not low64 and not any(isinstance(e, Cast) and e.dtype in _HALF for e in memo):
         return {}
+    low |= low64.keys()  # (a float64 part in float64 is as computed: the float32 judgement passes it)
     after = report.after
     found = {k: (e, rounded(e)) for k in new if (e := after.constants[k].source) is not None}
     parts_of = {k: found for k, found in found.items() if found[1]}
@@ -1100,6 +1134,17 @@ def _underflows(
         arithmetic = [c for c in parts if not isinstance(c, Cast) and c not in own]
         if arithmetic and _drifts(new[k], in_float64(source, given)):
             lossy.extend(arithmetic)
+        elif new[k].dtype is torch.float64 and (lost := [c for c in arithmetic if c in low64]):
+
+            def nudged(e: WeightExpr, lost: Collection[object] = lost) -> torch.Tensor | None:
+                # each low part's low values one subnormal step further from 0: what rounding may have lost there
+                if e in lost:
+                    t = value(e)
+                    return torch.where(low64[e], t + torch.copysign(torch.tensor(math.ulp(0.0), dtype=t.dtype), t), t)
+                return value(e) if isinstance(e, Source) or not any(c in lost for c in below[e]) else None
+
+            if _drifts(new[k], in_float64(source, nudged)):
+                lossy.extend(lost)
         if lossy:
             out[k] = tuple(sorted(lossy, key=repr))
     return out
