@@ -57,13 +57,19 @@ MOVEDIM = family(
 _SWAPS = ((0, 1), (1, 0), (-2, -1), (-1, -2), (0, -1), (-1, 0), (-2, 1), (1, -2))
 # the conjugate transposes are transposes of a real matrix only (of a complex one they also conjugate)
 _CONJUGATES = frozenset({"aten.mH.default", "aten.adjoint.default"})
-_REAL = When(
-    lambda snap, node: (
-        node.target not in _CONJUGATES
-        or (node.tensor_spec is not None and not node.tensor_spec.dtype.startswith("complex"))
-    ),
-    "of a real matrix",
-)
+
+
+def _real(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+    return node.target not in _CONJUGATES or (
+        node.tensor_spec is not None and not node.tensor_spec.dtype.startswith("complex")
+    )
+
+
+_REAL = When(_real, "of a real matrix")
+
+
+def _of_weight(snap: GraphSnapshot, node: NodeSnapshot) -> bool:
+    return _is_linear(snap, node, True, MAX_DEPTH + 1)
 
 
 def _parts(
@@ -191,7 +197,7 @@ def linear(
     # a matmul or bmm of two activations (attention's q @ k.T) or of a batch of matrices is no
     # linear: a wrong op. One of a weight computed further up than is_linear looks, or of one
     # stored (in, out), is, here: its weight pattern says whether it takes that weight, and why not
-    of_weight = When(lambda snap, node: _is_linear(snap, node, True, MAX_DEPTH + 1), "of a weight")
+    of_weight = When(_of_weight, "of a weight")
 
     def bmm(users: Users) -> Op:
         product = _bmm(name, x, t, code, shared, when=of_weight)

@@ -41,6 +41,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Literal, TypeAlias, cast, final
 
 from pyrsistent import pmap
@@ -1151,27 +1152,30 @@ def _call(fn: Callable[..., object], codes: Iterable[str], kind: str, returns: s
     _keywords(f"{kind} {_name(fn)}", sig.parameters.values())
     reads = tuple(n for n in sig.parameters if n != "match")
     needs = frozenset(n for n, q in sig.parameters.items() if q.default is q.empty and n != "match")
-    wants_match = "match" in sig.parameters
+    return _Fn(partial(_by_name, fn, reads, "match" in sig.parameters), reads, declared, needs)
 
-    def run(m: Match, values: Values) -> object:
-        kwargs = _named(m, values, reads)
-        if wants_match:
-            kwargs["match"] = m
-        return fn(**kwargs)
 
-    return _Fn(run, reads, declared, needs)
+# (module-level, each bound with partial: a rule holding them pickles where its own functions do)
+def _by_name(fn: Callable[..., object], reads: tuple[str, ...], wants_match: bool, m: Match, values: Values) -> object:
+    kwargs = _named(m, values, reads)
+    if wants_match:
+        kwargs["match"] = m
+    return fn(**kwargs)
 
 
 def _check_fn(fn: Callable[..., object], codes: Iterable[str]) -> Check:
     call = _call(fn, codes, "check", "a Reason or None", "a Reason (with a code) or None")
-
-    def run(m: Match, values: Values) -> Reason | None:
-        out = call.run(m, values)
-        if out is not None and not isinstance(out, Reason):
-            raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
-        return out
-
+    run = partial(_checked, fn, call.run)
     return Check(label=_name(fn), reads=call.reads, codes=call.codes, run=run, computed=True, needs=call.needs)
+
+
+def _checked(
+    fn: Callable[..., object], call: Callable[[Match, Values], object], m: Match, values: Values
+) -> Reason | None:
+    out = call(m, values)
+    if out is not None and not isinstance(out, Reason):
+        raise TypeError(f"check {_name(fn)} returned {out!r}, not a Reason or None")
+    return out
 
 
 def _name(fn: Callable[..., object]) -> str:
@@ -1191,6 +1195,69 @@ def _ints(check: str, name: str, allowed: object) -> tuple[int, ...]:
     return _listed(check, name, allowed, int, "numbers such as (2, 3)")
 
 
+# the checks of ``need``, module-level (a rule holding them pickles): each takes its parameters,
+# then the match and the values computed so far
+
+
+def _static(name: str, dims: tuple[int, ...] | None, m: Match, _: Values) -> Reason | None:
+    spec, site = m.spec(name), _site(m, name)
+    if spec is None and isinstance(m.bindings.get(name), (int, float)) and dims is None:
+        return None
+    if spec is None:
+        return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
+    rank = len(spec.shape)
+    picked = spec.shape if dims is None else tuple(spec.shape[d] for d in dims if -rank <= d < rank)
+    if dims is not None and len(picked) != len(dims):
+        return Malformed(node=site.node, detail=f"{site.role} has no dims {tuple(dims)}: {spec.shape}")
+    if all(isinstance(d, int) for d in picked):
+        return None
+    return SymbolicShape(node=site.node, role=site.role, shape=spec.shape)
+
+
+def _dtype(name: str, ok: frozenset[str], m: Match, _: Values) -> Reason | None:
+    spec, site = m.spec(name), _site(m, name)
+    number = m.bindings.get(name)
+    if spec is None and isinstance(number, (int, float)) and not isinstance(number, bool):
+        dtype = "int64" if isinstance(number, int) else "float64"
+        return None if dtype in ok else UnsupportedDtype(node=site.node, role=site.role, dtype=dtype)
+    if spec is None:
+        return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known dtype")
+    if spec.dtype in ok:
+        return None
+    return UnsupportedDtype(node=site.node, role=site.role, dtype=spec.dtype)
+
+
+def _rank(name: str, ok: tuple[int, ...], m: Match, _: Values) -> Reason | None:
+    spec, site = m.spec(name), _site(m, name)
+    if spec is None:
+        return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
+    if len(spec.shape) in ok:
+        return None
+    return UnsupportedRank(node=site.node, rank=len(spec.shape), allowed=ok, of="dims")
+
+
+def _spatial_rank(conv: str, ok: tuple[int, ...], m: Match, _: Values) -> Reason | None:
+    op = m.bindings.get(conv)
+    rank = op.args.get("rank") if isinstance(op, Bound) else None
+    if not isinstance(rank, int) or rank in ok:
+        return None
+    return UnsupportedRank(node=_site(m, conv).node, rank=rank, allowed=ok)
+
+
+def _channels(name: str, of: str, conv: str | None, m: Match, _: Values) -> Reason | None:
+    vec, w, site = m.spec(name), m.spec(of), _site(m, name)
+    op = m.bindings.get(conv) if conv is not None else None
+    transposed = isinstance(op, Bound) and op.args.get("transposed") is True
+    groups = op.args.get("groups", 1) if isinstance(op, Bound) else 1
+    if vec is None or w is None or not w.shape or not isinstance(groups, int):
+        return None
+    oc = out_channels(w, transposed=transposed, groups=groups)
+    lead = w.shape[0]
+    if vec.shape == (oc,) and isinstance(oc, int) and isinstance(lead, int) and lead % groups == 0:
+        return None
+    return ChannelMismatch(node=site.node, expected=oc if isinstance(oc, int) else -1, found=vec.numel)
+
+
 @final
 class _Need:
     """Typed checks on bound values; each returns one reason record or nothing."""
@@ -1199,22 +1266,8 @@ class _Need:
     def static(name: str, *, dims: Sequence[int] | None = None) -> Check:
         """The bound value's shape (or just ``dims`` of it) is known and has no symbolic size. A
         Python number (bound by ``Scalar``) is static: it has no dims."""
-
-        def run(m: Match, _: Values) -> Reason | None:
-            spec, site = m.spec(name), _site(m, name)
-            if spec is None and isinstance(m.bindings.get(name), (int, float)) and dims is None:
-                return None
-            if spec is None:
-                return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
-            rank = len(spec.shape)
-            picked = spec.shape if dims is None else tuple(spec.shape[d] for d in dims if -rank <= d < rank)
-            if dims is not None and len(picked) != len(dims):
-                return Malformed(node=site.node, detail=f"{site.role} has no dims {tuple(dims)}: {spec.shape}")
-            if all(isinstance(d, int) for d in picked):
-                return None
-            return SymbolicShape(node=site.node, role=site.role, shape=spec.shape)
-
         codes = frozenset({"symbolic-shape", "malformed-node"})
+        run = partial(_static, name, None if dims is None else tuple(dims))
         return Check(label=f"static({name})", reads=(name,), codes=codes, run=run)
 
     @staticmethod
@@ -1223,74 +1276,32 @@ class _Need:
         the dtype torch gives it: ``int64`` or ``float64`` (a wrapped number, which does not change
         the dtype of a tensor of its kind it meets)."""
         ok = frozenset(_listed("dtype", name, allowed, str, "dtype names such as ('float32',)"))
-
-        def run(m: Match, _: Values) -> Reason | None:
-            spec, site = m.spec(name), _site(m, name)
-            number = m.bindings.get(name)
-            if spec is None and isinstance(number, (int, float)) and not isinstance(number, bool):
-                dtype = "int64" if isinstance(number, int) else "float64"
-                return None if dtype in ok else UnsupportedDtype(node=site.node, role=site.role, dtype=dtype)
-            if spec is None:
-                return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known dtype")
-            if spec.dtype in ok:
-                return None
-            return UnsupportedDtype(node=site.node, role=site.role, dtype=spec.dtype)
-
         codes = frozenset({"unsupported-dtype"})  # and malformed-node, which every rule may end with
-        return Check(label=f"dtype({name})", reads=(name,), codes=codes, run=run)
+        return Check(label=f"dtype({name})", reads=(name,), codes=codes, run=partial(_dtype, name, ok))
 
     @staticmethod
     def rank(name: str, allowed: Iterable[int]) -> Check:
         """The bound value's rank (number of dims) is one of ``allowed``."""
         ok = tuple(sorted(_ints("rank", name, allowed)))
-
-        def run(m: Match, _: Values) -> Reason | None:
-            spec, site = m.spec(name), _site(m, name)
-            if spec is None:
-                return None if _absent(m, name) else Malformed(node=site.node, detail=f"{site.role} has no known shape")
-            if len(spec.shape) in ok:
-                return None
-            return UnsupportedRank(node=site.node, rank=len(spec.shape), allowed=ok, of="dims")
-
         codes = frozenset({"unsupported-rank"})  # and malformed-node, which every rule may end with
-        return Check(label=f"rank({name})", reads=(name,), codes=codes, run=run)
+        return Check(label=f"rank({name})", reads=(name,), codes=codes, run=partial(_rank, name, ok))
 
     @staticmethod
     def spatial_rank(conv: str, allowed: Iterable[int]) -> Check:
         """A bound convolution's number of spatial dims is one of ``allowed``."""
         ok = tuple(sorted(_ints("spatial_rank", conv, allowed)))
-
-        def run(m: Match, _: Values) -> Reason | None:
-            op = m.bindings.get(conv)
-            rank = op.args.get("rank") if isinstance(op, Bound) else None
-            if not isinstance(rank, int) or rank in ok:
-                return None
-            return UnsupportedRank(node=_site(m, conv).node, rank=rank, allowed=ok)
-
         codes = frozenset({"unsupported-rank"})
+        run = partial(_spatial_rank, conv, ok)
         return Check(label=f"spatial_rank({conv})", reads=(conv,), codes=codes, run=run, ops=(conv,))
 
     @staticmethod
     def channels(name: str, *, of: str, conv: str | None = None) -> Check:
         """Bound vector ``name`` has one entry per output channel of weight ``of`` (laid out as the
         bound convolution ``conv`` says: transposed, grouped; else output channels lead)."""
-
-        def run(m: Match, _: Values) -> Reason | None:
-            vec, w, site = m.spec(name), m.spec(of), _site(m, name)
-            op = m.bindings.get(conv) if conv is not None else None
-            transposed = isinstance(op, Bound) and op.args.get("transposed") is True
-            groups = op.args.get("groups", 1) if isinstance(op, Bound) else 1
-            if vec is None or w is None or not w.shape or not isinstance(groups, int):
-                return None
-            oc = out_channels(w, transposed=transposed, groups=groups)
-            lead = w.shape[0]
-            if vec.shape == (oc,) and isinstance(oc, int) and isinstance(lead, int) and lead % groups == 0:
-                return None
-            return ChannelMismatch(node=site.node, expected=oc if isinstance(oc, int) else -1, found=vec.numel)
-
         reads = (name, of) if conv is None else (name, of, conv)
         codes = frozenset({"channel-mismatch"})
         ops = () if conv is None else (conv,)
+        run = partial(_channels, name, of, conv)
         return Check(label=f"channels({name})", reads=reads, codes=codes, run=run, ops=ops, weights=(of,))
 
     @staticmethod
@@ -1316,19 +1327,20 @@ class _Need:
         call = _call(fn, codes, "compute", "a Result", "Success(value) or Failure(Reason)")
         if at is not None:
             call = replace(call, reads=(at, *(r for r in call.reads if r != at)))
-
-        def run(m: Match, values: Values) -> Result[object, Reason]:
-            out = call.run(m, values)
-            if not isinstance(out, Success | Failure) or (
-                isinstance(out, Failure) and not isinstance(out.failure(), Reason)
-            ):
-                raise TypeError(f"compute {_name(fn)} returned {out!r}, not Success(value) or Failure(Reason)")
-            return out
-
+        run = partial(_computed, fn, call.run)
         return Compute(label=_name(fn), binds=name, reads=call.reads, codes=call.codes, run=run, needs=call.needs)
 
 
 need = _Need()
+
+
+def _computed(
+    fn: Callable[..., object], call: Callable[[Match, Values], object], m: Match, values: Values
+) -> Result[object, Reason]:
+    out = call(m, values)
+    if not isinstance(out, Success | Failure) or (isinstance(out, Failure) and not isinstance(out.failure(), Reason)):
+        raise TypeError(f"compute {_name(fn)} returned {out!r}, not Success(value) or Failure(Reason)")
+    return out
 
 
 # --- planning --------------------------------------------------------------------------------------

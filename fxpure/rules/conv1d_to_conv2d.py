@@ -147,6 +147,10 @@ def _plan(
     return p.replace(conv, out)
 
 
+def _one_d(conv: Bound, _: GraphSnapshot) -> bool:
+    return conv.args.get("rank") == 1
+
+
 CONV1D_TO_CONV2D = rule(
     NAME,
     PATTERN,
@@ -155,7 +159,7 @@ CONV1D_TO_CONV2D = rule(
     need.check(_explicit, codes=("string-padding",)),
     need.check(_layout, codes=(layout.CODE,)),
     plan=_plan,
-    candidate=lambda conv, _: conv.args.get("rank") == 1,
+    candidate=_one_d,
 )
 
 

@@ -24,7 +24,7 @@ from fxpure.linear import Linear, is_linear, linear_input, linear_of, linear_roo
 from fxpure.pattern import Bound, Const, Match, OneOf, PatternRule, Planner, Var, dequantized, need, quantized_as, rule
 from fxpure.plan import RewritePlan, constant_expr
 from fxpure.reasons import Declined, Malformed, Reason, SymbolicShape, UnsupportedRank
-from fxpure.snapshot import Arg, Dim, NodeRef, NodeSnapshot, TensorSpec
+from fxpure.snapshot import Arg, Dim, GraphSnapshot, NodeRef, NodeSnapshot, TensorSpec
 from fxpure.weights import Permute, Reshape, WeightExpr
 
 NAME = "linear-to-conv2d"
@@ -222,6 +222,10 @@ def _static_input(site: _Site, match: Match) -> Reason | None:
     return Declined(code=DYNAMIC, node=site.lin.op.name, detail=detail)
 
 
+def _linear(root: Bound, snap: GraphSnapshot) -> bool:
+    return is_linear(snap, root.node, in_out=True)
+
+
 LINEAR_TO_CONV2D = rule(
     NAME,
     PATTERN,
@@ -239,7 +243,7 @@ LINEAR_TO_CONV2D = rule(
     ),
     need.check(_static_input, codes=(DYNAMIC,), at="x"),  # (located at the input it judges)
     plan=_plan,
-    candidate=lambda root, snap: is_linear(snap, root.node, in_out=True),  # not attention's q @ k.T
+    candidate=_linear,  # not attention's q @ k.T
     # a linear whose output a later linear's flattening view reads (aten, through a GELU: GPT-2's
     # MLP) is layout-sensitive until that linear is a conv, whose permute reads any layout
     repeat=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import final
 
 from returns.result import Failure, Result, Success
@@ -290,8 +291,8 @@ def _vector(p: Planner, name: str, expr: WeightExpr, ref: Arg, length: int, alig
 
 
 def _plan(
-    p: Planner,
     align: int,
+    p: Planner,
     geo: Geometry,
     kernel: str,
     conv: Bound,
@@ -304,10 +305,10 @@ def _plan(
     out_scale: float,
     out_zp: int,
     wq: WeightExpr,
-    relu: Bound | None,
-    scales: WeightExpr | None,
-    scale: float | None,
-    bias: WeightExpr | None,
+    relu: Bound | None = None,
+    scales: WeightExpr | None = None,
+    scale: float | None = None,
+    bias: WeightExpr | None = None,
 ) -> Result[RewritePlan, Reason]:
     # weight -> layout padded on its last dim; sums of the layout per output channel; scales, bias padded
     w_ref = dqw.ref("input")
@@ -411,6 +412,11 @@ FALLBACKS: Mapping[str, PatternRule | None] = {"dequantize": DEQUANTIZE_WEIGHT, 
 """Policies for a quantized conv the q8ta kernels cannot take."""
 
 
+def aligned(align: int, conv: Bound, geo: Geometry) -> Result[str, Reason]:
+    """The kernel for ``conv`` whose channels are ``align``-aligned (a compute of the rule)."""
+    return _kernel(conv, geo, align)
+
+
 def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
     """The int8 conv packing rule for ExecuTorch's Vulkan q8ta kernels; ``align`` is their texel
     width, 4 (the kernels read each packed row, per-channel vector and group four channels at a
@@ -438,49 +444,6 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
     if type(align) is not int or align != 4:  # the kernels read channels four at a time
         raise ValueError(f"align must be 4 (the q8ta kernels' texel width), got {align!r}")
 
-    def aligned(conv: Bound, geo: Geometry) -> Result[str, Reason]:
-        return _kernel(conv, geo, align)
-
-    def plan(
-        p: Planner,
-        geo: Geometry,
-        kernel: str,
-        conv: Bound,
-        dqx: Bound,
-        dqw: Bound,
-        q: Bound,
-        xq: Arg,
-        x_scale: float,
-        x_zp: int,
-        out_scale: float,
-        out_zp: int,
-        wq: WeightExpr,
-        relu: Bound | None = None,
-        scales: WeightExpr | None = None,
-        scale: float | None = None,
-        bias: WeightExpr | None = None,
-    ) -> Result[RewritePlan, Reason]:
-        return _plan(
-            p,
-            align,
-            geo,
-            kernel,
-            conv,
-            dqx,
-            dqw,
-            q,
-            xq,
-            x_scale,
-            x_zp,
-            out_scale,
-            out_zp,
-            wq,
-            relu,
-            scales,
-            scale,
-            bias,
-        )
-
     return rule(
         NAME,
         PATTERN,
@@ -492,8 +455,8 @@ def quantized_conv(align: int = 4, fallback: str = "dequantize") -> PatternRule:
         need.compute("geo", _geometry, codes=("malformed-node",)),
         need.check(_shapes, codes=("malformed-node", "symbolic-shape")),
         need.check(_vectors, codes=("no-kernel", "malformed-node", "not-scalar")),
-        need.compute("kernel", aligned, codes=("channel-alignment",)),
-        plan=plan,
+        need.compute("kernel", partial(aligned, align), codes=("channel-alignment",)),
+        plan=partial(_plan, align),
         fallback=FALLBACKS[fallback],
         candidate=_candidate,
     )

@@ -8,6 +8,7 @@ example's size, so a ``.pte`` with a split would refuse any other batch.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from fxpure import layout
 from fxpure.families import CONV
@@ -15,7 +16,7 @@ from fxpure.layout import layout_reader
 from fxpure.pattern import Bound, Const, Lit, Match, OneOf, Op, PatternRule, Planner, Var, dequantized, need, rule
 from fxpure.plan import RewritePlan
 from fxpure.reasons import Declined, Malformed, Reason
-from fxpure.snapshot import NodeRef, TensorSpec
+from fxpure.snapshot import GraphSnapshot, NodeRef, TensorSpec
 from fxpure.weights import Slice, WeightExpr
 
 NAME = "split-group-conv"
@@ -111,6 +112,16 @@ def _plan(p: Planner, conv: Bound, x: NodeRef, b: WeightExpr | None, w: WeightEx
     return p.replace(conv, cat)
 
 
+def groups_fit(min_groups: int, max_groups: int, conv: Bound, match: Match) -> Reason | None:
+    """The conv's groups are in ``min_groups..max_groups`` and divide its channels (a check of the rule)."""
+    cin, cout = _channels(match.spec("x"), 1), _channels(conv.spec, 1)
+    return _fit(conv.name, conv.int("groups"), cin, cout, min_groups, max_groups)
+
+
+def _grouped(conv: Bound, _: GraphSnapshot) -> bool:
+    return conv.args.get("groups") != 1
+
+
 def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
     """The grouped-convolution splitting rule; 2..10 is upstream's empirical Neutron limit.
 
@@ -127,20 +138,19 @@ def split_group_conv(min_groups: int = 2, max_groups: int = 10) -> PatternRule:
             f"groups range must be whole numbers 2 <= min_groups <= max_groups, got {min_groups!r}..{max_groups!r}"
         )
 
-    def groups_fit(conv: Bound, match: Match) -> Reason | None:
-        cin, cout = _channels(match.spec("x"), 1), _channels(conv.spec, 1)
-        return _fit(conv.name, conv.int("groups"), cin, cout, min_groups, max_groups)
-
     return rule(
         NAME,
         PATTERN,
         need.spatial_rank("conv", (1, 2)),
         need.static("x", dims=(1,)),
         need.static("conv", dims=(1,)),
-        need.check(groups_fit, codes=("depthwise-conv", "groups-out-of-range", "malformed-node")),
+        need.check(
+            partial(groups_fit, min_groups, max_groups),
+            codes=("depthwise-conv", "groups-out-of-range", "malformed-node"),
+        ),
         need.check(_float_weight, codes=("quantized-weight",)),
         need.static("w"),
         need.check(_strided, codes=(layout.CODE,)),
         plan=_plan,
-        candidate=lambda conv, _: conv.args.get("groups") != 1,
+        candidate=_grouped,
     )

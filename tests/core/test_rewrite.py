@@ -567,7 +567,7 @@ def test_every_rule_in_registry_order_folds_before_it_splits_and_merges_before_i
     ]
 
 
-def test_rules_snapshots_and_reports_copy_and_a_snapshot_and_report_pickle() -> None:
+def test_rules_snapshots_and_reports_copy_and_pickle() -> None:
     # a pipeline hunt: copy.deepcopy of seven of the eight shipped rules (and of a pass holding one,
     # a config copied whole) raised "cannot pickle 'mappingproxy' object": the records' read-only maps
     from fxpure.rules import RULES
@@ -579,6 +579,10 @@ def test_rules_snapshots_and_reports_copy_and_a_snapshot_and_report_pickle() -> 
     again = plan(copied[0], copied[1])
     assert again.plans == report.plans and again.after == report.after
     assert pickle.loads(pickle.dumps((snap, report))) == (snap, report)
+    # and the rules pickle (for a worker process; their checks were closures): they plan the same
+    unpickled = pickle.loads(pickle.dumps(rules))
+    again = plan(snap, unpickled)
+    assert again.plans == report.plans and again.after == report.after
     for read_only in (copied[0].users, copied[2].after.index, copy.deepcopy(CONV).schemas):
         with pytest.raises(TypeError, match="read-only"):
             read_only["x"] = ()  # type: ignore[index]
