@@ -934,7 +934,7 @@ def _own_parts(report: RewriteReport) -> list[tuple[frozenset[WeightExpr], froze
     computes in them (``w.half()``, or ``w * 1e-31``, in ``forward``): what their rounding loses,
     eager lost too. Found at the nodes the plan removes, which compute the constants it reads."""
     return [
-        (frozenset(c.expr for c in p.constants), frozenset(_computed_at(snap, p, (*_HALF, "float32"))))
+        (frozenset(c.expr for c in p.constants), frozenset(_computed_at(snap, p, (*_HALF, "float32", "float64"))))
         for snap, plans in planned_on(report)
         for p in plans
     ]
@@ -1018,9 +1018,11 @@ def _low64(
     memo: Mapping[object, torch.Tensor], value: Callable[[WeightExpr], torch.Tensor]
 ) -> dict[WeightExpr, torch.Tensor]:
     """The float64 products (matrix products too), quotients and reciprocals among the parts of the
-    constants computed (each in ``memo``) that hold a value below float64's smallest normal, each
-    with where: a subnormal, or a zero of operands that are not (weights of 1e-160 times 1e-165). Nothing wider
-    computes them exactly: :func:`_underflows` asks whether the constant feels what they lost."""
+    constants computed (each in ``memo``) that lost bits below float64's smallest normal, each with
+    where: a value rounded on the subnormals' grid, or flushed to 0 (weights of 1e-160 times
+    1e-165), against the same computed with its result scaled by 2**500, exactly (a subnormal
+    doubled, or a sum that cancels to 0, lost nothing). Nothing wider holds the exact values:
+    :func:`_underflows` asks whether the constant feels what they lost."""
     tiny, out = torch.finfo(torch.float64).tiny, dict[WeightExpr, torch.Tensor]()
     for e, t in memo.items():
         if not (
@@ -1032,15 +1034,27 @@ def _low64(
         size = t.abs()
         if float(size.amin()) >= tiny:  # (one pass, the usual case)
             continue
-        where = (size < tiny) & (t != 0)
-        if isinstance(e, Binary):
-            a, b = _filled(value(e.a), t.shape), _filled(value(e.b), t.shape)
-            where |= (t == 0) & (a != 0) & ((b != 0) if e.op == "mul" else torch.isfinite(b))
-        elif isinstance(e, MatMul):  # (of terms scaled by 2**1000, exactly: a zero there is no flush)
-            where |= (t == 0) & (torch.matmul(value(e.a).abs() * 2.0**500, value(e.b).abs() * 2.0**500) != 0)
+        scaled = _scaled(e, value, t.shape)
+        where = (size < tiny) & (t * _SCALE != scaled) & torch.isfinite(scaled)
         if bool(where.any()):
             out[e] = where
     return out
+
+
+_SCALE = 2.0**500
+
+
+def _scaled(e: Binary | Unary | MatMul, value: Callable[[WeightExpr], torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """``e`` computed with its result scaled by :data:`_SCALE` (an operand scaled, exactly): where
+    ``e`` is below the normals, its value rounded to 53 bits (inf where a scaled operand overflows)."""
+    if isinstance(e, MatMul):
+        return torch.matmul(value(e.a) * _SCALE, value(e.b))
+    if isinstance(e, Unary):  # (a reciprocal)
+        return _SCALE / value(e.x)
+    a, b = _filled(value(e.a), shape), _filled(value(e.b), shape)
+    if e.op == "div":
+        return (a * _SCALE) / b
+    return torch.where(a.abs() <= b.abs(), (a * _SCALE) * b, a * (b * _SCALE))  # (the smaller one scaled)
 
 
 def _underflows(
@@ -1269,7 +1283,11 @@ def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     held (a fold of ``W.t() * 2``, or ``t(k)`` of one, which the program returns). The core's
     ``returns_written`` sees the tensors the program writes themselves, not what views alias."""
     dialect = cap.snap.dialect
-    moved = (_aliased(new, {n.name: n for n in p.nodes}, dialect) for p in report.plans for _, new in p.replace)
+    moved = (
+        _aliased(new, {n.name: n for n in p.nodes}, dialect, {c.name for c in p.constants})
+        for p in report.plans
+        for _, new in p.replace
+    )
     if all(m is None for m in moved):  # every use moves to a value computed anew (no stage made again)
         return {}
     out: dict[tuple[str, str], Reason] = {}
@@ -1281,11 +1299,12 @@ def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
             for old, new in p.replace:
                 if not any(snap.node(u).op == "output" for u in snap.users.get(old, ()) if u in snap.index):
                     continue
-                viewed = _aliased(new, made, snap.dialect) if new in made else new
+                # (a plan's own names first, as rewrite reads them: a constant may be named as a node is)
+                viewed = _aliased(new, made, snap.dialect, added) if new in made else new
                 if viewed is None or (viewed not in snap.index and viewed not in added):
                     continue
                 root = viewed
-                if viewed in snap.index:
+                if viewed not in added:
                     al = al or _aliasing(cap, snap)
                     root = al.root.get(viewed, viewed)
                 if root in added:
@@ -1305,10 +1324,11 @@ def _returns_aliased(cap: Captured, report: RewriteReport) -> dict[tuple[str, st
     return out
 
 
-def _aliased(name: str, made: Mapping[str, NewNode], dialect: str) -> str | None:
-    """The node of the program that the new node ``name`` is a view of, through other new views;
-    None if one of them is no view (or an op torch does not have)."""
-    while name in made:
+def _aliased(name: str, made: Mapping[str, NewNode], dialect: str, added: Collection[str] = ()) -> str | None:
+    """The node of the program, or the constant of ``added`` (the plan's, whose names come first),
+    that the new node ``name`` is a view of, through other new views (an element of a new
+    ``split``'s, too); None if one of them is no view (or an op torch does not have)."""
+    while name in made and name not in added:
         node = made[name]
         try:
             target = resolve_target(node.target, dialect)
@@ -1316,10 +1336,13 @@ def _aliased(name: str, made: Mapping[str, NewNode], dialect: str) -> str | None
             return None
         # an edge op holds the aten op it stands for
         target = aten if isinstance(aten := getattr(target, "_op", None), torch._ops.OpOverload) else target
-        returns_alias, args = aliases(target)
-        if not returns_alias or not args:
-            return None
-        i, arg, _ = args[0]
+        if target is operator.getitem:  # (an element of what it reads: a view where that is a list of views)
+            i, arg = 0, "self"
+        else:
+            returns_alias, args = aliases(target)
+            if not returns_alias or not args:
+                return None
+            i, arg, _ = args[0]
         value = node.args[i] if 0 <= i < len(node.args) else node.kwargs.get(arg)
         if not isinstance(value, NodeRef):
             return None

@@ -178,14 +178,22 @@ def test_a_merged_weight_float32_cannot_hold_is_declined_and_the_program_untouch
     assert_sound(program, x, want)
 
 
-@pytest.mark.parametrize(("outer_scale", "merged"), [(1e-165, False), (1e-150, False), (1e-140, True)])
-def test_a_merged_float64_weight_that_underflows_is_declined(outer_scale: float, merged: bool) -> None:
+@pytest.mark.parametrize(
+    ("outer_scale", "merged"), [(1e-165, False), (1e-150, False), (1e-140, True), ("cancelling", True)]
+)
+def test_a_merged_float64_weight_that_underflows_is_declined(outer_scale: float | str, merged: bool) -> None:
     # found by a hunt: float64 was not checked, so weights of 1e-160 and 1e-165 merged to 0 and the
-    # outputs, about 1e-25 for an input of 1e300, were 0; 1e-310 is a subnormal (about 4 digits)
+    # outputs, about 1e-25 for an input of 1e300, were 0; 1e-310 is a subnormal (about 4 digits). A
+    # review: the difference of two equal rows, exactly 0, was declined as if it had flushed
     model, x = Chain(False, True).double().eval(), (torch.randn(2, 8, dtype=torch.float64) * 1e300,)
     with torch.no_grad():
         model.fc1.weight.mul_(1e-160)
-        model.fc2.weight.mul_(outer_scale)
+        if outer_scale == "cancelling":
+            model.fc1.weight[1] = model.fc1.weight[0]
+            model.fc2.weight.zero_()
+            model.fc2.weight[:, 0], model.fc2.weight[:, 1] = 1.0, -1.0
+        elif isinstance(outer_scale, float):
+            model.fc2.weight.mul_(outer_scale)
         model.fc2.bias.zero_()
     program = build(model, x, "aten")
     want = run(program, x)
