@@ -1078,9 +1078,9 @@ def _underflows(
       times 1e-31), judged by the constant it computes against the same constant computed in
       float64 from that part's low values exact (:func:`_drifts`): what the constant does not
       feel (a subnormal running mean next to a batch norm's bias of 0.5) is no loss;
-    - float64 arithmetic holding a value below float64's smallest normal (:func:`_low64`: weights
+    - float64 arithmetic that lost bits below float64's smallest normal (:func:`_low64`: weights
       of 1e-160 times 1e-165, flushed to 0), where nothing wider computes it exactly: lossy if the
-      constant computed with each of those values one subnormal step further from 0 differs (by
+      constant computed with each such value one subnormal step further from 0 differs (by
       :func:`_drifts`): if it feels what their rounding may have lost.
 
     ``memo``: the one the constants were computed with (their parts are in it)."""
