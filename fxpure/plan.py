@@ -860,11 +860,7 @@ class _Batch:
         if itself is not None:  # (it changes nothing there; counted as a rewrite, it said the program changed)
             return PlanConflict(node=p.anchor, detail=f"plan moves the uses of {itself} to {itself} itself")
         for c in p.constants:
-            try:
-                spec = infer_spec(c.expr)
-                hash(c.expr)
-            except (TypeError, ValueError, AttributeError) as e:  # a field of another type (a list for a shape)
-                return PlanConflict(node=p.anchor, detail=f"constant {c.name}: malformed expression ({e})")
+            spec = infer_spec(c.expr)  # (total: a field of another type, a list for a shape, is a BadExpr)
             if not isinstance(spec, Success):
                 return PlanConflict(node=p.anchor, detail=f"constant {c.name}: {spec.failure().message}")
             specs[c.name] = spec.unwrap()
